@@ -1,0 +1,140 @@
+"""Signed envelopes: every application message hivenet signs travels in one.
+
+The signature covers the domain (what kind of message), the protocol version, the run id,
+the DHT key (if any), an expiry and a sequence number, so a signed message cannot be
+replayed in another context. The signer is a PeerID with the public key inlined, so a
+receiver verifies with no lookup.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from google.protobuf.message import DecodeError
+
+from protocol import hivenet_pb2 as pb
+from protocol.errors import InvalidMessage
+from protocol.limits import MAX_CLOCK_SKEW_S, MAX_ENVELOPE_BYTES
+from protocol.peer_keys import peer_id_from_private_key, public_key_from_peer_id
+from protocol.version import PROTOCOL_VERSION
+
+SIGNATURE_CONTEXT = b"hivenet-envelope-v1\x00"
+"""Prefixed to the body before signing so these signatures are never valid for another protocol."""
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """A verified envelope: the signer really signed all of these fields."""
+
+    domain: str
+    protocol_version: int
+    run_id: str
+    dht_key: str
+    expires_at: float
+    seq: int
+    signer: bytes
+    payload: bytes
+
+
+def seal(
+    private_key: Ed25519PrivateKey,
+    *,
+    domain: str,
+    run_id: str,
+    payload: bytes,
+    expires_at: float,
+    seq: int,
+    dht_key: str = "",
+) -> bytes:
+    """Sign `payload` in context and return the serialized SignedEnvelope."""
+    body = pb.EnvelopeBody(
+        domain=domain,
+        protocol_version=PROTOCOL_VERSION,
+        run_id=run_id,
+        dht_key=dht_key,
+        expires_at=expires_at,
+        seq=seq,
+        signer=peer_id_from_private_key(private_key),
+        payload=payload,
+    ).SerializeToString()
+    signature = private_key.sign(SIGNATURE_CONTEXT + body)
+    data = pb.SignedEnvelope(body=body, signature=signature).SerializeToString()
+    if len(data) > MAX_ENVELOPE_BYTES:
+        raise InvalidMessage(f"envelope of {len(data)} bytes exceeds the {MAX_ENVELOPE_BYTES}-byte limit")
+    return data
+
+
+def _parse(data: object) -> tuple[pb.SignedEnvelope, pb.EnvelopeBody]:
+    if not isinstance(data, bytes):
+        raise InvalidMessage(f"envelope must be bytes, got {type(data).__name__}")
+    if len(data) > MAX_ENVELOPE_BYTES:
+        raise InvalidMessage(f"envelope of {len(data)} bytes exceeds the {MAX_ENVELOPE_BYTES}-byte limit")
+    envelope = pb.SignedEnvelope()
+    body = pb.EnvelopeBody()
+    try:
+        envelope.ParseFromString(data)
+        body.ParseFromString(envelope.body)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InvalidMessage(f"malformed envelope: {exc}") from None
+    return envelope, body
+
+
+def peek_domain(data: object) -> str:
+    """The domain an untrusted envelope claims, unverified: only for choosing how to verify it."""
+    return _parse(data)[1].domain
+
+
+def open_envelope(
+    data: object,
+    *,
+    domain: str,
+    run_id: str | None = None,
+    dht_key: str | None = None,
+    signer: bytes | None = None,
+    max_ttl_s: float | None = None,
+    now: float | None = None,
+) -> Envelope:
+    """Verify an untrusted serialized envelope and return its contents.
+
+    Raises InvalidMessage if it is not bytes, too large, malformed, of another domain,
+    protocol version, run or DHT key, signed by someone other than `signer`, badly
+    signed, expired, or valid for longer than `max_ttl_s`.
+    """
+    envelope, body = _parse(data)
+    if body.domain != domain:
+        raise InvalidMessage(f"envelope is a {body.domain!r} message, expected {domain!r}")
+    if body.protocol_version != PROTOCOL_VERSION:
+        raise InvalidMessage(
+            f"envelope uses protocol v{body.protocol_version}, this node speaks v{PROTOCOL_VERSION}"
+        )
+    if run_id is not None and body.run_id != run_id:
+        raise InvalidMessage(f"envelope belongs to run {body.run_id!r}, expected {run_id!r}")
+    if dht_key is not None and body.dht_key != dht_key:
+        raise InvalidMessage("envelope was signed for another DHT key")
+    if signer is not None and body.signer != signer:
+        raise InvalidMessage("envelope is signed by another peer than the one it claims to describe")
+
+    public_key = public_key_from_peer_id(body.signer)
+    try:
+        public_key.verify(envelope.signature, SIGNATURE_CONTEXT + envelope.body)
+    except InvalidSignature:
+        raise InvalidMessage("envelope signature does not verify") from None
+
+    now = time.time() if now is None else now
+    if body.expires_at < now - MAX_CLOCK_SKEW_S:
+        raise InvalidMessage("envelope has expired")
+    if max_ttl_s is not None and body.expires_at > now + max_ttl_s + MAX_CLOCK_SKEW_S:
+        raise InvalidMessage(f"envelope claims validity beyond the {max_ttl_s:.0f} s maximum")
+    return Envelope(
+        domain=body.domain,
+        protocol_version=body.protocol_version,
+        run_id=body.run_id,
+        dht_key=body.dht_key,
+        expires_at=body.expires_at,
+        seq=body.seq,
+        signer=body.signer,
+        payload=body.payload,
+    )

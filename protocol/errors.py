@@ -1,0 +1,26 @@
+"""The exception hierarchy: one root (`HivenetError`) and a subclass per kind of failure.
+
+Every message says what happened and what the user can do about it.
+"""
+
+from __future__ import annotations
+
+
+class HivenetError(Exception):
+    """Root of all hivenet errors; messages say what happened and what to do."""
+
+
+class ConfigError(HivenetError, ValueError):
+    """A configuration value, flag or config file is invalid."""
+
+
+class IdentityError(HivenetError):
+    """The identity key file is missing, unreadable, malformed, insecure or already in use."""
+
+
+class InvalidMessage(HivenetError, ValueError):
+    """A message from the network is malformed, oversized, badly signed, expired or out of context."""
+
+
+class PeerUnreachable(HivenetError):
+    """One or more peers (typically seeds) could not be reached in the allotted time."""

@@ -1,0 +1,48 @@
+"""Ed25519 keys in libp2p form: PeerIDs that inline the public key, and back.
+
+A PeerID built from an Ed25519 key is an identity multihash of the protobuf-encoded
+public key, so anyone can verify a signature from the PeerID alone, with no lookup.
+"""
+
+from __future__ import annotations
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from hivemind.proto import crypto_pb2
+
+from protocol.errors import InvalidMessage
+
+_IDENTITY_MULTIHASH = 0x00
+_ED25519_PUBLIC_KEY_BYTES = 32
+
+
+def public_key_bytes(public_key: Ed25519PublicKey) -> bytes:
+    """The raw 32-byte Ed25519 public key."""
+    return public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def peer_id_from_public_key(public_key: Ed25519PublicKey) -> bytes:
+    """The libp2p PeerID (as bytes) of an Ed25519 public key."""
+    encoded = crypto_pb2.PublicKey(
+        key_type=crypto_pb2.KeyType.Ed25519, data=public_key_bytes(public_key)
+    ).SerializeToString()
+    return bytes([_IDENTITY_MULTIHASH, len(encoded)]) + encoded
+
+
+def peer_id_from_private_key(private_key: Ed25519PrivateKey) -> bytes:
+    """The libp2p PeerID (as bytes) of the node that owns `private_key`."""
+    return peer_id_from_public_key(private_key.public_key())
+
+
+def public_key_from_peer_id(peer_id: bytes) -> Ed25519PublicKey:
+    """Extract the Ed25519 public key inlined in a PeerID; raise InvalidMessage for any other PeerID."""
+    if len(peer_id) < 2 or peer_id[0] != _IDENTITY_MULTIHASH or peer_id[1] != len(peer_id) - 2:
+        raise InvalidMessage("peer id does not inline its public key (only Ed25519 peer ids are accepted)")
+    encoded = crypto_pb2.PublicKey()
+    try:
+        encoded.ParseFromString(peer_id[2:])
+    except Exception as exc:  # protobuf raises DecodeError and, for some inputs, other errors
+        raise InvalidMessage(f"peer id holds a malformed public key: {exc}") from None
+    if encoded.key_type != crypto_pb2.KeyType.Ed25519 or len(encoded.data) != _ED25519_PUBLIC_KEY_BYTES:
+        raise InvalidMessage("peer id is not an Ed25519 key; hivenet signs with Ed25519 only")
+    return Ed25519PublicKey.from_public_bytes(encoded.data)

@@ -1,0 +1,107 @@
+"""The DHT record validator: hivemind calls it on every record it is asked to store or return.
+
+A record whose subkey is `hn:<PeerID>` must hold a signed envelope (see protocol.envelope)
+that was signed by that PeerID, for exactly this DHT key, in a known domain, whose payload
+parses for that domain, and whose DHT expiration lies no further ahead than the domain's
+maximum TTL. Anything else under such a subkey is dropped: never stored, never returned.
+Records without the prefix are hivemind's own (e.g. averager matchmaking) and pass through.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hivemind.dht.routing import DHTID
+from hivemind.dht.validation import DHTRecord, RecordValidatorBase
+from hivemind.p2p import PeerID
+from hivemind.utils.serializer import MSGPackSerializer
+
+from protocol.dht_keys import SIGNED_SUBKEY_PREFIX
+from protocol.envelope import open_envelope, peek_domain
+from protocol.errors import InvalidMessage
+from protocol.limits import MAX_CLOCK_SKEW_S, MAX_ENVELOPE_BYTES, MAX_NODE_RECORD_TTL_S
+from protocol.node_record import NODE_RECORD_DOMAIN, NodeRecord
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DomainRule:
+    """How the validator treats signed records of one domain."""
+
+    max_ttl_s: float
+    check_payload: Callable[[bytes, bytes], None]
+    """(payload, signer) -> None; raises InvalidMessage if the payload is bad."""
+
+
+def _check_node_record(payload: bytes, signer: bytes) -> None:
+    record = NodeRecord.from_payload(payload)
+    if record.peer_id != signer:
+        raise InvalidMessage("node record describes another peer than its signer")
+
+
+DOMAIN_RULES: dict[str, DomainRule] = {
+    NODE_RECORD_DOMAIN: DomainRule(max_ttl_s=MAX_NODE_RECORD_TTL_S, check_payload=_check_node_record),
+}
+"""Every domain that may be stored in the DHT. Other packages register theirs with `register_domain`."""
+
+
+def register_domain(domain: str, rule: DomainRule) -> None:
+    """Allow signed DHT records of `domain` (call at import time of the module that defines it)."""
+    DOMAIN_RULES[domain] = rule
+
+
+def check_signed_record(record: DHTRecord, now: float | None = None) -> None:
+    """Raise InvalidMessage if `record` (with an `hn:` subkey) is not a valid signed record."""
+    now = time.time() if now is None else now
+    if len(record.value) > MAX_ENVELOPE_BYTES + 16:  # msgpack framing adds a few bytes
+        raise InvalidMessage(f"value of {len(record.value)} bytes exceeds the limit")
+    subkey = MSGPackSerializer.loads(record.subkey)
+    assert isinstance(subkey, str) and subkey.startswith(SIGNED_SUBKEY_PREFIX)
+    try:
+        claimed_peer = PeerID.from_base58(subkey[len(SIGNED_SUBKEY_PREFIX) :]).to_bytes()
+    except Exception:
+        raise InvalidMessage("subkey does not hold a valid PeerID") from None
+    value = MSGPackSerializer.loads(record.value)
+    if not isinstance(value, bytes):
+        raise InvalidMessage(f"signed record value must be bytes, got {type(value).__name__}")
+    domain = peek_domain(value)
+    rule = DOMAIN_RULES.get(domain)
+    if rule is None:
+        raise InvalidMessage(f"envelope is of unknown domain {domain!r}")
+    envelope = open_envelope(value, domain=domain, signer=claimed_peer, max_ttl_s=rule.max_ttl_s, now=now)
+    if DHTID.generate(source=envelope.dht_key).to_bytes() != record.key:
+        raise InvalidMessage("envelope was signed for another DHT key")
+    if record.expiration_time > now + rule.max_ttl_s + MAX_CLOCK_SKEW_S:
+        raise InvalidMessage(f"expiration is more than {rule.max_ttl_s:.0f} s ahead")
+    if record.expiration_time > envelope.expires_at + MAX_CLOCK_SKEW_S:
+        raise InvalidMessage("DHT expiration outlives the signed expiry")
+    rule.check_payload(envelope.payload, envelope.signer)
+
+
+class SignedRecordValidator(RecordValidatorBase):
+    """hivemind record validator enforcing `check_signed_record` on `hn:` subkeys. Stateless and picklable."""
+
+    def validate(self, record: DHTRecord) -> bool:
+        try:
+            subkey = MSGPackSerializer.loads(record.subkey)
+        except Exception:
+            return False
+        if not (isinstance(subkey, str) and subkey.startswith(SIGNED_SUBKEY_PREFIX)):
+            return True
+        try:
+            check_signed_record(record)
+        except InvalidMessage as exc:
+            logger.info("dropped invalid DHT record: %s", exc)
+            return False
+        except Exception as exc:  # malformed msgpack and the like: never crash the DHT
+            logger.info("dropped malformed DHT record: %r", exc)
+            return False
+        return True
+
+    @property
+    def priority(self) -> int:
+        return 10
