@@ -1,0 +1,222 @@
+"""A small byte-level causal language model (GPT-style) for training and verified inference.
+
+`TinyGPT` is the model DiLoCo trains and inference workers sample from. It is deliberately
+small (about 0.9M parameters with the default `ModelConfig`) so that the whole pipeline,
+including TOPLOC proofs and their verification, runs on CPU in tests.
+
+Two ways to run it, which must agree up to floating-point noise:
+
+* `forward` / `forward_with_hidden`: one pass over a whole `[B, T]` batch (training, and the
+  verifier's prefill).
+* `prefill_cache` + `decode_step`: incremental decoding with a key/value cache (generation).
+
+The "final hidden state" is the output of the final RMS norm, just before the LM head; it is
+what TOPLOC proves. The model runs in float32, bfloat16 or float16 (`model.to(dtype)`); all
+intermediate values stay in the model's dtype, as they would on an accelerator.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from torch import nn
+from torch.nn import functional as F
+
+__all__ = ["KVCache", "ModelConfig", "TinyGPT"]
+
+
+class ModelConfig(BaseModel):
+    """Shape of a `TinyGPT`. Changing any field changes the weights' shapes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    vocab_size: int = Field(default=256, ge=2, le=65536)
+    """Number of token ids; 256 means byte-level (token id = byte value)."""
+
+    d_model: int = Field(default=128, ge=8)
+    """Width of the residual stream (the hidden size TOPLOC proves)."""
+
+    n_layers: int = Field(default=4, ge=1)
+    """Number of transformer blocks."""
+
+    n_heads: int = Field(default=4, ge=1)
+    """Number of attention heads; must divide `d_model`."""
+
+    max_seq_len: int = Field(default=512, ge=2)
+    """Longest sequence (prompt + completion) in tokens; size of the learned position table."""
+
+    mlp_ratio: int = Field(default=4, ge=1)
+    """Hidden width of each MLP as a multiple of `d_model`."""
+
+    norm_eps: float = Field(default=1e-5, gt=0.0)
+    """Epsilon added to the mean square in every RMS norm."""
+
+    tie_embeddings: bool = True
+    """Whether the LM head shares its weight with the token embedding."""
+
+    @model_validator(mode="after")
+    def _heads_divide_width(self) -> ModelConfig:
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+        return self
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.d_model // self.n_heads
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm with a learned gain, computed in the input's dtype."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class KVCache:
+    """Per-layer key/value tensors of shape `[B, n_heads, T_cached, head_dim]` for decoding."""
+
+    def __init__(self, n_layers: int) -> None:
+        self.keys: list[torch.Tensor | None] = [None] * n_layers
+        self.values: list[torch.Tensor | None] = [None] * n_layers
+
+    @property
+    def length(self) -> int:
+        """Number of positions cached so far."""
+        k = self.keys[0]
+        return 0 if k is None else int(k.shape[2])
+
+    def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add this step's keys/values for `layer` and return the full cached keys/values."""
+        old_k, old_v = self.keys[layer], self.values[layer]
+        if old_k is not None and old_v is not None:
+            k = torch.cat([old_k, k], dim=2)
+            v = torch.cat([old_v, v], dim=2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: causal self-attention then a GELU MLP, both residual."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.head_dim = cfg.head_dim
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
+        self.attn_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp_in = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=False)
+        self.mlp_out = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.attn_norm(x)).split(d, dim=-1)
+        q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        v = v.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        past = 0
+        if cache is not None:
+            cached = cache.keys[layer]
+            past = 0 if cached is None else int(cached.shape[2])
+            k, v = cache.append(layer, k, v)
+        if t == 1:
+            # One query attends to every cached position: no mask needed.
+            att = F.scaled_dot_product_attention(q, k, v)
+        elif past == 0:
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            mask = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        x = x + self.attn_out(att.transpose(1, 2).reshape(b, t, d))
+        return x + self.mlp_out(F.gelu(self.mlp_in(self.mlp_norm(x))))
+
+
+class TinyGPT(nn.Module):
+    """GPT-style causal LM: token + learned position embeddings, pre-norm blocks, final RMS norm."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)
+        self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layers)])
+        self.final_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+        # GPT-2 style: scale the residual projections down with depth.
+        for block in self.blocks:
+            assert isinstance(block, Block)
+            for proj in (block.attn_out, block.mlp_out):
+                nn.init.normal_(proj.weight, std=0.02 / math.sqrt(2 * config.n_layers))
+        if config.tie_embeddings:
+            self.lm_head.weight = self.tok_emb.weight
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the weights (and of every activation)."""
+        return self.tok_emb.weight.dtype
+
+    def num_parameters(self) -> int:
+        """Number of distinct trainable parameters (tied weights counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    def _embed(self, input_ids: torch.Tensor, start: int) -> torch.Tensor:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, time], got shape {tuple(input_ids.shape)}")
+        t = input_ids.shape[1]
+        if start + t > self.config.max_seq_len:
+            raise ValueError(
+                f"sequence of {start + t} tokens exceeds max_seq_len={self.config.max_seq_len}; "
+                "shorten the prompt or completion"
+            )
+        pos = torch.arange(start, start + t, device=input_ids.device)
+        return self.tok_emb(input_ids) + self.pos_emb(pos)
+
+    def _run(self, x: torch.Tensor, cache: KVCache | None) -> tuple[torch.Tensor, torch.Tensor]:
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache, i)
+        hidden = self.final_norm(x)
+        return self.lm_head(hidden), hidden
+
+    def forward_with_hidden(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return `(logits [B, T, V], final_hidden [B, T, d_model])` for a full causal pass."""
+        return self._run(self._embed(input_ids, 0), None)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Return next-token logits `[B, T, V]` for `input_ids` `[B, T]`."""
+        return self.forward_with_hidden(input_ids)[0]
+
+    def loss(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of `targets [B, T]` under the logits for `input_ids [B, T]`.
+
+        For next-token training pass `input_ids = seq[:, :-1]`, `targets = seq[:, 1:]`.
+        Target positions equal to -100 are ignored. The loss is computed in float32.
+        """
+        logits = self.forward(input_ids)
+        return F.cross_entropy(
+            logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
+        )
+
+    def prefill_cache(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
+        """Run the prompt once and return `(logits, final_hidden, cache)` for further decoding."""
+        cache = KVCache(self.config.n_layers)
+        logits, hidden = self._run(self._embed(input_ids, 0), cache)
+        return logits, hidden, cache
+
+    def decode_step(self, input_ids: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed the next token(s) `[B, t]` after the cached positions; return `(logits, final_hidden)`."""
+        return self._run(self._embed(input_ids, cache.length), cache)
