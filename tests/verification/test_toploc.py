@@ -1,0 +1,205 @@
+"""Tests for verification.toploc: byte identity with the reference vectors, and strictness."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from verification.errors import InvalidProofError
+from verification.toploc import (
+    FIELD_PRIME,
+    NO_MATCH_ERROR,
+    _evaluate,
+    _interpolate,
+    build_proofs,
+    verify_proofs,
+)
+
+GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "toploc" / "golden.json"
+
+
+def _load_golden() -> list[dict]:
+    if not GOLDEN.exists():
+        pytest.skip(f"reference vectors not found at {GOLDEN}")
+    return json.loads(GOLDEN.read_text())["cases"]
+
+
+def _tensor(b64: str, shape: list[int]) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(b64)), dtype=torch.bfloat16).view(*shape)
+
+
+def _figures(check) -> dict:
+    return {
+        "exp_mismatches": check.exp_mismatches,
+        "mant_err_mean": check.mant_err_mean,
+        "mant_err_median": check.mant_err_median,
+    }
+
+
+@pytest.fixture(scope="module")
+def golden() -> list[dict]:
+    return _load_golden()
+
+
+def test_golden_cases_cover_partial_chunk_and_forced_modulus(golden):
+    names = {c["name"]: c for c in golden}
+    assert any(c["shape"][0] % 32 for c in golden), "a case with a partial last chunk"
+    assert any(m != FIELD_PRIME for c in names.values() for m in c["moduli"]), "a case with m < p"
+
+
+def test_proofs_are_byte_identical_to_reference(golden):
+    for case in golden:
+        act = _tensor(case["activations_bf16_le_b64"], case["shape"])
+        ours = build_proofs(act)
+        ref = [base64.b64decode(p) for p in case["proofs_b64"]]
+        assert ours == ref, case["name"]
+        assert [int.from_bytes(p[:2], "big") for p in ours] == case["moduli"]
+        assert all(len(p) == 258 for p in ours)
+
+
+def test_verification_figures_identical_to_reference(golden):
+    for case in golden:
+        ref = [base64.b64decode(p) for p in case["proofs_b64"]]
+        act = _tensor(case["activations_bf16_le_b64"], case["shape"])
+        pert = _tensor(case["perturbed_bf16_le_b64"], case["shape"])
+        same = verify_proofs(act, ref)
+        assert [_figures(c) for c in same] == case["verify_same"], case["name"]
+        assert all(c.sign_mismatches == 0 for c in same)
+        assert [_figures(c) for c in verify_proofs(pert, ref)] == case["verify_perturbed"], case["name"]
+
+
+def _naive_interpolate(xs: list[int], ys: list[int]) -> list[int]:
+    """Lagrange interpolation over GF(p), one term at a time (slow, obviously correct)."""
+    p = FIELD_PRIME
+    k = len(xs)
+    coeffs = [0] * k
+    for i in range(k):
+        basis = [1]
+        denom = 1
+        for j in range(k):
+            if j == i:
+                continue
+            basis = [(a - xs[j] * b) % p for a, b in zip([0, *basis], [*basis, 0], strict=True)]
+            denom = denom * (xs[i] - xs[j]) % p
+        scale = ys[i] * pow(denom, p - 2, p) % p
+        coeffs = [(c + scale * b) % p for c, b in zip(coeffs, basis, strict=True)]
+    return coeffs
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 7, 16, 33, 128])
+def test_vectorised_interpolation_matches_naive(k):
+    rng = random.Random(k)
+    xs = rng.sample(range(FIELD_PRIME), k)
+    ys = [rng.randrange(FIELD_PRIME) for _ in range(k)]
+    coeffs = _interpolate(np.array(xs, dtype=np.int64), np.array(ys, dtype=np.int64))
+    assert coeffs.tolist() == _naive_interpolate(xs, ys)
+    assert _evaluate(coeffs, np.array(xs, dtype=np.int64)).tolist() == ys
+
+
+@pytest.mark.parametrize(("tokens", "hidden"), [(1, 128), (31, 64), (33, 96), (64, 128), (5, 8)])
+def test_round_trip_honest_is_exact(tokens, hidden):
+    torch.manual_seed(tokens * 1000 + hidden)
+    act = torch.randn(tokens, hidden).to(torch.bfloat16)
+    proofs = build_proofs(act)
+    assert len(proofs) == -(-tokens // 32)
+    checks = verify_proofs(act, proofs)
+    for c in checks:
+        assert (c.exp_mismatches, c.mant_err_mean, c.mant_err_median, c.sign_mismatches) == (0, 0.0, 0.0, 0)
+    # A chunk with fewer values than topk commits to all of them.
+    assert checks[-1].topk == min(128, (tokens - 32 * (len(proofs) - 1)) * hidden)
+
+
+def test_negated_activations_caught_by_sign_check():
+    torch.manual_seed(1)
+    act = torch.randn(40, 128).to(torch.bfloat16)
+    checks = verify_proofs(-act, build_proofs(act))
+    # The reference's three figures are blind to the sign ...
+    assert all(c.exp_mismatches == 0 and c.mant_err_mean == 0.0 for c in checks)
+    # ... ours is not.
+    assert all(c.sign_mismatches == c.topk for c in checks)
+
+
+def test_other_activations_mismatch():
+    torch.manual_seed(2)
+    act = torch.randn(32, 128).to(torch.bfloat16)
+    other = torch.randn(32, 128).to(torch.bfloat16)
+    (check,) = verify_proofs(other, build_proofs(act))
+    assert check.exp_mismatches > 100
+
+
+def test_no_exponent_match_reports_2_pow_64():
+    act = torch.full((1, 128), 1.0).to(torch.bfloat16)
+    proof = bytearray(build_proofs(act)[0])
+    # A constant polynomial whose value has exponent 0: every exponent mismatches.
+    proof[2:] = bytes(len(proof) - 2)
+    (check,) = verify_proofs(act, [bytes(proof)])
+    assert check.exp_mismatches == 128
+    assert check.mant_err_mean == NO_MATCH_ERROR and check.mant_err_median == NO_MATCH_ERROR
+
+
+@pytest.fixture(scope="module")
+def honest() -> tuple[torch.Tensor, list[bytes]]:
+    torch.manual_seed(3)
+    act = torch.randn(70, 128).to(torch.bfloat16)
+    return act, build_proofs(act)
+
+
+def _with_modulus(proof: bytes, m: int) -> bytes:
+    return m.to_bytes(2, "big") + proof[2:]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda ps: [ps[0][:-1], *ps[1:]], "bytes"),
+        (lambda ps: [ps[0] + b"\x00\x00", *ps[1:]], "bytes"),
+        (lambda ps: [b"", *ps[1:]], "bytes"),
+        (lambda ps: [_with_modulus(ps[0], 0), *ps[1:]], "modulus 0"),
+        (lambda ps: [_with_modulus(ps[0], FIELD_PRIME + 1), *ps[1:]], "modulus 65498"),
+        (lambda ps: [_with_modulus(ps[0], 65535), *ps[1:]], "modulus 65535"),
+        (lambda ps: [ps[0][:2] + b"\xff\xff" + ps[0][4:], *ps[1:]], "outside the field"),
+        (lambda ps: ps[:-1], "expected 3"),
+        (lambda ps: [*ps, ps[0]], "expected 3"),
+        (lambda ps: [], "expected 3"),
+        (lambda ps: ["not bytes", *ps[1:]], "must be bytes"),
+        (lambda ps: b"".join(ps), "list of bytes"),
+    ],
+)
+def test_malformed_proofs_raise_invalid_proof_error(honest, mutate, reason):
+    act, proofs = honest
+    with pytest.raises(InvalidProofError, match=reason):
+        verify_proofs(act, mutate(list(proofs)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.int16])
+def test_non_bf16_activations_raise(honest, dtype):
+    act, proofs = honest
+    with pytest.raises(InvalidProofError, match="bfloat16"):
+        verify_proofs(act.to(dtype), proofs)
+    with pytest.raises(InvalidProofError, match="bfloat16"):
+        build_proofs(act.to(dtype))
+
+
+@pytest.mark.parametrize("shape", [(128,), (0, 128), (2, 32, 64)])
+def test_bad_activation_shapes_raise(shape):
+    with pytest.raises(InvalidProofError, match="tokens, hidden"):
+        build_proofs(torch.zeros(shape, dtype=torch.bfloat16))
+
+
+def test_invalid_proof_error_is_a_value_error_and_hivenet_error():
+    from protocol.errors import HivenetError
+
+    assert issubclass(InvalidProofError, ValueError)
+    assert issubclass(InvalidProofError, HivenetError)
+
+
+def test_small_modulus_does_not_crash(honest):
+    act, proofs = honest
+    checks = verify_proofs(act, [_with_modulus(p, 1) for p in proofs])
+    assert all(c.exp_mismatches > 0 for c in checks)
