@@ -93,7 +93,9 @@ def _decode_private_key(raw: bytes, path: Path) -> Ed25519PrivateKey:
             "Ed25519 identity will be created on the next start"
         )
     if len(message.data) not in (64, 96):
-        raise IdentityError(f"{path} holds a truncated Ed25519 key ({len(message.data)} bytes); restore it from backup")
+        raise IdentityError(
+            f"{path} holds a truncated Ed25519 key ({len(message.data)} bytes); restore it from backup"
+        )
     private_key = Ed25519PrivateKey.from_private_bytes(message.data[:_ED25519_SEED_BYTES])
     if public_key_bytes(private_key.public_key()) != message.data[_ED25519_SEED_BYTES:64]:
         raise IdentityError(f"{path} is corrupt: its public key does not match its private key")
@@ -118,7 +120,9 @@ def load_identity(path: Path) -> Identity:
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
-        raise IdentityError(f"no identity at {path}; run `hivenet identity --create` or start a node") from None
+        raise IdentityError(
+            f"no identity at {path}; run `hivenet identity --create` or start a node"
+        ) from None
     if not stat.S_ISREG(mode):
         raise IdentityError(f"{path} is not a regular file")
     if mode & 0o077:

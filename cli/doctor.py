@@ -1,0 +1,149 @@
+"""`hivenet doctor`: checks what usually goes wrong for a volunteer and prints a fix for each.
+
+Checks: the identity file, versions, free disk and memory, whether each seed is reachable,
+and whether a seed can dial this node back (hivemind's validated ping asks the peer to
+call us back on our announced addresses).
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+MIN_FREE_DISK_BYTES = 2 << 30
+MIN_FREE_MEMORY_BYTES = 1 << 30
+
+
+@dataclass
+class Check:
+    """One line of the report."""
+
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+
+
+def _check_identity(identity_path: Path | None) -> Check:
+    from node.config import default_identity_path
+    from node.identity import load_identity
+    from protocol.errors import IdentityError
+
+    path = identity_path or default_identity_path()
+    if not path.exists():
+        return Check("identity", True, f"none yet at {path}; one is created on the first start")
+    try:
+        identity = load_identity(path)
+    except IdentityError as exc:
+        return Check("identity", False, str(exc).split(";")[0], str(exc))
+    return Check("identity", True, f"{path} -> {identity.peer_id.to_base58()}")
+
+
+def _check_versions() -> Check:
+    import hivemind
+    import torch
+
+    from protocol.version import PROTOCOL_VERSION, SOFTWARE_VERSION
+
+    ok = sys.version_info >= (3, 11)
+    detail = (
+        f"hivenet {SOFTWARE_VERSION} (protocol v{PROTOCOL_VERSION}), hivemind {hivemind.__version__}, "
+        f"torch {torch.__version__}, python {sys.version.split()[0]}"
+    )
+    return Check("versions", ok, detail, "" if ok else "install Python 3.11 or newer")
+
+
+def _check_resources(directory: Path) -> list[Check]:
+    import psutil
+
+    directory = directory if directory.exists() else Path.home()
+    free_disk = shutil.disk_usage(directory).free
+    free_memory = psutil.virtual_memory().available
+    return [
+        Check(
+            "disk",
+            free_disk >= MIN_FREE_DISK_BYTES,
+            f"{free_disk / 2**30:.1f} GiB free at {directory}",
+            f"free at least {MIN_FREE_DISK_BYTES / 2**30:.0f} GiB for checkpoints and weights",
+        ),
+        Check(
+            "memory",
+            free_memory >= MIN_FREE_MEMORY_BYTES,
+            f"{free_memory / 2**30:.1f} GiB available",
+            f"close programs so that at least {MIN_FREE_MEMORY_BYTES / 2**30:.0f} GiB is available",
+        ),
+    ]
+
+
+def _check_network(initial_peers: list[str], timeout_s: float) -> list[Check]:
+    from functools import partial
+
+    from node.config import load_config
+    from node.dht_node import bootstrap, start_dht
+    from node.identity import create_identity
+    from node.reachability import ask_dial_back
+    from protocol.errors import HivenetError
+
+    if not initial_peers:
+        return [
+            Check("seeds", False, "no --initial-peers given", "pass the seed multiaddrs of the run you join")
+        ]
+    try:
+        config = load_config(
+            identity_path=Path(tempfile.mkdtemp()) / "doctor.key",
+            initial_peers=initial_peers,
+            bootstrap_timeout_s=timeout_s,
+        )
+    except HivenetError as exc:
+        return [Check("seeds", False, "malformed address", str(exc))]
+    dht = start_dht(config, create_identity(config.identity_path))
+    checks = []
+    try:
+        try:
+            statuses = bootstrap(dht, config.initial_peers, timeout_s)
+        except HivenetError as exc:
+            return [Check("seeds", False, "none reachable", str(exc))]
+        for status in statuses:
+            checks.append(
+                Check(
+                    f"seed {status.address[-16:]}",
+                    status.reached,
+                    status.error or "reachable",
+                    "check the address, that the seed runs, and your outgoing firewall",
+                )
+            )
+        reached = [s.address for s in statuses if s.reached]
+        dialled = dht.run_coroutine(partial(ask_dial_back, seeds=reached), return_future=True).result(
+            timeout=60
+        )
+        checks.append(
+            Check(
+                "dial-back",
+                dialled,
+                "a seed could dial this node back" if dialled else "no seed could dial this node",
+                "open/forward this node's TCP port (see --port) or run with auto-relay so that peers can reach you",
+            )
+        )
+    finally:
+        dht.shutdown()
+    return checks
+
+
+def run_doctor(*, initial_peers: list[str], identity_path: Path | None, timeout_s: float) -> bool:
+    """Run every check, print the report, and return whether all passed."""
+    console = Console()
+    checks = [_check_identity(identity_path), _check_versions()]
+    checks += _check_resources((identity_path or Path.home()).parent)
+    with console.status("checking the network (dialling seeds)..."):
+        checks += _check_network(initial_peers, timeout_s)
+    for check in checks:
+        mark = "[green]ok  [/]" if check.ok else "[red]FAIL[/]"
+        console.print(f"{mark} {check.name:<12} {check.detail}", highlight=False)
+        if not check.ok and check.fix:
+            console.print(f"       fix: {check.fix}", highlight=False)
+    return all(check.ok for check in checks)

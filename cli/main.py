@@ -1,0 +1,33 @@
+"""The `hivenet` command: a click group whose subcommands live in sibling modules.
+
+Nothing heavy (torch, hivemind) is imported at module level, so `hivenet --help` stays fast.
+"""
+
+from __future__ import annotations
+
+import click
+
+from cli.node_commands import doctor, identity, join, peers, seed, simulate
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="hivenet")
+def cli() -> None:
+    """hivenet: an open peer-to-peer network for training AI models together.
+
+    Start with `hivenet simulate` to watch a swarm on this machine, or
+    `hivenet join --initial-peers ADDR` to contribute to a real one.
+    """
+
+
+for command in (identity, join, seed, peers, doctor, simulate):
+    cli.add_command(command)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,308 @@
+"""Commands that run or inspect a node: identity, join, seed, peers, doctor, simulate."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from cli.errors import friendly_errors
+from protocol.node_record import Role
+
+if TYPE_CHECKING:
+    from node.node import HivenetNode
+
+ROLES_WITHOUT_WORK_YET = {
+    Role.INFERENCE: "the inference worker arrives with the verified-inference work",
+    Role.TRAINER: "DiLoCo training is being wired into the node",
+}
+DEFAULT_SEED_PORT = 31337
+
+
+def _setup_logging(verbose: bool) -> None:
+    from rich.logging import RichHandler
+
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(name)s: %(message)s",
+        handlers=[RichHandler(show_path=False, rich_tracebacks=False)],
+    )
+    for noisy in ("hivemind", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING if not verbose else logging.INFO)
+
+
+def _sigterm_as_interrupt() -> None:
+    def handler(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _node_options(func: Any) -> Any:
+    options = [
+        click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable)."),
+        click.option("--identity", "identity_path", type=click.Path(path_type=Path), help="Key file."),
+        click.option("--public-name", help="Name shown to others."),
+        click.option("--run", "run_id", help="Run id to join."),
+        click.option("--host", help="IP to listen on (default 0.0.0.0)."),
+        click.option("--port", type=int, help="TCP port to listen on (default: any free port)."),
+        click.option(
+            "--announce", "announce_addresses", multiple=True, help="Multiaddr to announce (repeatable)."
+        ),
+        click.option("--record-ttl", "record_ttl_s", type=float, help="Node record TTL in seconds."),
+        click.option(
+            "--refresh-interval", "refresh_interval_s", type=float, help="Record refresh period (s)."
+        ),
+        click.option(
+            "--bootstrap-timeout", "bootstrap_timeout_s", type=float, help="Seconds to retry seeds."
+        ),
+        click.option("--status-file", type=click.Path(path_type=Path), help="Write a JSON status here."),
+        click.option("--status-port", type=int, help="Serve JSON status on 127.0.0.1:PORT/status."),
+        click.option("--config", "config_file", type=click.Path(path_type=Path), help="TOML config file."),
+        click.option("-v", "--verbose", is_flag=True, help="Debug logging."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _build_config(config_file: Path | None, **flags: Any) -> Any:
+    from node.config import load_config
+
+    for key in ("initial_peers", "announce_addresses", "roles"):
+        if key in flags and not flags[key]:
+            flags[key] = None  # an absent repeatable flag must not override the config file
+        elif key in flags:
+            flags[key] = list(flags[key])
+    return load_config(config_file, **flags)
+
+
+def _run_until_interrupted(node: HivenetNode, label: str) -> None:
+    """Start `node`, show a live status line until Ctrl-C/SIGTERM, then leave cleanly."""
+    from rich.console import Console
+    from rich.live import Live
+
+    console = Console(stderr=True)
+    _sigterm_as_interrupt()
+    with console.status(f"starting {label} (dialling seeds, joining the DHT)..."):
+        node.start()
+    console.print(f"[green]{label} {node.short_id} running[/] on run [bold]{node.config.run_id}[/]")
+    for address in node.multiaddrs():
+        click.echo(address)
+    sys.stdout.flush()
+    try:
+        with Live(console=console, refresh_per_second=1, transient=True) as live:
+            while True:
+                node.refresh_view()
+                uptime = time.time() - node.started_at
+                live.update(
+                    f"[bold]{label}[/] {node.short_id} | DHT peers {node.dht_peer_count()} | live nodes in run "
+                    f"{len(node.live_nodes)} | uptime {uptime:,.0f} s | Ctrl-C to leave"
+                )
+                deadline = time.monotonic() + min(node.config.refresh_interval_s, 5.0)
+                while time.monotonic() < deadline:
+                    time.sleep(0.2)
+    except KeyboardInterrupt:
+        console.print("leaving the swarm cleanly...")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the clean leave
+        node.stop()
+    console.print("left.")
+
+
+@click.command()
+@click.option(
+    "--identity", "identity_path", type=click.Path(path_type=Path), help="Key file (default: user data dir)."
+)
+@click.option("--create", is_flag=True, help="Create the key file if it does not exist.")
+@friendly_errors
+def identity(identity_path: Path | None, create: bool) -> None:
+    """Show this node's PeerID and key file."""
+    from node.config import default_identity_path
+    from node.identity import load_identity, load_or_create_identity
+
+    path = identity_path or default_identity_path()
+    loaded = load_or_create_identity(path) if create else load_identity(path)
+    click.echo(f"peer id:  {loaded.peer_id.to_base58()}")
+    click.echo(f"key file: {path}")
+
+
+@click.command()
+@click.option(
+    "--role",
+    "roles",
+    multiple=True,
+    type=click.Choice([r.value for r in Role if r != Role.SEED]),
+    help="Role(s) of this node: trainer, inference, validator, relay.",
+)
+@_node_options
+@friendly_errors
+def join(roles: tuple[str, ...], config_file: Path | None, verbose: bool, **flags: Any) -> None:
+    """Join a swarm and stay until Ctrl-C, then leave cleanly."""
+    config = _build_config(config_file, roles=roles, **flags)
+    for role in config.roles:
+        if role in ROLES_WITHOUT_WORK_YET:
+            raise click.UsageError(
+                f"role {role!r} is not available yet: {ROLES_WITHOUT_WORK_YET[role]}. "
+                "Join as validator or relay meanwhile."
+            )
+    _setup_logging(verbose)
+    from node.node import HivenetNode
+
+    _run_until_interrupted(HivenetNode(config), "node")
+
+
+@click.command()
+@click.option("--announce-ip", help="Public IP to announce (when the seed is behind port forwarding).")
+@_node_options
+@friendly_errors
+def seed(announce_ip: str | None, config_file: Path | None, verbose: bool, **flags: Any) -> None:
+    """Run a seed node: DHT and relay only, with a stable identity and a fixed port.
+
+    Prints the multiaddrs that others pass to --initial-peers; a restart with the same
+    identity and port keeps them.
+    """
+    from node.config import default_identity_path
+
+    if flags.get("identity_path") is None:
+        flags["identity_path"] = default_identity_path().with_name("seed.key")
+    if flags.get("port") is None:
+        flags["port"] = DEFAULT_SEED_PORT
+    if announce_ip:
+        kind = "ip6" if ":" in announce_ip else "ip4"
+        flags["announce_addresses"] = [
+            *flags.get("announce_addresses", ()),
+            f"/{kind}/{announce_ip}/tcp/{flags['port']}",
+        ]
+    config = _build_config(config_file, roles=[Role.SEED.value], **flags)
+    _setup_logging(verbose)
+    from node.node import HivenetNode
+
+    _run_until_interrupted(HivenetNode(config, dht_only=True), "seed")
+
+
+def _ephemeral_client(initial_peers: tuple[str, ...], run_id: str, timeout_s: float) -> Any:
+    """A throwaway, unannounced node with a temporary identity, bootstrapped from `initial_peers`."""
+    from node.config import load_config
+    from node.dht_node import bootstrap, start_dht
+    from node.identity import create_identity
+
+    if not initial_peers:
+        raise click.UsageError("give at least one --initial-peers address (a seed prints its own)")
+    tmp = Path(tempfile.mkdtemp(prefix="hivenet-client-"))
+    config = load_config(
+        identity_path=tmp / "client.key",
+        initial_peers=list(initial_peers),
+        run_id=run_id,
+        host="127.0.0.1",
+        bootstrap_timeout_s=timeout_s,
+    )
+    dht = start_dht(config, create_identity(config.identity_path), client_mode=True)
+    try:
+        bootstrap(dht, config.initial_peers, timeout_s)
+    except BaseException:
+        dht.shutdown()
+        raise
+    return dht
+
+
+@click.command()
+@click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable).")
+@click.option("--run", "run_id", default="default", show_default=True, help="Run id.")
+@click.option("--role", type=click.Choice([r.value for r in Role]), help="Only nodes with this role.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--timeout", "timeout_s", type=float, default=15.0, show_default=True, help="Seconds to reach seeds."
+)
+@friendly_errors
+def peers(
+    initial_peers: tuple[str, ...], run_id: str, role: str | None, as_json: bool, timeout_s: float
+) -> None:
+    """List the live nodes of a run."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from node.membership import discover
+
+    dht = _ephemeral_client(initial_peers, run_id, timeout_s)
+    try:
+        nodes = discover(dht, run_id, Role(role) if role else None)
+    finally:
+        dht.shutdown()
+    now = time.time()
+    if as_json:
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        "peer_id": node.peer_id.to_base58(),
+                        "name": node.record.public_name,
+                        "roles": [str(r) for r in node.record.roles],
+                        "version": node.record.software_version,
+                        "addresses": list(node.record.addresses),
+                        "age_s": round(now - node.record.started_at, 1),
+                    }
+                    for node in nodes
+                ],
+                indent=2,
+            )
+        )
+        return
+    table = Table(title=f"live nodes of run {run_id!r}: {len(nodes)}")
+    for column in ("peer", "name", "role", "version", "address", "age"):
+        table.add_column(column)
+    for node in nodes:
+        table.add_row(
+            node.short_id,
+            node.record.public_name,
+            ",".join(node.record.roles),
+            node.record.software_version,
+            node.record.addresses[0] if node.record.addresses else "-",
+            f"{now - node.record.started_at:,.0f} s",
+        )
+    Console().print(table)
+
+
+@click.command()
+@click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable).")
+@click.option("--identity", "identity_path", type=click.Path(path_type=Path), help="Key file to check.")
+@click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True, help="Seconds per seed.")
+@friendly_errors
+def doctor(initial_peers: tuple[str, ...], identity_path: Path | None, timeout_s: float) -> None:
+    """Check what usually goes wrong for a volunteer and print a fix for each failure."""
+    from cli.doctor import run_doctor
+
+    ok = run_doctor(initial_peers=list(initial_peers), identity_path=identity_path, timeout_s=timeout_s)
+    raise SystemExit(0 if ok else 1)
+
+
+@click.command()
+@click.option("--nodes", "num_nodes", type=click.IntRange(1, 32), default=3, show_default=True, help="Nodes.")
+@click.option(
+    "--roles",
+    "roles",
+    default="validator",
+    show_default=True,
+    help="Comma-separated roles, assigned round-robin to the nodes.",
+)
+@click.option(
+    "--duration", "duration_s", type=float, default=None, help="Seconds to run (default: until Ctrl-C)."
+)
+@click.option("--run", "run_id", default="sim", show_default=True, help="Run id.")
+@friendly_errors
+def simulate(num_nodes: int, roles: str, duration_s: float | None, run_id: str) -> None:
+    """Start a seed and N nodes on 127.0.0.1, show the swarm, and tear it all down at the end."""
+    from cli.simulate import run_simulation
+
+    role_list = [Role(part.strip()) for part in roles.split(",") if part.strip()]
+    for role in role_list:
+        if role in ROLES_WITHOUT_WORK_YET or role == Role.SEED:
+            raise click.UsageError(f"role {role!r} cannot be simulated yet; use validator or relay")
+    run_simulation(num_nodes=num_nodes, roles=role_list, duration_s=duration_s, run_id=run_id)

@@ -1,0 +1,57 @@
+"""`hivenet simulate`: a whole swarm on this machine, shown live, torn down on exit or Ctrl-C."""
+
+from __future__ import annotations
+
+import time
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from node.swarm import LocalSwarm
+from protocol.node_record import Role
+
+
+def _swarm_table(swarm: LocalSwarm, started: float) -> Table:
+    table = Table(
+        title=f"local swarm, run {swarm.run_id!r}, up {time.time() - started:,.0f} s (Ctrl-C to stop)"
+    )
+    for column in ("node", "peer", "roles", "sees", "DHT peers", "state"):
+        table.add_column(column)
+    everyone = ([swarm.seed] if swarm.seed else []) + list(swarm.nodes.values())
+    for node in everyone:
+        status = node.status()
+        if status is None:
+            table.add_row(node.name, "-", ",".join(node.roles), "-", "-", "starting")
+            continue
+        table.add_row(
+            node.name,
+            status.peer_id[-8:],
+            ",".join(status.roles),
+            str(len(status.live_nodes)),
+            str(status.dht_peers),
+            status.state if node.alive else "exited",
+        )
+    return table
+
+
+def run_simulation(*, num_nodes: int, roles: list[Role], duration_s: float | None, run_id: str) -> None:
+    """Start a seed and `num_nodes` nodes, wait until they all see each other, and show them."""
+    console = Console()
+    started = time.time()
+    with LocalSwarm(run_id=run_id) as swarm:
+        with console.status(f"starting a seed and {num_nodes} nodes on 127.0.0.1..."):
+            swarm.start(num_nodes, roles=[role.value for role in roles])
+        console.print(
+            f"[green]swarm converged[/]: {num_nodes + 1} nodes see each other after {time.time() - started:.1f} s; "
+            f"seed at {swarm.seed_multiaddr}"
+        )
+        try:
+            with Live(_swarm_table(swarm, started), console=console, refresh_per_second=1) as live:
+                end = None if duration_s is None else time.monotonic() + duration_s
+                while end is None or time.monotonic() < end:
+                    time.sleep(1.0)
+                    live.update(_swarm_table(swarm, started))
+        except KeyboardInterrupt:
+            console.print("stopping the swarm...")
+    console.print("all nodes stopped.")

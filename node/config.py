@@ -1,0 +1,143 @@
+"""Node configuration: one pydantic model, built from defaults, a TOML file and CLI flags.
+
+Precedence is flags over config file over defaults; unknown keys are an error. Runtime
+objects (the DHT, models) never live here: they are passed to components as arguments.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+from multiaddr import Multiaddr
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from protocol.dht_keys import validate_run_id
+from protocol.errors import ConfigError
+from protocol.limits import MAX_NODE_RECORD_TTL_S, MAX_PUBLIC_NAME_CHARS
+from protocol.node_record import Role
+
+INITIAL_PEER_EXAMPLE = "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooWExamplePeerId..."
+
+
+def default_identity_path() -> Path:
+    """Where a node keeps its key unless told otherwise."""
+    return Path(platformdirs.user_data_dir("hivenet")) / "identity.key"
+
+
+def parse_initial_peer(text: str) -> str:
+    """Check that `text` is a dialable multiaddr ending in /p2p/<PeerID>; raise ConfigError with the expected form."""
+    try:
+        address = Multiaddr(text)
+        protocols = [proto.name for proto in address.protocols()]
+    except Exception as exc:
+        raise ConfigError(
+            f"invalid initial peer {text!r} ({exc}); expected a full multiaddr such as {INITIAL_PEER_EXAMPLE} "
+            "(a seed node prints it at start-up)"
+        ) from None
+    if "p2p" not in protocols or not ({"ip4", "ip6", "dns", "dns4", "dns6"} & set(protocols)):
+        raise ConfigError(
+            f"invalid initial peer {text!r}: it must name a host and end with /p2p/<PeerID>, "
+            f"e.g. {INITIAL_PEER_EXAMPLE}"
+        )
+    return str(address)
+
+
+class NodeConfig(BaseModel):
+    """Everything a node needs to join a swarm."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    identity_path: Path = Field(default_factory=default_identity_path)
+    """Ed25519 key file (created on first start, mode 0600)."""
+    initial_peers: list[str] = Field(default_factory=list)
+    """Multiaddrs of seed nodes (or any live node) to bootstrap from."""
+    roles: list[Role] = Field(default_factory=lambda: [Role.VALIDATOR], min_length=1)
+    """What this node does in the swarm."""
+    public_name: str = Field(default="", max_length=MAX_PUBLIC_NAME_CHARS)
+    """Name shown to others; defaults to the short PeerID."""
+    run_id: str = "default"
+    """The training run to take part in."""
+    host: str = "0.0.0.0"
+    """IP address to listen on (127.0.0.1 for a local swarm)."""
+    port: int = Field(default=0, ge=0, le=65535)
+    """TCP port to listen on; 0 picks a free one (seeds use a fixed port)."""
+    announce_addresses: list[str] = Field(default_factory=list)
+    """Multiaddrs to announce instead of the listening ones, e.g. for a public IP behind port forwarding."""
+    record_ttl_s: float = Field(default=60.0, gt=0, le=MAX_NODE_RECORD_TTL_S)
+    """How long a published node record stays valid without a refresh."""
+    refresh_interval_s: float = Field(default=20.0, gt=0)
+    """How often the node record is re-published; well under record_ttl_s."""
+    bootstrap_timeout_s: float = Field(default=30.0, gt=0)
+    """How long to keep retrying unreachable initial peers before reporting them."""
+    use_auto_relay: bool = False
+    """Look for relays to become reachable when this node is behind NAT."""
+    status_file: Path | None = None
+    """If set, a JSON status snapshot is written here every refresh (machine-readable health)."""
+    status_port: int | None = Field(default=None, ge=0, le=65535)
+    """If set, serve the status snapshot as JSON over HTTP on 127.0.0.1 at this port."""
+
+    @field_validator("initial_peers")
+    @classmethod
+    def _check_initial_peers(cls, value: list[str]) -> list[str]:
+        return [parse_initial_peer(item) for item in value]
+
+    @field_validator("announce_addresses")
+    @classmethod
+    def _check_announce(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                Multiaddr(item)
+            except Exception as exc:
+                raise ValueError(
+                    f"invalid announce address {item!r}: {exc}; e.g. /ip4/203.0.113.5/tcp/31337"
+                ) from None
+        return value
+
+    @field_validator("run_id")
+    @classmethod
+    def _check_run_id(cls, value: str) -> str:
+        return validate_run_id(value)
+
+    @model_validator(mode="after")
+    def _check_refresh(self) -> NodeConfig:
+        if self.refresh_interval_s >= self.record_ttl_s:
+            raise ValueError(
+                f"refresh_interval_s ({self.refresh_interval_s}) must be shorter than record_ttl_s "
+                f"({self.record_ttl_s}), or records expire between refreshes"
+            )
+        return self
+
+    @property
+    def host_maddrs(self) -> list[str]:
+        kind = "ip6" if ":" in self.host else "ip4"
+        return [f"/{kind}/{self.host}/tcp/{self.port}"]
+
+
+def load_config(config_file: Path | None = None, **flags: Any) -> NodeConfig:
+    """Build a NodeConfig: defaults, then `config_file` (TOML), then `flags` whose value is not None."""
+    values: dict[str, Any] = {}
+    if config_file is not None:
+        try:
+            values.update(tomllib.loads(config_file.read_text()))
+        except FileNotFoundError:
+            raise ConfigError(f"config file {config_file} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from None
+    values.update({key: value for key, value in flags.items() if value is not None})
+    try:
+        return NodeConfig(**values)
+    except ConfigError:
+        raise
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "config"
+            message = error["msg"].removeprefix("Value error, ")
+            if error["type"] == "extra_forbidden":
+                message = f"unknown setting (known: {', '.join(sorted(NodeConfig.model_fields))})"
+            problems.append(f"{where}: {message}")
+        source = f" (from {config_file} and flags)" if config_file else ""
+        raise ConfigError("invalid configuration" + source + ":\n  " + "\n  ".join(problems)) from None

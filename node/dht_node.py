@@ -1,0 +1,128 @@
+"""Starting a hivemind DHT for a node and bootstrapping it from seed nodes, with retries.
+
+Every seed is dialled and pinged on its own, so a seed that cannot be reached is reported
+by name; unreachable seeds are retried with exponential backoff until the bootstrap
+deadline. A node that reaches no seed at all raises PeerUnreachable.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+
+import hivemind
+from hivemind.dht.node import DHTNode
+from hivemind.p2p import PeerID
+from multiaddr import Multiaddr
+
+from node.config import NodeConfig
+from node.identity import Identity
+from protocol.errors import PeerUnreachable
+from protocol.record_validator import SignedRecordValidator
+
+logger = logging.getLogger(__name__)
+
+_PING_TIMEOUT_S = 5.0
+_FIRST_BACKOFF_S = 0.5
+_MAX_BACKOFF_S = 8.0
+
+
+@dataclass
+class SeedStatus:
+    """Outcome of dialling one initial peer."""
+
+    address: str
+    reached: bool
+    error: str = ""
+
+
+def start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool = False) -> hivemind.DHT:
+    """Start this node's DHT (its own p2pd) listening per `config`, signed with `identity`.
+
+    Seeds are not dialled here; call `bootstrap` next.
+    """
+    return hivemind.DHT(
+        # p2pd refuses to start if it cannot reach its bootstrap peers, so seeds are dialled by
+        # `bootstrap` afterwards, where each failure is retried and reported by name
+        initial_peers=None,
+        start=True,
+        client_mode=client_mode,
+        host_maddrs=config.host_maddrs,
+        announce_maddrs=config.announce_addresses or None,
+        identity_path=str(identity.path),
+        check_if_identity_free=False,  # hivemind's check assumes RSA keys; we check via node records
+        record_validators=[SignedRecordValidator()],
+        use_relay=True,
+        use_auto_relay=config.use_auto_relay,
+        wait_timeout=_PING_TIMEOUT_S,
+    )
+
+
+async def _dial_seed(_dht: hivemind.DHT, node: DHTNode, address: str) -> str:
+    """Connect to one seed and ping its DHT; return '' on success or the reason it failed."""
+    maddr = Multiaddr(address)
+    peer_id = PeerID.from_base58(maddr["p2p"])
+    if peer_id == node.peer_id:
+        return ""
+    try:
+        await node.p2p._client.connect(peer_id, [maddr.decapsulate(Multiaddr(f"/p2p/{maddr['p2p']}"))])
+    except Exception as exc:
+        return f"cannot connect: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    node_id = await node.protocol.call_ping(peer_id)
+    if node_id is None:
+        return "connected, but it does not answer DHT requests (is it a hivenet/hivemind node?)"
+    await node.find_nearest_nodes([node.node_id])
+    return ""
+
+
+def bootstrap(dht: hivemind.DHT, initial_peers: list[str], timeout_s: float) -> list[SeedStatus]:
+    """Dial every initial peer, retrying failures with backoff until `timeout_s`.
+
+    Returns the status of each seed. Raises PeerUnreachable naming every seed if none was
+    reached in time (and there was at least one to reach).
+    """
+    pending = {address: "not tried yet" for address in initial_peers}
+    reached: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    backoff = _FIRST_BACKOFF_S
+    while pending:
+        for address in list(pending):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            try:
+                error = dht.run_coroutine(partial(_dial_seed, address=address), return_future=True).result(
+                    timeout=min(remaining, 2 * _PING_TIMEOUT_S)
+                )
+            except Exception as exc:
+                error = f"no answer ({type(exc).__name__})"
+            if error:
+                pending[address] = error
+                logger.debug("seed %s unreachable: %s", address, error)
+            else:
+                del pending[address]
+                reached.append(address)
+        if not pending or time.monotonic() + backoff > deadline:
+            break
+        time.sleep(backoff)
+        backoff = min(backoff * 2, _MAX_BACKOFF_S)
+
+    statuses = [SeedStatus(address, True) for address in reached]
+    statuses += [SeedStatus(address, False, error) for address, error in pending.items()]
+    if initial_peers and not reached:
+        details = "\n  ".join(f"{s.address}: {s.error}" for s in statuses)
+        raise PeerUnreachable(
+            f"could not reach any of the {len(initial_peers)} initial peer(s) within {timeout_s:.0f} s:\n  {details}\n"
+            "Check the addresses (a seed prints its own at start-up), that the seed is running, and that "
+            "outgoing TCP to its port is allowed."
+        )
+    for status in statuses:
+        if not status.reached:
+            logger.warning(
+                "initial peer %s is unreachable (%s); continuing with the others",
+                status.address,
+                status.error,
+            )
+    return statuses

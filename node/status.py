@@ -1,0 +1,95 @@
+"""Machine-readable node status: a JSON snapshot written to a file and/or served over HTTP.
+
+Seeds and volunteers use it for health checks; the local swarm harness uses it to learn
+each child node's PeerID, addresses and what it has discovered.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+
+class NodeStatusSnapshot(BaseModel):
+    """What a running node reports about itself."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    peer_id: str
+    """Full base58 PeerID."""
+    public_name: str
+    """The node's public name."""
+    roles: list[str]
+    """The node's roles."""
+    run_id: str
+    """The run it takes part in."""
+    multiaddrs: list[str]
+    """Full multiaddrs (with /p2p/) others can dial; a seed's are what goes into --initial-peers."""
+    pid: int
+    """Process id of the node."""
+    uptime_s: float
+    """Seconds since the node started."""
+    dht_peers: int
+    """Peers in this node's DHT routing table."""
+    live_nodes: list[str]
+    """PeerIDs of the live nodes of the run it currently discovers (itself included)."""
+    record_published: bool
+    """Whether the last publish of its node record was accepted by the DHT."""
+    state: str
+    """'starting', 'running' or 'leaving'."""
+
+
+def write_status_file(path: Path, snapshot: NodeStatusSnapshot) -> None:
+    """Atomically replace `path` with the snapshot (readers never see a half-written file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(snapshot.model_dump_json(indent=2))
+    os.replace(tmp, path)
+
+
+def read_status_file(path: Path) -> NodeStatusSnapshot | None:
+    """The snapshot at `path`, or None if there is none yet."""
+    try:
+        return NodeStatusSnapshot.model_validate_json(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+class StatusServer:
+    """Serves the latest snapshot as JSON at http://127.0.0.1:PORT/status (and /health)."""
+
+    def __init__(self, port: int):
+        self._snapshot: NodeStatusSnapshot | None = None
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path not in ("/status", "/health"):
+                    self.send_error(404, "try /status or /health")
+                    return
+                snapshot = owner._snapshot
+                body = json.dumps(snapshot.model_dump() if snapshot else {"state": "starting"}).encode()
+                self.send_response(200 if snapshot and snapshot.state == "running" else 503)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.port = self._server.server_address[1]
+        self._thread = threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True)
+        self._thread.start()
+
+    def update(self, snapshot: NodeStatusSnapshot) -> None:
+        self._snapshot = snapshot
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,65 @@
+"""CLI basics that need no swarm: fast help, clear errors for bad input, identity display."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def hivenet(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=REPO,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+def test_help_does_not_import_torch_or_hivemind() -> None:
+    code = (
+        "import sys\nfrom click.testing import CliRunner\nfrom cli.main import cli\n"
+        "r = CliRunner().invoke(cli, ['--help'])\nassert r.exit_code == 0, r.output\n"
+        "for sub in ('join', 'seed', 'peers', 'doctor', 'simulate', 'identity'):\n"
+        "    assert CliRunner().invoke(cli, [sub, '--help']).exit_code == 0\n"
+        "print(sorted(m for m in ('torch', 'hivemind') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_bad_multiaddr_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
+    result = hivenet("join", "--initial-peers", "not-an-address", "--identity", str(tmp_path / "k"))
+    assert result.returncode != 0
+    assert "/ip4/203.0.113.5/tcp/31337/p2p/" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_roles_without_work_are_refused(tmp_path: Path) -> None:
+    result = hivenet("join", "--role", "inference", "--identity", str(tmp_path / "k"))
+    assert result.returncode != 0 and "not available yet" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_identity_command(tmp_path: Path) -> None:
+    missing = hivenet("identity", "--identity", str(tmp_path / "k"))
+    assert missing.returncode == 1 and "no identity" in missing.stderr
+    created = hivenet("identity", "--identity", str(tmp_path / "k"), "--create")
+    assert created.returncode == 0 and "peer id:  12D3KooW" in created.stdout
+    again = hivenet("identity", "--identity", str(tmp_path / "k"))
+    assert again.stdout == created.stdout
+
+
+def test_unknown_config_key_is_a_clear_error(tmp_path: Path) -> None:
+    config = tmp_path / "node.toml"
+    config.write_text("colour = 'blue'\n")
+    result = hivenet("join", "--config", str(config), "--identity", str(tmp_path / "k"))
+    assert result.returncode == 1 and "colour: unknown setting" in result.stderr
