@@ -11,8 +11,17 @@ Two ways to run it, which must agree up to floating-point noise:
 * `prefill_cache` + `decode_step`: incremental decoding with a key/value cache (generation).
 
 The "final hidden state" is the output of the final RMS norm, just before the LM head; it is
-what TOPLOC proves. The model runs in float32, bfloat16 or float16 (`model.to(dtype)`); all
-intermediate values stay in the model's dtype, as they would on an accelerator.
+what TOPLOC proves. The model runs in float32, bfloat16 or float16 (`model.to(dtype)`).
+
+Every operation (matmul, norm, attention, GELU) takes inputs stored in the model's dtype,
+accumulates in a wider type and rounds its output once to the model's dtype, as accelerator
+kernels do. With autograd off (inference: generation and verification) the wider type is
+float64: its rounding noise is ~1e-16, far below the ulp of any storage dtype, so a row's
+result does not depend on how many rows are computed with it, and incremental decoding
+reproduces a prefill bit for bit in float32, bfloat16 and float16 alike. That is what lets
+a verifier hold an honest worker to zero TOPLOC error while still seeing the rounding
+pattern of a different precision (see `verification/policy.py`). With autograd on
+(training) the wider type is float32, for speed.
 """
 
 from __future__ import annotations
@@ -68,8 +77,24 @@ class ModelConfig(BaseModel):
         return self.d_model // self.n_heads
 
 
+def _acc_dtype() -> torch.dtype:
+    """Accumulation dtype: float64 for inference (row-invariant results), float32 for training."""
+    return torch.float32 if torch.is_grad_enabled() else torch.float64
+
+
+class Linear(nn.Linear):
+    """Bias-free linear layer: accumulates in `_acc_dtype()`, rounds once to the input's dtype."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        acc = _acc_dtype()
+        return F.linear(x.to(acc), self.weight.to(acc)).to(x.dtype)
+
+
 class RMSNorm(nn.Module):
-    """Root-mean-square norm with a learned gain, computed in the input's dtype."""
+    """Root-mean-square norm with a learned gain, accumulated wide, output in the input's dtype."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -77,7 +102,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        acc = _acc_dtype()
+        xf = x.to(acc)
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight.to(acc)
+        return out.to(x.dtype)
 
 
 class KVCache:
@@ -111,11 +139,11 @@ class Block(nn.Module):
         self.n_heads = cfg.n_heads
         self.head_dim = cfg.head_dim
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)
-        self.attn_out = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.qkv = Linear(cfg.d_model, 3 * cfg.d_model)
+        self.attn_out = Linear(cfg.d_model, cfg.d_model)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.mlp_in = nn.Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model, bias=False)
-        self.mlp_out = nn.Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model, bias=False)
+        self.mlp_in = Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
+        self.mlp_out = Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
         b, t, d = x.shape
@@ -124,10 +152,14 @@ class Block(nn.Module):
         k = k.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         past = 0
+        dtype = x.dtype
         if cache is not None:
             cached = cache.keys[layer]
             past = 0 if cached is None else int(cached.shape[2])
             k, v = cache.append(layer, k, v)
+        # Attention accumulated wide (the cache keeps the model's dtype), output rounded once.
+        acc = _acc_dtype()
+        q, k, v = q.to(acc), k.to(acc), v.to(acc)
         if t == 1:
             # One query attends to every cached position: no mask needed.
             att = F.scaled_dot_product_attention(q, k, v)
@@ -136,8 +168,9 @@ class Block(nn.Module):
         else:
             mask = torch.ones(t, past + t, dtype=torch.bool, device=x.device).tril(diagonal=past)
             att = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        x = x + self.attn_out(att.transpose(1, 2).reshape(b, t, d))
-        return x + self.mlp_out(F.gelu(self.mlp_in(self.mlp_norm(x))))
+        x = x + self.attn_out(att.to(dtype).transpose(1, 2).reshape(b, t, d))
+        # GELU is elementwise (no accumulation): float32 is exact enough and row-invariant.
+        return x + self.mlp_out(F.gelu(self.mlp_in(self.mlp_norm(x)).float()).to(dtype))
 
 
 class TinyGPT(nn.Module):
@@ -150,7 +183,7 @@ class TinyGPT(nn.Module):
         self.pos_emb = nn.Embedding(config.max_seq_len, config.d_model)
         self.blocks = nn.ModuleList([Block(config) for _ in range(config.n_layers)])
         self.final_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.d_model, config.vocab_size)
         self.apply(self._init_weights)
         # GPT-2 style: scale the residual projections down with depth.
         for block in self.blocks:

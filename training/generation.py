@@ -1,0 +1,141 @@
+"""The inference worker's generation loop: seeded sampling with TOPLOC proofs built on the fly.
+
+`generate` decodes with the model's key/value cache, samples each token with the seeded
+Gumbel-max sampler (`training.sampling`), keeps the bf16 final hidden state that produced
+each token, and hands every complete chunk of 32 rows to a proof builder as soon as it is
+full, so proofs are ready when the last token is (no pass over the activations at the end).
+
+Which rows are proved: completion token `i` is sampled from the logits at sequence position
+`len(prompt) + i - 1`, and the final hidden state at that same position is row `i` of the
+proved activations. A verifier's single prefill over `prompt + completion` yields exactly
+these rows (`hidden[len(prompt) - 1 : -1]`) and the logits that must re-select every token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from training.model import TinyGPT
+from training.sampling import SamplingParams, sample_tokens
+from verification.toploc import CHUNK_TOKENS, TOPK, build_proofs
+
+__all__ = ["Generation", "ProofBuilder", "generate"]
+
+
+class ProofBuilder:
+    """Builds one TOPLOC proof per full chunk of hidden rows, inline or on a background thread.
+
+    With `background=True` each chunk's proof is built on a single worker thread while the
+    caller keeps decoding; `finish()` builds the last (partial) chunk and returns all proofs
+    in chunk order.
+    """
+
+    def __init__(self, chunk_tokens: int = CHUNK_TOKENS, topk: int = TOPK, background: bool = False) -> None:
+        self.chunk_tokens = chunk_tokens
+        self.topk = topk
+        self._rows: list[torch.Tensor] = []
+        self._pending: list[Future[list[bytes]] | list[bytes]] = []
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toploc") if background else None
+
+    def _submit(self) -> None:
+        chunk = torch.cat(self._rows, dim=0)
+        self._rows = []
+        if self._pool is None:
+            self._pending.append(build_proofs(chunk, self.chunk_tokens, self.topk))
+        else:
+            self._pending.append(self._pool.submit(build_proofs, chunk, self.chunk_tokens, self.topk))
+
+    def add(self, rows: torch.Tensor) -> None:
+        """Append bf16 hidden rows `[n, H]`; a proof starts as soon as a chunk is full."""
+        for row in rows.split(1, dim=0):
+            self._rows.append(row)
+            if len(self._rows) == self.chunk_tokens:
+                self._submit()
+
+    def finish(self) -> list[bytes]:
+        """Prove any remaining rows and return every proof, in order."""
+        if self._rows:
+            self._submit()
+        proofs: list[bytes] = []
+        for item in self._pending:
+            proofs.extend(item.result() if isinstance(item, Future) else item)
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+        self._pending = []
+        return proofs
+
+
+@dataclass
+class Generation:
+    """One completion: its tokens, the proofs over its hidden states, and what produced them."""
+
+    completion_ids: list[int]
+    """Sampled token ids (byte values for the default vocabulary)."""
+
+    proofs: list[bytes]
+    """One TOPLOC proof per 32 completion tokens (258 bytes each with k = 128)."""
+
+    hidden: torch.Tensor = field(repr=False)
+    """The proved bf16 final hidden states `[len(completion_ids), d_model]` (kept for debugging/bench)."""
+
+    logits: torch.Tensor = field(repr=False)
+    """The logits each token was sampled from, `[len(completion_ids), vocab]` in the model's dtype."""
+
+
+@torch.inference_mode()
+def generate(
+    model: TinyGPT,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    params: SamplingParams,
+    seed: int,
+    *,
+    stop_token: int | None = None,
+    chunk_tokens: int = CHUNK_TOKENS,
+    topk: int = TOPK,
+    background_proofs: bool = False,
+) -> Generation:
+    """Sample up to `max_new_tokens` tokens after `prompt_ids` with seeded sampling and prove them.
+
+    Runs in the model's dtype with its key/value cache. Generation stops after `stop_token`
+    (which is included) or at `max_new_tokens`. Sampling noise depends only on `(seed, i)`
+    for completion index `i`, so the same call always returns the same tokens and proofs.
+    """
+    if not prompt_ids:
+        raise ValueError("prompt_ids must hold at least one token")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if len(prompt_ids) + max_new_tokens > model.config.max_seq_len + 1:
+        raise ValueError(
+            f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
+            f"max_seq_len ({model.config.max_seq_len}) + 1"
+        )
+    model.eval()
+    builder = ProofBuilder(chunk_tokens, topk, background=background_proofs)
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    logits, hidden, cache = model.prefill_cache(ids)
+    step_logits, step_hidden = logits[0, -1:], hidden[0, -1:]
+    tokens: list[int] = []
+    all_hidden: list[torch.Tensor] = []
+    all_logits: list[torch.Tensor] = []
+    for i in range(max_new_tokens):
+        token = int(sample_tokens(step_logits, params, seed, [i])[0])
+        tokens.append(token)
+        row = step_hidden.to(torch.bfloat16)
+        all_hidden.append(row)
+        all_logits.append(step_logits)
+        builder.add(row)
+        if i + 1 == max_new_tokens or token == stop_token:
+            break
+        step_logits, step_hidden = model.decode_step(torch.tensor([[token]]), cache)
+        step_logits, step_hidden = step_logits[0], step_hidden[0]
+    return Generation(
+        completion_ids=tokens,
+        proofs=builder.finish(),
+        hidden=torch.cat(all_hidden, dim=0),
+        logits=torch.cat(all_logits, dim=0),
+    )
