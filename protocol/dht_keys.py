@@ -37,3 +37,21 @@ def node_records_key(run_id: str) -> str:
 def signed_subkey(peer_id_base58: str) -> str:
     """The subkey a peer uses for its own signed value under a shared key."""
     return SIGNED_SUBKEY_PREFIX + peer_id_base58
+
+
+# --- weight broadcast (node.broadcast) ---
+
+
+def weights_pointer_key(run_id: str) -> str:
+    """Where each authorised publisher of `run_id` keeps the signed pointer to its latest version."""
+    return f"hivenet/v{PROTOCOL_VERSION}/{validate_run_id(run_id)}/weights/latest"
+
+
+def weights_version_key(run_id: str, version: int) -> str:
+    """Where the signed pointer to one version's manifest is kept (one subkey per publisher)."""
+    return f"hivenet/v{PROTOCOL_VERSION}/{validate_run_id(run_id)}/weights/{int(version)}/pointer"
+
+
+def weights_holders_key(run_id: str, version: int) -> str:
+    """Where holders of a version announce themselves (one short-lived subkey per holder)."""
+    return f"hivenet/v{PROTOCOL_VERSION}/{validate_run_id(run_id)}/weights/{int(version)}/holders"

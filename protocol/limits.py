@@ -16,3 +16,41 @@ MAX_ROLES = 4
 MAX_ADDRESSES = 16
 MAX_ADDRESS_CHARS = 256
 MAX_RUN_ID_CHARS = 64
+
+# --- weight broadcast (protocol.manifest, node.broadcast) ---
+
+MIN_CHUNK_BYTES = 4 * 1024
+"""Smallest chunk size a manifest may declare (keeps chunk counts and hash lists bounded)."""
+
+MAX_CHUNK_BYTES = 64 * 1024 * 1024
+"""Largest chunk size a manifest may declare; a chunk response is never buffered beyond it."""
+
+MAX_WEIGHTS_BYTES = 1 << 40
+"""Largest checkpoint a manifest may describe (1 TiB)."""
+
+MAX_MANIFEST_BYTES = 32 * 1024 * 1024
+"""Largest serialized signed manifest accepted from a peer, whatever its pointer declares."""
+
+MAX_MANIFEST_TENSORS = 200_000
+"""Most tensors a manifest may list."""
+
+MAX_TENSOR_NAME_CHARS = 1024
+"""Longest tensor name a manifest may hold."""
+
+MAX_TENSOR_RANK = 16
+"""Most dimensions a tensor in a manifest may have."""
+
+MAX_BROADCAST_REQUEST_BYTES = 1024
+"""Largest request frame a weight-broadcast peer accepts (requests are tiny)."""
+
+MAX_RESPONSE_HEADER_BYTES = 1024
+"""Largest response header frame accepted before a response payload."""
+
+MAX_HAVE_BATCH = 4096
+"""Most new-chunk indices one bitmap update may carry."""
+
+MAX_WEIGHTS_POINTER_TTL_S = 3600.0
+"""A weights pointer in the DHT may not claim validity longer than this; publishers refresh it."""
+
+MAX_HOLDER_TTL_S = 300.0
+"""A holder announcement may not claim validity longer than this; holders refresh it."""

@@ -105,3 +105,11 @@ class SignedRecordValidator(RecordValidatorBase):
     @property
     def priority(self) -> int:
         return 10
+
+
+# The weight broadcast's DHT domains (pointers, holder announcements); registered here so the
+# registry is complete wherever the validator runs.
+from protocol.manifest import BROADCAST_DOMAIN_RULES  # noqa: E402
+
+for _domain, (_max_ttl_s, _check) in BROADCAST_DOMAIN_RULES.items():
+    register_domain(_domain, DomainRule(max_ttl_s=_max_ttl_s, check_payload=_check))

@@ -1,0 +1,17 @@
+"""Weight broadcast: signed manifests and chunked gossip from many peers.
+
+Map of the package:
+
+- `broadcaster.WeightBroadcast`: a node's component; `publish`, `publish_file`, `fetch`,
+  `load`, `follow`, `status`; owns the store, the service and the DHT records.
+- `config.BroadcastConfig`: every knob (chunk size, kept versions, in-flight limits, bans, upload cap).
+- `store.ChunkStore` / `store.VersionEntry`: versions on disk with a chunk bitmap; verify-before-write; resume.
+- `fetch.VersionFetch`: the multi-source scheduler (rarest first, per-peer limits, endgame, bans); `FetchProgress`.
+- `service.BroadcastService`: serves manifests, chunks and live bitmaps over libp2p streams (`rpc_*`).
+- `publish`: safetensors serialisation, chunk hashing, manifest signing (`prepare_state_dict`, `prepare_file`).
+- `wire`: size-capped framing and the upload token bucket (`RateLimiter`).
+- `bans.BanList`: growing bans of misbehaving peers.
+- `errors`: `DiskFull`, `WeightsUnavailable`, `StoreError`.
+
+Wire formats and pure rules live in `protocol.manifest` and `protocol/broadcast.proto`.
+"""

@@ -1,0 +1,58 @@
+"""Bans of peers that sent bad data: each ban of the same peer lasts twice as long as the last."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from hivemind.p2p import PeerID
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _BanState:
+    strikes: int
+    until: float
+
+
+class BanList:
+    """Who is banned until when, with the reasons counted."""
+
+    def __init__(self, base_s: float, max_s: float, owner: str = "") -> None:
+        self.base_s = base_s
+        self.max_s = max_s
+        self.owner = owner
+        self._bans: dict[bytes, _BanState] = {}
+        self.reasons: Counter[str] = Counter()
+
+    def ban(self, peer: PeerID | bytes, reason: str) -> float:
+        """Ban `peer` for a growing period; return the ban's length in seconds."""
+        key = peer.to_bytes() if isinstance(peer, PeerID) else peer
+        state = self._bans.get(key) or _BanState(strikes=0, until=0.0)
+        state.strikes += 1
+        duration = min(self.base_s * 2 ** (state.strikes - 1), self.max_s)
+        state.until = time.monotonic() + duration
+        self._bans[key] = state
+        self.reasons[reason.split(":")[0]] += 1
+        logger.warning(
+            "[%s] banned %s for %.0f s (strike %d): %s",
+            self.owner,
+            PeerID(key).to_base58()[-8:],
+            duration,
+            state.strikes,
+            reason,
+        )
+        return duration
+
+    def is_banned(self, peer: PeerID | bytes) -> bool:
+        key = peer.to_bytes() if isinstance(peer, PeerID) else peer
+        state = self._bans.get(key)
+        return state is not None and state.until > time.monotonic()
+
+    def strikes(self, peer: PeerID | bytes) -> int:
+        key = peer.to_bytes() if isinstance(peer, PeerID) else peer
+        state = self._bans.get(key)
+        return 0 if state is None else state.strikes

@@ -1,0 +1,70 @@
+"""Configuration of the weight broadcast (one pydantic model; runtime objects are passed separately)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from protocol.limits import MAX_CHUNK_BYTES, MAX_HOLDER_TTL_S, MAX_WEIGHTS_POINTER_TTL_S, MIN_CHUNK_BYTES
+
+
+class BroadcastConfig(BaseModel):
+    """How a node publishes, stores, fetches and serves weights."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    store_dir: Path
+    """Folder of the chunk store (one subfolder per run and version)."""
+    authorized_publishers: list[str] = Field(default_factory=list)
+    """Base58 PeerIDs allowed to publish weights for the run (from the run's config); others are refused."""
+    chunk_bytes: int = Field(default=4 * 1024 * 1024, ge=MIN_CHUNK_BYTES, le=MAX_CHUNK_BYTES)
+    """Chunk size used when publishing."""
+    keep_versions: int = Field(default=2, ge=1)
+    """How many of a run's newest versions are kept on disk and announced; older ones are deleted."""
+    max_inflight_per_peer: int = Field(default=4, ge=1, le=64)
+    """Most chunk requests outstanding to one source at a time (the fastest sources get all of them)."""
+    max_sources: int = Field(default=32, ge=1)
+    """Most holders a fetch downloads from at once."""
+    endgame_max_requests: int = Field(default=3, ge=1)
+    """In the endgame, the most sources asked at once for one of the last missing chunks."""
+    request_timeout_s: float = Field(default=60.0, gt=0)
+    """A chunk or manifest request that takes longer than this fails and its source is dropped for a while."""
+    holder_ttl_s: float = Field(default=60.0, gt=0, le=MAX_HOLDER_TTL_S)
+    """Validity of a holder announcement in the DHT; refreshed every third of it."""
+    pointer_ttl_s: float = Field(default=600.0, gt=0, le=MAX_WEIGHTS_POINTER_TTL_S)
+    """Validity of a publisher's weights pointer in the DHT; refreshed every third of it."""
+    holder_refresh_s: float = Field(default=2.0, gt=0)
+    """How often a running fetch looks up new holders in the DHT."""
+    follow_poll_s: float = Field(default=5.0, gt=0)
+    """How often a node that follows a run looks for a newer version."""
+    ban_base_s: float = Field(default=60.0, gt=0)
+    """First ban of a peer that sent bad data; each further ban doubles it."""
+    ban_max_s: float = Field(default=24 * 3600.0, gt=0)
+    """Longest ban."""
+    retry_after_failure_s: float = Field(default=5.0, gt=0)
+    """A source that vanished or timed out is not asked again for this long (not a ban)."""
+    max_upload_streams: int = Field(default=64, ge=1)
+    """Most concurrent upload streams this node serves; more are refused as busy."""
+    max_upload_streams_per_peer: int = Field(default=8, ge=1)
+    """Most concurrent upload streams one peer may hold open to this node."""
+    upload_bytes_per_s: float | None = Field(default=None, gt=0)
+    """Cap on this node's total upload rate (application-level token bucket); None for no cap."""
+    stream_idle_timeout_s: float = Field(default=120.0, gt=0)
+    """A serving stream with no request for this long is closed."""
+    serve: bool = True
+    """Serve held chunks to other peers (switch off only for baselines and tests)."""
+    publisher_only: bool = False
+    """Download only from the version's publisher (the naive baseline of the benchmark)."""
+
+    @field_validator("authorized_publishers")
+    @classmethod
+    def _check_peer_ids(cls, value: list[str]) -> list[str]:
+        from hivemind.p2p import PeerID
+
+        for text in value:
+            try:
+                PeerID.from_base58(text)
+            except Exception:
+                raise ValueError(f"{text!r} is not a base58 PeerID") from None
+        return value

@@ -1,0 +1,427 @@
+"""The fetch scheduler: download one version's chunks from many peers at once.
+
+For every source (a holder found in the DHT, or the publisher) a watch stream keeps that
+source's exact chunk bitmap up to date. The scheduler hands each source chunks that it
+holds and this node lacks, **rarest first** (fewest sources hold it; random among equals),
+with at most `max_inflight_per_peer` requests in flight per source; sources slower than
+half the best measured rate get half as many slots, so faster peers do more of the work.
+When every missing chunk is already requested (the **endgame**), idle sources are also asked
+for the last chunks, up to `endgame_max_requests` at once; the first verified copy wins and
+the other requests are cancelled.
+
+Every chunk is checked against the manifest before it is written (`VersionEntry.write_chunk`)
+and only then announced and served. A source that sends a bad chunk or breaks the protocol
+is banned (growing period) and its chunks are fetched elsewhere; a source that vanishes or
+times out costs only its in-flight chunks and is retried later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from hivemind.p2p import P2P, PeerID
+
+from node.broadcast.bans import BanList
+from node.broadcast.config import BroadcastConfig
+from node.broadcast.service import PROTO_CHUNK, PROTO_WATCH, parse_request
+from node.broadcast.store import VersionEntry
+from node.broadcast.wire import read_frame, read_payload, write_frame
+from protocol import broadcast_pb2 as bpb
+from protocol.errors import InvalidMessage
+from protocol.limits import MAX_RESPONSE_HEADER_BYTES
+from protocol.manifest import bitmap_get, have_update_cap, parse_bitmap
+
+logger = logging.getLogger(__name__)
+
+_Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+class NotHeld(Exception):
+    """The source answered that it does not hold the requested chunk or version."""
+
+
+class SourceBusy(Exception):
+    """The source refused the stream because it serves too many already."""
+
+
+@dataclass
+class FetchProgress:
+    """A snapshot of a running fetch, for progress bars."""
+
+    bytes_done: int
+    total_bytes: int
+    chunks_done: int
+    num_chunks: int
+    rate_bytes_per_s: float
+    sources: int
+    """Sources that delivered a chunk in the last few seconds."""
+    eta_s: float | None
+
+
+@dataclass
+class _Source:
+    peer_id: PeerID
+    bitmap: bytearray | None = None
+    inflight: dict[int, asyncio.Task[None]] = field(default_factory=dict)
+    idle_streams: list[_Stream] = field(default_factory=list)
+    rate_bytes_per_s: float | None = None
+    last_delivery: float = 0.0
+    watch_task: asyncio.Task[None] | None = None
+
+
+async def request_frame(
+    p2p: P2P, peer_id: PeerID, proto: str, request: bytes, stream: _Stream | None = None
+) -> tuple[bpb.ResponseHeader, _Stream]:
+    """Send one request frame (on `stream` or a new stream) and read the capped response header."""
+    if stream is None:
+        _, reader, writer = await p2p.call_binary_stream_handler(peer_id, proto)
+        stream = (reader, writer)
+    reader, writer = stream
+    try:
+        await write_frame(writer, request)
+        frame = await read_frame(reader, MAX_RESPONSE_HEADER_BYTES)
+        if frame is None:
+            raise ConnectionError("source closed the stream")
+        header = parse_request(frame, bpb.ResponseHeader)
+        assert isinstance(header, bpb.ResponseHeader)
+    except BaseException:
+        writer.close()
+        raise
+    return header, stream
+
+
+class VersionFetch:
+    """Downloads the missing chunks of one store entry from many sources; `run` returns when complete."""
+
+    def __init__(
+        self,
+        *,
+        p2p: P2P,
+        entry: VersionEntry,
+        config: BroadcastConfig,
+        bans: BanList,
+        own_peer_id: PeerID,
+        publisher: PeerID,
+        find_holders: Callable[[], Awaitable[list[PeerID]]],
+        on_chunk: Callable[[int], None],
+        progress: Callable[[FetchProgress], None] | None = None,
+        owner: str = "",
+    ) -> None:
+        self.p2p = p2p
+        self.entry = entry
+        self.manifest = entry.manifest
+        self.config = config
+        self.bans = bans
+        self.own_peer_id = own_peer_id
+        self.publisher = publisher
+        self.find_holders = find_holders
+        self.on_chunk = on_chunk
+        self.progress = progress
+        self.owner = owner
+        self.sources: dict[bytes, _Source] = {}
+        self.availability = [0] * self.manifest.num_chunks
+        self.requested: dict[int, set[bytes]] = {}
+        self.retry_at: dict[bytes, float] = {}
+        self.bytes_downloaded = 0
+        """Verified chunk bytes received (duplicates in the endgame included)."""
+        self.bad_chunks = 0
+        self._wake = asyncio.Event()
+        self._rng = random.Random()
+        self._tiebreak = [self._rng.random() for _ in range(self.manifest.num_chunks)]
+        self._rate_window: list[tuple[float, int]] = []
+
+    # ---- sources -------------------------------------------------------------------------
+
+    def _add_source(self, peer_id: PeerID) -> None:
+        key = peer_id.to_bytes()
+        if (
+            key in self.sources
+            or peer_id == self.own_peer_id
+            or self.bans.is_banned(peer_id)
+            or self.retry_at.get(key, 0.0) > time.monotonic()
+            or len(self.sources) >= self.config.max_sources
+        ):
+            return
+        if self.config.publisher_only and peer_id != self.publisher:
+            return
+        source = _Source(peer_id=peer_id)
+        self.sources[key] = source
+        source.watch_task = asyncio.create_task(self._watch(source))
+
+    def _drop_source(self, source: _Source, *, reason: str, ban: bool = False) -> None:
+        key = source.peer_id.to_bytes()
+        if self.sources.get(key) is not source:
+            return
+        del self.sources[key]
+        if ban:
+            self.bans.ban(source.peer_id, reason)
+        else:
+            logger.info("[%s] dropped source %s: %s", self.owner, source.peer_id.to_base58()[-8:], reason)
+            self.retry_at[key] = time.monotonic() + self.config.retry_after_failure_s
+        if source.bitmap is not None:
+            for index in range(self.manifest.num_chunks):
+                if bitmap_get(source.bitmap, index):
+                    self.availability[index] -= 1
+        for task in list(source.inflight.values()):
+            if task is not asyncio.current_task():
+                task.cancel()
+        if source.watch_task is not None and source.watch_task is not asyncio.current_task():
+            source.watch_task.cancel()
+        for _, writer in source.idle_streams:
+            writer.close()
+        source.idle_streams.clear()
+        self._wake.set()
+
+    def _mark_has(self, source: _Source, index: int) -> None:
+        assert source.bitmap is not None
+        if not bitmap_get(source.bitmap, index):
+            source.bitmap[index >> 3] |= 1 << (index & 7)
+            self.availability[index] += 1
+
+    def _mark_lacks(self, source: _Source, index: int) -> None:
+        if source.bitmap is not None and bitmap_get(source.bitmap, index):
+            source.bitmap[index >> 3] &= ~(1 << (index & 7)) & 0xFF
+            self.availability[index] -= 1
+
+    async def _watch(self, source: _Source) -> None:
+        num_chunks = self.manifest.num_chunks
+        request = bpb.WatchRequest(
+            run_id=self.manifest.run_id, version=self.manifest.version, manifest_sha256=self.manifest.sha256
+        ).SerializeToString()
+        writer: asyncio.StreamWriter | None = None
+        try:
+            header, (reader, writer) = await asyncio.wait_for(
+                request_frame(self.p2p, source.peer_id, PROTO_WATCH, request), self.config.request_timeout_s
+            )
+            if header.status != bpb.STATUS_OK:
+                raise NotHeld(bpb.Status.Name(header.status))
+            while True:
+                frame = await read_frame(reader, have_update_cap(num_chunks))
+                if frame is None:
+                    raise ConnectionError("source closed its bitmap stream")
+                update = parse_request(frame, bpb.HaveUpdate)
+                assert isinstance(update, bpb.HaveUpdate)
+                if update.dropped:
+                    raise NotHeld("source dropped the version")
+                if source.bitmap is None:
+                    source.bitmap = bytearray(len(parse_bitmap(update.bitmap, num_chunks)))
+                    claimed = parse_bitmap(update.bitmap, num_chunks)
+                    for index in range(num_chunks):
+                        if bitmap_get(claimed, index):
+                            self._mark_has(source, index)
+                elif update.bitmap:
+                    raise InvalidMessage("a second full bitmap on one watch stream")
+                for index in update.new_chunks:
+                    if index >= num_chunks:
+                        raise InvalidMessage(f"bitmap update names chunk {index} of {num_chunks}")
+                    self._mark_has(source, index)
+                self._wake.set()
+        except asyncio.CancelledError:
+            raise
+        except InvalidMessage as exc:
+            self._drop_source(source, reason=f"bad bitmap stream: {exc}", ban=True)
+        except Exception as exc:
+            self._drop_source(source, reason=f"bitmap stream ended: {exc!r}")
+        finally:
+            if writer is not None:
+                writer.close()
+
+    async def _refresh_sources(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                holders = await self.find_holders()
+                for peer_id in [self.publisher, *holders]:
+                    self._add_source(peer_id)
+            self._wake.set()
+            await asyncio.sleep(self.config.holder_refresh_s)
+
+    # ---- requests ------------------------------------------------------------------------
+
+    async def _request_chunk(self, source: _Source, index: int) -> bytes:
+        request = bpb.ChunkRequest(
+            run_id=self.manifest.run_id,
+            version=self.manifest.version,
+            manifest_sha256=self.manifest.sha256,
+            index=index,
+        ).SerializeToString()
+        stream = source.idle_streams.pop() if source.idle_streams else None
+        header, stream = await request_frame(self.p2p, source.peer_id, PROTO_CHUNK, request, stream)
+        try:
+            if header.status == bpb.STATUS_NOT_FOUND:
+                source.idle_streams.append(stream)
+                raise NotHeld(f"chunk {index}")
+            if header.status == bpb.STATUS_BUSY:
+                raise SourceBusy(header.detail)
+            if header.status != bpb.STATUS_OK:
+                raise InvalidMessage(f"unexpected response status {header.status}")
+            data = await read_payload(stream[0], header.payload_bytes, self.manifest.chunk_size(index))
+        except NotHeld:
+            raise
+        except BaseException:
+            stream[1].close()
+            raise
+        source.idle_streams.append(stream)
+        return data
+
+    async def _fetch_chunk(self, source: _Source, index: int) -> None:
+        key = source.peer_id.to_bytes()
+        started = time.monotonic()
+        try:
+            try:
+                data = await asyncio.wait_for(
+                    self._request_chunk(source, index), self.config.request_timeout_s
+                )
+            except NotHeld:
+                self._mark_lacks(source, index)
+                return
+            except InvalidMessage as exc:
+                self._drop_source(source, reason=f"protocol violation: {exc}", ban=True)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._drop_source(source, reason=f"request failed: {exc!r}")
+                return
+            try:
+                written = await asyncio.to_thread(self.entry.write_chunk, index, data)
+            except InvalidMessage as exc:
+                self.bad_chunks += 1
+                self._drop_source(source, reason=f"bad chunk: {exc}", ban=True)
+                return
+            elapsed = max(time.monotonic() - started, 1e-3)
+            rate = len(data) / elapsed
+            source.rate_bytes_per_s = (
+                rate if source.rate_bytes_per_s is None else 0.7 * source.rate_bytes_per_s + 0.3 * rate
+            )
+            source.last_delivery = time.monotonic()
+            self.bytes_downloaded += len(data)
+            self._rate_window.append((time.monotonic(), len(data)))
+            if written:
+                self.on_chunk(index)
+                for other_key in self.requested.get(index, set()) - {key}:
+                    other = self.sources.get(other_key)
+                    if other is not None and index in other.inflight:
+                        other.inflight[index].cancel()
+        finally:
+            if source.inflight.get(index) is asyncio.current_task():
+                del source.inflight[index]
+            holders = self.requested.get(index)
+            if holders is not None:
+                holders.discard(key)
+                if not holders:
+                    del self.requested[index]
+            self._wake.set()
+
+    # ---- scheduling ----------------------------------------------------------------------
+
+    def _slots(self, source: _Source, best_rate: float) -> int:
+        limit = self.config.max_inflight_per_peer
+        if source.rate_bytes_per_s is not None and source.rate_bytes_per_s < 0.5 * best_rate:
+            limit = max(1, limit // 2)
+        return limit - len(source.inflight)
+
+    def _start(self, source: _Source, index: int) -> None:
+        source.inflight[index] = asyncio.create_task(self._fetch_chunk(source, index))
+        self.requested.setdefault(index, set()).add(source.peer_id.to_bytes())
+
+    def _schedule(self) -> None:
+        missing = self.entry.missing()
+        unassigned = sorted(
+            (i for i in missing if i not in self.requested and self.availability[i] > 0),
+            key=lambda i: (self.availability[i], self._tiebreak[i]),
+        )
+        taken: set[int] = set()
+        ready = [s for s in self.sources.values() if s.bitmap is not None]
+        rates = [s.rate_bytes_per_s for s in ready if s.rate_bytes_per_s is not None]
+        best_rate = max(rates) if rates else 0.0
+        # fastest first, unknown rates after them in random order
+        self._rng.shuffle(ready)
+        ready.sort(key=lambda s: -(s.rate_bytes_per_s or 0.0))
+        for source in ready:
+            slots = self._slots(source, best_rate)
+            bitmap = source.bitmap
+            assert bitmap is not None
+            for index in unassigned:
+                if slots <= 0:
+                    break
+                if index not in taken and bitmap_get(bitmap, index):
+                    taken.add(index)
+                    self._start(source, index)
+                    slots -= 1
+            if slots <= 0 or len(taken) < len(unassigned):
+                continue
+            # endgame: every missing chunk this source could give is requested already
+            key = source.peer_id.to_bytes()
+            candidates = sorted(
+                (
+                    i
+                    for i, holders in self.requested.items()
+                    if key not in holders
+                    and len(holders) < self.config.endgame_max_requests
+                    and bitmap_get(bitmap, i)
+                    and not self.entry.has(i)
+                ),
+                key=lambda i: (len(self.requested[i]), self._tiebreak[i]),
+            )
+            for index in candidates[:slots]:
+                self._start(source, index)
+
+    def _report(self) -> None:
+        if self.progress is None:
+            return
+        now = time.monotonic()
+        self._rate_window = [(t, n) for t, n in self._rate_window if t > now - 3.0]
+        rate = sum(n for _, n in self._rate_window) / 3.0
+        done = min(self.entry.chunks_held * self.manifest.chunk_bytes, self.manifest.total_bytes)
+        left = self.manifest.total_bytes - done
+        active = sum(1 for s in self.sources.values() if s.last_delivery > now - 3.0)
+        self.progress(
+            FetchProgress(
+                bytes_done=done,
+                total_bytes=self.manifest.total_bytes,
+                chunks_done=self.entry.chunks_held,
+                num_chunks=self.manifest.num_chunks,
+                rate_bytes_per_s=rate,
+                sources=active,
+                eta_s=left / rate if rate > 0 else None,
+            )
+        )
+
+    async def run(self) -> None:
+        """Fetch until every chunk is held and verified."""
+        refresher = asyncio.create_task(self._refresh_sources())
+        last_report = 0.0
+        try:
+            while not self.entry.complete:
+                self._wake.clear()
+                self._schedule()
+                if time.monotonic() - last_report > 0.25:
+                    self._report()
+                    last_report = time.monotonic()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.5)
+            self._report()
+        finally:
+            refresher.cancel()
+            for source in list(self.sources.values()):
+                for task in list(source.inflight.values()):
+                    task.cancel()
+                if source.watch_task is not None:
+                    source.watch_task.cancel()
+                for _, writer in source.idle_streams:
+                    writer.close()
+            pending = [
+                t
+                for s in self.sources.values()
+                for t in [*s.inflight.values(), s.watch_task]
+                if t is not None
+            ]
+            pending.append(refresher)
+            await asyncio.gather(*pending, return_exceptions=True)
+            self.sources.clear()

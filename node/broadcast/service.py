@@ -1,0 +1,247 @@
+"""The serving side of the weight broadcast: manifests, chunks and live chunk bitmaps over libp2p streams.
+
+Three stream protocols, each a sequence of length-prefixed frames (see `node.broadcast.wire`):
+
+- `PROTO_MANIFEST`: ManifestRequest -> ResponseHeader + the raw signed manifest.
+- `PROTO_CHUNK`: ChunkRequest -> ResponseHeader + the raw chunk, repeated on one stream.
+- `PROTO_WATCH`: WatchRequest -> ResponseHeader, then HaveUpdate frames: first the full
+  bitmap, then the indices of chunks as this node gets them, until the client hangs up.
+
+Only chunks already verified and on disk are ever served. Requests are capped at
+`MAX_BROADCAST_REQUEST_BYTES` before buffering; a peer that sends an oversized or malformed
+request is banned. Uploads pass through one token bucket (`upload_bytes_per_s`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+from google.protobuf.message import DecodeError, Message
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+
+from node.broadcast.bans import BanList
+from node.broadcast.config import BroadcastConfig
+from node.broadcast.store import VersionEntry
+from node.broadcast.wire import RateLimiter, read_frame, write_frame, write_payload
+from protocol import broadcast_pb2 as bpb
+from protocol.errors import InvalidMessage
+from protocol.limits import MAX_BROADCAST_REQUEST_BYTES, MAX_HAVE_BATCH
+from protocol.version import PROTOCOL_VERSION
+
+logger = logging.getLogger(__name__)
+
+PROTO_MANIFEST = f"/hivenet/{PROTOCOL_VERSION}/weights/manifest"
+PROTO_CHUNK = f"/hivenet/{PROTOCOL_VERSION}/weights/chunk"
+PROTO_WATCH = f"/hivenet/{PROTOCOL_VERSION}/weights/watch"
+
+_Handler = Callable[[PeerID, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+_DROPPED = -1
+
+
+def parse_request(data: bytes, message_type: type[Message]) -> Message:
+    """Parse an untrusted (already size-capped) request frame; InvalidMessage if malformed."""
+    message = message_type()
+    try:
+        message.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InvalidMessage(f"malformed {message_type.__name__}: {exc}") from None
+    return message
+
+
+async def send_header(
+    writer: asyncio.StreamWriter, status: int, payload_bytes: int = 0, detail: str = ""
+) -> None:
+    await write_frame(
+        writer,
+        bpb.ResponseHeader(status=status, payload_bytes=payload_bytes, detail=detail).SerializeToString(),  # type: ignore[arg-type]
+    )
+
+
+class BroadcastService:
+    """Serves the versions offered to it to any peer that is not banned."""
+
+    def __init__(self, *, p2p: P2P, config: BroadcastConfig, bans: BanList, owner: str = "") -> None:
+        self.p2p = p2p
+        self.config = config
+        self.bans = bans
+        self.owner = owner
+        self.limiter = RateLimiter(config.upload_bytes_per_s)
+        self.uploaded_bytes = 0
+        """Payload bytes sent to other peers (chunks and manifests)."""
+        self._entries: dict[tuple[str, int], VersionEntry] = {}
+        self._watchers: dict[tuple[str, int], set[asyncio.Queue[int]]] = {}
+        self._streams = 0
+        self._streams_per_peer: Counter[bytes] = Counter()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._started = False
+
+    async def start(self) -> None:
+        if not self.config.serve:
+            return
+        for proto, handler in (
+            (PROTO_MANIFEST, self.rpc_manifest),
+            (PROTO_CHUNK, self.rpc_chunk),
+            (PROTO_WATCH, self.rpc_watch),
+        ):
+            await self.p2p.add_binary_stream_handler(proto, self._guarded(handler))
+        self._started = True
+
+    async def stop(self) -> None:
+        if self._started:
+            for proto in (PROTO_MANIFEST, PROTO_CHUNK, PROTO_WATCH):
+                with contextlib.suppress(Exception):
+                    await self.p2p.remove_binary_stream_handler(proto)
+            self._started = False
+        for key in list(self._watchers):
+            self._notify(key, _DROPPED)
+
+    def offer(self, entry: VersionEntry) -> None:
+        """Serve `entry` (whatever chunks it holds, now and as they arrive)."""
+        self._entries[(entry.run_id, entry.version)] = entry
+
+    def withdraw(self, run_id: str, version: int) -> None:
+        """Stop serving a version; watchers are told it was dropped."""
+        self._entries.pop((run_id, version), None)
+        self._notify((run_id, version), _DROPPED)
+
+    def offered(self) -> list[VersionEntry]:
+        return list(self._entries.values())
+
+    def chunk_added(self, entry: VersionEntry, index: int) -> None:
+        """Tell every watcher of `entry` that chunk `index` is now held (call after it is written)."""
+        self._notify((entry.run_id, entry.version), index)
+
+    def _notify(self, key: tuple[str, int], index: int) -> None:
+        for queue in self._watchers.get(key, ()):
+            queue.put_nowait(index)
+
+    def _lookup(self, run_id: str, version: int, manifest_sha256: bytes) -> VersionEntry | None:
+        entry = self._entries.get((run_id, version))
+        if entry is None or entry.closed or entry.manifest.sha256 != manifest_sha256:
+            return None
+        return entry
+
+    def _guarded(
+        self, handler: _Handler
+    ) -> Callable[[StreamInfo, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+        async def serve(info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            peer = info.peer_id
+            key = peer.to_bytes()
+            try:
+                if self.bans.is_banned(peer):
+                    return
+                if (
+                    self._streams >= self.config.max_upload_streams
+                    or self._streams_per_peer[key] >= self.config.max_upload_streams_per_peer
+                ):
+                    await send_header(writer, bpb.STATUS_BUSY, detail="too many streams")
+                    return
+                self._streams += 1
+                self._streams_per_peer[key] += 1
+                try:
+                    await handler(peer, reader, writer)
+                finally:
+                    self._streams -= 1
+                    self._streams_per_peer[key] -= 1
+                    if self._streams_per_peer[key] <= 0:
+                        del self._streams_per_peer[key]
+            except InvalidMessage as exc:
+                self.bans.ban(peer, f"bad request: {exc}")
+            except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, OSError):
+                pass
+            except Exception as exc:  # one bad stream must never take the node down
+                logger.info("[%s] serving stream from %s failed: %r", self.owner, peer.to_base58()[-8:], exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    writer.close()
+
+        return serve
+
+    async def _read_request(self, reader: asyncio.StreamReader) -> bytes | None:
+        return await asyncio.wait_for(
+            read_frame(reader, MAX_BROADCAST_REQUEST_BYTES), timeout=self.config.stream_idle_timeout_s
+        )
+
+    async def rpc_manifest(
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Send the signed manifest of a version this node holds."""
+        while (frame := await self._read_request(reader)) is not None:
+            request = parse_request(frame, bpb.ManifestRequest)
+            assert isinstance(request, bpb.ManifestRequest)
+            entry = self._lookup(request.run_id, request.version, request.manifest_sha256)
+            if entry is None:
+                await send_header(writer, bpb.STATUS_NOT_FOUND)
+                continue
+            raw = entry.manifest.raw
+            await send_header(writer, bpb.STATUS_OK, len(raw))
+            await write_payload(writer, raw, self.limiter)
+            self.uploaded_bytes += len(raw)
+
+    async def rpc_chunk(
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Send held chunks, one per request, for as long as the client keeps the stream open."""
+        while (frame := await self._read_request(reader)) is not None:
+            request = parse_request(frame, bpb.ChunkRequest)
+            assert isinstance(request, bpb.ChunkRequest)
+            entry = self._lookup(request.run_id, request.version, request.manifest_sha256)
+            if entry is None or not entry.has(request.index):
+                await send_header(writer, bpb.STATUS_NOT_FOUND)
+                continue
+            try:
+                data = entry.read_chunk(request.index)
+            except Exception:  # pruned meanwhile
+                await send_header(writer, bpb.STATUS_NOT_FOUND)
+                continue
+            await send_header(writer, bpb.STATUS_OK, len(data))
+            await write_payload(writer, data, self.limiter)
+            self.uploaded_bytes += len(data)
+
+    async def rpc_watch(
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Send the full bitmap of a version, then each newly held chunk, until the client hangs up."""
+        frame = await self._read_request(reader)
+        if frame is None:
+            return
+        request = parse_request(frame, bpb.WatchRequest)
+        assert isinstance(request, bpb.WatchRequest)
+        entry = self._lookup(request.run_id, request.version, request.manifest_sha256)
+        if entry is None:
+            await send_header(writer, bpb.STATUS_NOT_FOUND)
+            return
+        key = (entry.run_id, entry.version)
+        queue: asyncio.Queue[int] = asyncio.Queue()
+        self._watchers.setdefault(key, set()).add(queue)
+        hangup = asyncio.ensure_future(
+            reader.read(1)
+        )  # the client sends nothing more: any read ends the watch
+        try:
+            await send_header(writer, bpb.STATUS_OK)
+            await write_frame(writer, bpb.HaveUpdate(bitmap=bytes(entry.bitmap)).SerializeToString())
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                done, _ = await asyncio.wait({getter, hangup}, return_when=asyncio.FIRST_COMPLETED)
+                if getter not in done:
+                    getter.cancel()
+                    return
+                batch = [getter.result()]
+                while not queue.empty() and len(batch) < MAX_HAVE_BATCH:
+                    batch.append(queue.get_nowait())
+                if _DROPPED in batch:
+                    await write_frame(writer, bpb.HaveUpdate(dropped=True).SerializeToString())
+                    return
+                await write_frame(writer, bpb.HaveUpdate(new_chunks=batch).SerializeToString())
+        finally:
+            hangup.cancel()
+            watchers = self._watchers.get(key)
+            if watchers is not None:
+                watchers.discard(queue)
+                if not watchers:
+                    del self._watchers[key]
