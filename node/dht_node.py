@@ -8,6 +8,9 @@ deadline. A node that reaches no seed at all raises PeerUnreachable.
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from functools import partial
@@ -25,6 +28,7 @@ from protocol.record_validator import SignedRecordValidator
 logger = logging.getLogger(__name__)
 
 _PING_TIMEOUT_S = 5.0
+_WATCHDOG_PERIOD_S = 0.5
 _FIRST_BACKOFF_S = 0.5
 _MAX_BACKOFF_S = 8.0
 
@@ -38,12 +42,35 @@ class SeedStatus:
     error: str = ""
 
 
+class _IsolatedDHT(hivemind.DHT):
+    """A hivemind DHT whose child process (and p2pd under it) lives in its own process group.
+
+    A terminal's Ctrl-C is sent to the whole foreground process group; if it reached p2pd,
+    the daemon would die before the node could withdraw its record. Isolated, only the main
+    process sees SIGINT and leaves cleanly. A watchdog takes the group down if the main
+    process dies without a goodbye (e.g. SIGKILL), so nothing is orphaned.
+    """
+
+    def run(self) -> None:
+        os.setpgrp()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # drop handlers inherited from the parent
+        parent = os.getppid()
+
+        def watchdog() -> None:
+            while os.getppid() == parent:
+                time.sleep(_WATCHDOG_PERIOD_S)
+            os.killpg(os.getpgrp(), signal.SIGKILL)
+
+        threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
+        super().run()
+
+
 def start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool = False) -> hivemind.DHT:
     """Start this node's DHT (its own p2pd) listening per `config`, signed with `identity`.
 
     Seeds are not dialled here; call `bootstrap` next.
     """
-    return hivemind.DHT(
+    return _IsolatedDHT(
         # p2pd refuses to start if it cannot reach its bootstrap peers, so seeds are dialled by
         # `bootstrap` afterwards, where each failure is retried and reported by name
         initial_peers=None,

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import psutil
+
 from node.status import NodeStatusSnapshot, read_status_file
 from protocol.errors import HivenetError
 
@@ -230,39 +232,46 @@ class LocalSwarm:
 
     # fault injection -------------------------------------------------------------------
     def kill_node(self, name: str) -> None:
-        """Kill a node abruptly (SIGKILL to its whole process group: no goodbye)."""
+        """Kill a node abruptly: SIGKILL to the node and every process under it, no goodbye."""
         node = self.nodes[name]
-        self._signal_group(node, signal.SIGKILL)
+        self._kill_tree(node)
         node.process.wait(timeout=30)
 
     def stop_node(self, name: str, timeout_s: float = 30.0) -> None:
         """Stop a node cleanly (SIGINT, as Ctrl-C would): it withdraws its record and exits."""
         node = self.nodes[name]
-        self._signal_group(node, signal.SIGINT)
+        node.process.send_signal(signal.SIGINT)
         try:
             node.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self._signal_group(node, signal.SIGKILL)
+            self._kill_tree(node)
             node.process.wait(timeout=30)
             raise SwarmError(f"{name} did not leave within {timeout_s:.0f} s:\n{node.log_tail()}") from None
 
     @staticmethod
-    def _signal_group(node: SwarmNode, sig: signal.Signals) -> None:
+    def _kill_tree(node: SwarmNode) -> None:
+        """SIGKILL the node's process and all its descendants (its DHT runs in a process group of its own)."""
+        try:
+            descendants = psutil.Process(node.process.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            descendants = []
+        for process in [*descendants]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(node.process.pid, sig)
+            os.killpg(node.process.pid, signal.SIGKILL)
 
     def close(self) -> None:
         """Stop every process this swarm started (nodes first, then the seed) and remove its files."""
         everyone = list(self.nodes.values()) + ([self.seed] if self.seed else [])
         for node in everyone:
             if node.alive:
-                self._signal_group(node, signal.SIGINT)
+                node.process.send_signal(signal.SIGINT)
         deadline = time.monotonic() + 15
         for node in everyone:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 node.process.wait(timeout=max(0.1, deadline - time.monotonic()))
-            # the group may still hold p2pd children even after the leader exited
-            self._signal_group(node, signal.SIGKILL)
+            self._kill_tree(node)  # a node that did not leave in time
             if node.process.poll() is None:
                 node.process.wait(timeout=30)
         if self._own_workdir:

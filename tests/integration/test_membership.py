@@ -1,0 +1,238 @@
+"""Membership on a real local swarm (seed + nodes as separate processes on 127.0.0.1).
+
+Discovery with roles, the `peers` and `doctor` commands, clean leave, abrupt kill, seed
+restarts keeping their address, unreachable seeds and duplicate identities.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import hivemind
+import pytest
+
+from node.config import load_config
+from node.dht_node import bootstrap, start_dht
+from node.identity import create_identity
+from node.membership import discover, fetch_run_records
+from node.status import read_status_file
+from node.swarm import LocalSwarm
+from protocol.node_record import NodeStatus, Role
+from tests.conftest import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+RUN = "itest"
+TTL_S = 8.0
+REFRESH_S = 2.0
+
+
+def hivenet(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=timeout_s, cwd=REPO
+    )
+
+
+@pytest.fixture(scope="module")
+def swarm() -> Iterator[LocalSwarm]:
+    with LocalSwarm(run_id=RUN, record_ttl_s=TTL_S, refresh_interval_s=REFRESH_S) as local:
+        local.start(3, roles=["validator", "relay", "validator"])
+        yield local
+
+
+@pytest.fixture(scope="module")
+def observer(swarm: LocalSwarm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[hivemind.DHT]:
+    """A client-mode DHT in the test process, to look at the swarm from outside."""
+    tmp = tmp_path_factory.mktemp("observer")
+    config = load_config(
+        identity_path=tmp / "obs.key", host="127.0.0.1", initial_peers=[swarm.seed_multiaddr]
+    )
+    dht = start_dht(config, create_identity(config.identity_path), client_mode=True)
+    bootstrap(dht, config.initial_peers, timeout_s=20)
+    yield dht
+    dht.shutdown()
+
+
+def _live_ids(dht: hivemind.DHT) -> set[str]:
+    return {node.peer_id.to_base58() for node in discover(dht, RUN)}
+
+
+def test_seed_and_three_nodes_discover_each_other_with_roles(
+    swarm: LocalSwarm, observer: hivemind.DHT
+) -> None:
+    assert swarm.seed is not None
+    expected = {node.peer_id for node in swarm.nodes.values()} | {swarm.seed.peer_id}
+    for node in swarm.nodes.values():  # every node sees every other (the harness waited for exactly this)
+        status = node.status()
+        assert status is not None and set(status.live_nodes) == expected
+    assert wait_until(lambda: _live_ids(observer) == expected, timeout_s=30)
+    roles = {node.peer_id.to_base58(): node.record.roles for node in discover(observer, RUN)}
+    assert roles[swarm.nodes["node2"].peer_id] == (Role.RELAY,)
+    assert roles[swarm.seed.peer_id] == (Role.SEED,)
+    relays = discover(observer, RUN, role=Role.RELAY)
+    assert [n.peer_id.to_base58() for n in relays] == [swarm.nodes["node2"].peer_id]
+    record = relays[0].record
+    assert record.public_name == "node2" and record.software_version and record.capabilities.cpu_count >= 1
+    assert any(address.startswith("/ip4/127.0.0.1/tcp/") for address in record.addresses)
+
+
+def test_peers_command_lists_the_swarm(swarm: LocalSwarm) -> None:
+    result = hivenet("peers", "--initial-peers", swarm.seed_multiaddr, "--run", RUN, "--json")
+    assert result.returncode == 0, result.stderr
+    listed = {entry["name"]: entry for entry in json.loads(result.stdout)}
+    assert {"node1", "node2", "node3"} <= set(listed)
+    assert listed["node2"]["roles"] == ["relay"]
+    table = hivenet("peers", "--initial-peers", swarm.seed_multiaddr, "--run", RUN, "--role", "relay")
+    assert table.returncode == 0 and "node2" in table.stdout and "node1" not in table.stdout
+
+
+def test_doctor_reports_reachable_seed_and_insecure_key(swarm: LocalSwarm, tmp_path: Path) -> None:
+    key = tmp_path / "k.key"
+    create_identity(key)
+    key.chmod(0o644)
+    result = hivenet("doctor", "--initial-peers", swarm.seed_multiaddr, "--identity", str(key))
+    assert result.returncode == 1  # the insecure key is a failure
+    assert "chmod 600" in result.stdout
+    seed_line = next(line for line in result.stdout.splitlines() if "seed" in line and "reachable" in line)
+    assert seed_line.startswith("ok")
+    assert any(line.startswith("ok") and "dial-back" in line for line in result.stdout.splitlines())
+
+
+def test_clean_leave_withdraws_the_record_at_once(swarm: LocalSwarm, observer: hivemind.DHT) -> None:
+    name = swarm.add_node(roles=["validator"])
+    peer_id = swarm.nodes[name].peer_id
+    assert wait_until(lambda: peer_id in _live_ids(observer), timeout_s=30)
+    swarm.stop_node(name)
+    records = {node.peer_id.to_base58(): node for node in fetch_run_records(observer, RUN).values()}
+    assert records[peer_id].record.status == NodeStatus.LEFT  # not merely waiting for expiry
+    assert peer_id not in _live_ids(observer)
+
+
+def test_killed_node_disappears_within_one_ttl(swarm: LocalSwarm, observer: hivemind.DHT) -> None:
+    name = swarm.add_node(roles=["relay"])
+    peer_id = swarm.nodes[name].peer_id
+    assert wait_until(lambda: peer_id in _live_ids(observer), timeout_s=30)
+    swarm.kill_node(name)
+    killed_at = time.time()
+    # its last record was published before the kill, so it expires at most one TTL from now;
+    # the margin covers one discovery round trip
+    assert wait_until(lambda: peer_id not in _live_ids(observer), timeout_s=TTL_S + 3.0)
+    assert time.time() - killed_at <= TTL_S + 3.0
+    others = {n.peer_id for n in swarm.running_nodes()}
+    assert others <= _live_ids(observer)  # the rest of the swarm is unaffected
+
+
+def test_second_node_with_same_identity_file_is_refused(swarm: LocalSwarm) -> None:
+    node1 = swarm.nodes["node1"]
+    result = hivenet(
+        "join",
+        "--initial-peers",
+        swarm.seed_multiaddr,
+        "--identity",
+        str(node1.identity_path),
+        "--run",
+        RUN,
+        "--host",
+        "127.0.0.1",
+    )
+    assert result.returncode == 1
+    assert "already in use" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_copied_identity_on_another_machine_is_refused(swarm: LocalSwarm, tmp_path: Path) -> None:
+    node1 = swarm.nodes["node1"]
+    copy = tmp_path / "copied.key"
+    shutil.copy(node1.identity_path, copy)  # no shared lock file: only the swarm can tell
+    copy.chmod(0o600)
+    result = hivenet(
+        "join",
+        "--initial-peers",
+        swarm.seed_multiaddr,
+        "--identity",
+        str(copy),
+        "--run",
+        RUN,
+        "--host",
+        "127.0.0.1",
+        "--refresh-interval",
+        str(REFRESH_S),
+        "--record-ttl",
+        str(TTL_S),
+    )
+    assert result.returncode == 1, result.stderr
+    assert "already used by a running node" in result.stderr and "node1" in result.stderr
+    assert node1.alive
+    assert node1.peer_id in (node1.status() or pytest.fail("node1 lost its status")).live_nodes
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_unreachable_seed_is_reported_by_name_in_bounded_time(tmp_path: Path) -> None:
+    dead_seed = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/12D3KooWJUW8TJkrraxJRkC9EqBfTAGLumGNHJczTAy783LYjpkV"
+    result = hivenet(
+        "join",
+        "--initial-peers",
+        dead_seed,
+        "--identity",
+        str(tmp_path / "k"),
+        "--host",
+        "127.0.0.1",
+        "--bootstrap-timeout",
+        "3",
+        timeout_s=60,
+    )
+    assert result.returncode == 1
+    assert "could not reach any of the 1 initial peer(s)" in result.stderr and dead_seed in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_seed_restart_keeps_its_multiaddr(tmp_path: Path) -> None:
+    port = _free_port()
+    status_file = tmp_path / "seed.json"
+    addresses = []
+    for _ in range(2):
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cli.main",
+                "seed",
+                "--identity",
+                str(tmp_path / "seed.key"),
+                "--port",
+                str(port),
+                "--host",
+                "127.0.0.1",
+                "--status-file",
+                str(status_file),
+            ],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
+        )
+        try:
+            assert wait_until(
+                lambda: (s := read_status_file(status_file)) is not None and s.state == "running", 60
+            )
+            status = read_status_file(status_file)
+            assert status is not None
+            addresses.append(status.multiaddrs)
+        finally:
+            process.send_signal(2)
+            out, _ = process.communicate(timeout=60)
+        assert status.multiaddrs[0] in out  # printed for others to copy into --initial-peers
+        status_file.unlink()
+    assert addresses[0] == addresses[1]
+    assert addresses[0][0].startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/12D3KooW")

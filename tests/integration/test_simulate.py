@@ -1,0 +1,66 @@
+"""`hivenet simulate`: runs a converged local swarm and tears down every process it started,
+both when its duration ends and when the user presses Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from tests.conftest import wait_until
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _session_processes(sid: int) -> list[psutil.Process]:
+    alive = []
+    for process in psutil.process_iter():
+        try:
+            if os.getsid(process.pid) == sid and process.status() != psutil.STATUS_ZOMBIE:
+                alive.append(process)
+        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+            continue
+    return alive
+
+
+def _start(*args: str, output: Path) -> subprocess.Popen[bytes]:
+    with open(output, "wb") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "simulate", *args],
+            cwd=REPO,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "COLUMNS": "160"},
+        )
+
+
+def test_simulate_converges_and_cleans_up_after_duration(tmp_path: Path) -> None:
+    output = tmp_path / "out.txt"
+    process = _start("--nodes", "2", "--duration", "2", output=output)
+    assert process.wait(timeout=240) == 0, output.read_text()
+    text = output.read_text()
+    assert "swarm converged: 3 nodes see each other" in text and "all nodes stopped" in text
+    assert wait_until(lambda: not _session_processes(process.pid), timeout_s=30), _session_processes(
+        process.pid
+    )
+
+
+def test_ctrl_c_tears_down_everything(tmp_path: Path) -> None:
+    output = tmp_path / "out.txt"
+    process = _start("--nodes", "2", "--roles", "validator,relay", output=output)
+    try:
+        assert wait_until(lambda: "swarm converged" in output.read_text(), timeout_s=180), output.read_text()
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 0
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert "all nodes stopped" in output.read_text()
+    assert wait_until(lambda: not _session_processes(process.pid), timeout_s=30), _session_processes(
+        process.pid
+    )
