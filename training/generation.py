@@ -13,7 +13,7 @@ these rows (`hidden[len(prompt) - 1 : -1]`) and the logits that must re-select e
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -98,12 +98,16 @@ def generate(
     chunk_tokens: int = CHUNK_TOKENS,
     topk: int = TOPK,
     background_proofs: bool = False,
+    choose: Callable[[int, torch.Tensor, int], int] | None = None,
 ) -> Generation:
     """Sample up to `max_new_tokens` tokens after `prompt_ids` with seeded sampling and prove them.
 
     Runs in the model's dtype with its key/value cache. Generation stops after `stop_token`
     (which is included) or at `max_new_tokens`. Sampling noise depends only on `(seed, i)`
     for completion index `i`, so the same call always returns the same tokens and proofs.
+
+    `choose(i, logits, sampled) -> token` replaces the sampler's choice; it exists only to
+    simulate dishonest workers (greedy decoding, swapped tokens) in tests and benchmarks.
     """
     if not prompt_ids:
         raise ValueError("prompt_ids must hold at least one token")
@@ -124,6 +128,8 @@ def generate(
     all_logits: list[torch.Tensor] = []
     for i in range(max_new_tokens):
         token = int(sample_tokens(step_logits, params, seed, [i])[0])
+        if choose is not None:
+            token = choose(i, step_logits[0], token)
         tokens.append(token)
         row = step_hidden.to(torch.bfloat16)
         all_hidden.append(row)

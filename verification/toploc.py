@@ -9,7 +9,7 @@ big-endian each): 258 bytes for k = 128.
 * `build_proofs(hidden)` -> one `bytes` per chunk (what an inference worker sends).
 * `verify_proofs(hidden, proofs)` -> one `ChunkCheck` per chunk with the reference's three
   figures (exponent mismatches, mean and upper-median mantissa error) plus the number of
-  sign mismatches, which the reference never checks.
+  sign mismatches, which the reference never checks, and of values that differ at all.
 
 Where the reference is weak this module is stricter: every proof is validated (length,
 modulus, coefficients in the field, number of proofs per chunk, bf16 2-D activations) before
@@ -66,7 +66,7 @@ class ChunkCheck:
     """What verifying one chunk's proof against recomputed activations found.
 
     The first three figures are exactly those of the reference verifier; `sign_mismatches`
-    is hivenet's addition (the reference accepts negated activations).
+    (the reference accepts negated activations) and `value_mismatches` are hivenet's.
     """
 
     exp_mismatches: int
@@ -80,6 +80,9 @@ class ChunkCheck:
 
     sign_mismatches: int
     """Top-k positions whose sign bit differs from the proof's value (0..k)."""
+
+    value_mismatches: int
+    """Top-k positions whose 16 bits differ from the proof's value in any way (0..k)."""
 
     topk: int
     """Number of positions compared (k, or fewer for a chunk with fewer values than k)."""
@@ -302,6 +305,7 @@ def verify_proofs(
                 mant_err_mean=mean,
                 mant_err_median=median,
                 sign_mismatches=signs,
+                value_mismatches=int(np.count_nonzero(claimed != bits)),
                 topk=int(idx.shape[0]),
             )
         )

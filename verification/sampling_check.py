@@ -1,0 +1,84 @@
+"""Checks that every completion token is the one the seeded sampler picks from recomputed logits.
+
+The worker's sampler (`training.sampling`) picks, at completion index i,
+`argmax_j logits_j / T + g(seed, i, j)` over the top-p nucleus. The verifier recomputes the
+logits by prefill and, for each token, measures its **gap**: how far (in logit units, i.e.
+score difference times T) the claimed token's score falls below the best score among the
+tokens that are surely in the nucleus. An honest token has gap <= 2 * (logit error); a token
+picked by the worker (greedy, swapped) has a gap of order one logit.
+
+The nucleus is judged with a slack that matches the logit tolerance: a logit error of at most
+`tol` changes every probability by at most a factor `exp(2 tol / T)`, hence the mass above a
+token by at most `delta = expm1(2 tol / T)`; the claimed token must lie in the loose nucleus
+(`mass_before < top_p + delta`) and is compared against the tight one (`< top_p - delta`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from training.sampling import SamplingParams, mass_before, seeded_scores
+
+__all__ = ["SamplingCheck", "check_sampling"]
+
+
+@dataclass(frozen=True)
+class SamplingCheck:
+    """Per-token figures of the seeded-sampling check, plus where the worst token is."""
+
+    gaps: np.ndarray
+    """Per-token gap in logit units (>= 0; +inf for a token outside the loose nucleus)."""
+
+    tolerances: np.ndarray
+    """Per-token allowed gap in logit units."""
+
+    @property
+    def failing(self) -> np.ndarray:
+        """Completion indices whose gap exceeds the tolerance."""
+        return np.nonzero(self.gaps > self.tolerances)[0]
+
+    @property
+    def max_gap(self) -> float:
+        """Largest gap over the completion (0.0 for an honest rollout with exact logits)."""
+        return float(self.gaps.max()) if self.gaps.size else 0.0
+
+
+def check_sampling(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    params: SamplingParams,
+    seed: int,
+    *,
+    abs_tol: float,
+    rel_tol: float,
+) -> SamplingCheck:
+    """Gap of each claimed token against the seeded sampler on recomputed `logits [N, V]`.
+
+    The tolerance for row i is `abs_tol + rel_tol * max_j |logits[i, j]|` logits.
+    """
+    n = logits.shape[0]
+    wide = logits.detach().to(torch.float64).cpu()
+    positions = np.arange(n)
+    scores = seeded_scores(wide, params.temperature, seed, positions)
+    tol = abs_tol + rel_tol * wide.abs().amax(dim=-1)
+    tokens = tokens.to(torch.long).cpu()
+    rows = torch.arange(n)
+    if params.top_p < 1.0:
+        delta = torch.expm1(2.0 * tol / params.temperature).unsqueeze(-1)
+        before = mass_before(wide, params.temperature)
+        tight = before < params.top_p - delta
+        loose = before < params.top_p + delta
+        # The most likely token is always in the nucleus.
+        tight[rows, wide.argmax(dim=-1)] = True
+        best = scores.masked_fill(~tight, -math.inf).amax(dim=-1)
+        in_loose = loose[rows, tokens]
+    else:
+        best = scores.amax(dim=-1)
+        in_loose = torch.ones(n, dtype=torch.bool)
+    gaps = ((best - scores[rows, tokens]) * params.temperature).clamp(min=0.0)
+    gaps = gaps.masked_fill(~in_loose, math.inf)
+    return SamplingCheck(gaps=gaps.numpy(), tolerances=tol.numpy())

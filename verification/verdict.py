@@ -1,0 +1,260 @@
+"""The rollout verdict: accept a worker's rollout, or reject it with the reason and the figures.
+
+One prefill of `prompt + completion` in the claimed precision recomputes the final hidden
+states and logits at every completion position (see `training.generation` for which rows
+are proved). Then, in order, the first failing check decides:
+
+1. the claim itself: supported precision, token ids inside the vocabulary, length within the
+   model, the expected policy version and the assigned prompt (when the caller knows them);
+2. the proofs are well formed (`InvalidProofError` becomes a `malformed_proof` rejection);
+3. TOPLOC, per 32-token chunk, against the limits in `verification.policy`;
+4. seeded sampling: every completion token must be the seeded sampler's choice on the
+   recomputed logits, within the tolerance in `verification.policy`.
+
+`judge` is the pure part (claim + recomputed tensors -> verdict); `verify_rollout` adds the
+prefill, and `RolloutVerifier` keeps one model copy per precision for a policy version.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from training.model import TinyGPT
+from verification.errors import InvalidProofError
+from verification.policy import DEFAULT_POLICY, VerificationPolicy
+from verification.rollout import CLAIM_DTYPES, RolloutClaim
+from verification.sampling_check import SamplingCheck, check_sampling
+from verification.toploc import CHUNK_TOKENS, TOPK, ChunkCheck, verify_proofs
+
+__all__ = ["RejectReason", "RolloutVerifier", "Verdict", "judge", "recompute", "summarize", "verify_rollout"]
+
+
+class RejectReason(enum.StrEnum):
+    """Why a rollout was rejected (stable strings, suitable for wire codes and metrics)."""
+
+    MALFORMED_CLAIM = "malformed_claim"
+    """Token ids outside the vocabulary, too long for the model, or an unsupported precision."""
+    POLICY_VERSION = "policy_version"
+    """The claim names another policy version than the one the verifier holds."""
+    PROMPT_MISMATCH = "prompt_mismatch"
+    """The claimed prompt is not the prompt assigned to the worker."""
+    MALFORMED_PROOF = "malformed_proof"
+    """A proof has a wrong length, modulus or coefficient, or there is not one per chunk."""
+    TOPLOC_EXPONENT = "toploc_exponent"
+    """Too many exponent mismatches in a chunk: other activations (model, prompt, tokens)."""
+    TOPLOC_SIGN = "toploc_sign"
+    """Too many sign mismatches in a chunk."""
+    TOPLOC_MANTISSA = "toploc_mantissa"
+    """Mantissa error (mean or median) too large in a chunk: other weights or precision."""
+    TOPLOC_VALUES = "toploc_values"
+    """Too many committed values differ at all in a chunk: other precision or kernels."""
+    SAMPLING = "sampling"
+    """A token is not the one the seeded sampler picks from the recomputed logits."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`accepted`, or rejected with a reason, the failing chunk/token and the figures behind it."""
+
+    accepted: bool
+    reason: RejectReason | None = None
+    detail: str = ""
+    failing_chunk: int | None = None
+    """Index of the 32-token chunk that failed (TOPLOC or sampling), if any."""
+    failing_position: int | None = None
+    """Completion index of the first token that failed the sampling check, if any."""
+    chunks: tuple[ChunkCheck, ...] = ()
+    """TOPLOC figures per chunk (empty if verification stopped before TOPLOC)."""
+    sampling: SamplingCheck | None = field(default=None, repr=False)
+    """Per-token sampling gaps (None if verification stopped before the sampling check)."""
+
+    def __str__(self) -> str:
+        if self.accepted:
+            return "accepted"
+        where = f", chunk {self.failing_chunk}" if self.failing_chunk is not None else ""
+        return f"rejected({self.reason}{where}: {self.detail})"
+
+
+def _reject(reason: RejectReason, detail: str, **figures: object) -> Verdict:
+    return Verdict(accepted=False, reason=reason, detail=detail, **figures)  # type: ignore[arg-type]
+
+
+def _check_chunk(c: ChunkCheck, policy: VerificationPolicy) -> tuple[RejectReason, str] | None:
+    if c.exp_mismatches > policy.max_exp_mismatches:
+        return RejectReason.TOPLOC_EXPONENT, (
+            f"{c.exp_mismatches}/{c.topk} exponent mismatches > {policy.max_exp_mismatches}"
+        )
+    if c.sign_mismatches > policy.max_sign_mismatches:
+        return (
+            RejectReason.TOPLOC_SIGN,
+            f"{c.sign_mismatches}/{c.topk} sign mismatches > {policy.max_sign_mismatches}",
+        )
+    if c.mant_err_mean > policy.max_mant_err_mean or c.mant_err_median > policy.max_mant_err_median:
+        return RejectReason.TOPLOC_MANTISSA, (
+            f"mantissa error mean {c.mant_err_mean:.3f} (max {policy.max_mant_err_mean}), "
+            f"median {c.mant_err_median:.0f} (max {policy.max_mant_err_median})"
+        )
+    if c.value_mismatches > policy.max_value_mismatches:
+        return RejectReason.TOPLOC_VALUES, (
+            f"{c.value_mismatches}/{c.topk} committed values differ > {policy.max_value_mismatches}"
+        )
+    return None
+
+
+def judge(
+    claim: RolloutClaim,
+    hidden: torch.Tensor,
+    logits: torch.Tensor,
+    *,
+    policy: VerificationPolicy = DEFAULT_POLICY,
+    chunk_tokens: int = CHUNK_TOKENS,
+    topk: int = TOPK,
+) -> Verdict:
+    """Verdict on `claim` given the verifier's recomputed completion rows.
+
+    `hidden [C, H]` and `logits [C, V]` are the final hidden states and logits at the
+    positions that produced the C completion tokens (`prompt_len - 1 ...`), computed in the
+    claimed precision. Proof and TOPLOC checks come first, then the sampling check.
+    """
+    n = len(claim.completion_ids)
+    if hidden.shape[0] != n or logits.shape[0] != n:
+        raise ValueError(
+            f"need {n} recomputed rows, got hidden {tuple(hidden.shape)}, logits {tuple(logits.shape)}"
+        )
+    try:
+        chunks = tuple(verify_proofs(hidden.to(torch.bfloat16), list(claim.proofs), chunk_tokens, topk))
+    except InvalidProofError as e:
+        return _reject(RejectReason.MALFORMED_PROOF, str(e))
+    for i, c in enumerate(chunks):
+        failure = _check_chunk(c, policy)
+        if failure is not None:
+            return _reject(failure[0], failure[1], failing_chunk=i, chunks=chunks)
+    sampling = check_sampling(
+        logits,
+        torch.tensor(claim.completion_ids),
+        claim.sampling,
+        claim.seed,
+        abs_tol=policy.sampling_abs_tol,
+        rel_tol=policy.sampling_rel_tol,
+    )
+    failing = sampling.failing
+    if failing.size:
+        pos = int(failing[0])
+        return _reject(
+            RejectReason.SAMPLING,
+            f"token {pos} ({claim.completion_ids[pos]}) is {sampling.gaps[pos]:.4f} logits below the seeded "
+            f"sampler's choice (tolerance {sampling.tolerances[pos]:.4f}); {failing.size} token(s) fail",
+            failing_chunk=pos // chunk_tokens,
+            failing_position=pos,
+            chunks=chunks,
+            sampling=sampling,
+        )
+    return Verdict(accepted=True, detail="all checks passed", chunks=chunks, sampling=sampling)
+
+
+def _check_claim(
+    claim: RolloutClaim,
+    model: TinyGPT,
+    expected_policy_version: int | None,
+    assigned_prompt_ids: Sequence[int] | None,
+) -> Verdict | None:
+    cfg = model.config
+    if expected_policy_version is not None and claim.policy_version != expected_policy_version:
+        return _reject(
+            RejectReason.POLICY_VERSION,
+            f"claim is for policy version {claim.policy_version}, verifier holds {expected_policy_version}",
+        )
+    if assigned_prompt_ids is not None and list(claim.prompt_ids) != list(assigned_prompt_ids):
+        return _reject(RejectReason.PROMPT_MISMATCH, "claimed prompt differs from the assigned prompt")
+    if claim.dtype not in CLAIM_DTYPES:
+        return _reject(RejectReason.MALFORMED_CLAIM, f"unsupported precision {claim.dtype!r}")
+    top = max(max(claim.prompt_ids), max(claim.completion_ids))
+    if top >= cfg.vocab_size:
+        return _reject(
+            RejectReason.MALFORMED_CLAIM, f"token id {top} outside the vocabulary of {cfg.vocab_size}"
+        )
+    positions = len(claim.prompt_ids) + len(claim.completion_ids) - 1
+    if positions > cfg.max_seq_len:
+        return _reject(
+            RejectReason.MALFORMED_CLAIM,
+            f"prompt + completion need {positions} positions, the model has {cfg.max_seq_len}",
+        )
+    return None
+
+
+@torch.inference_mode()
+def recompute(claim: RolloutClaim, model: TinyGPT) -> tuple[torch.Tensor, torch.Tensor]:
+    """One prefill of `prompt + completion[:-1]`; returns the completion rows `(hidden, logits)`."""
+    ids = torch.tensor([list(claim.prompt_ids) + list(claim.completion_ids[:-1])], dtype=torch.long)
+    model.eval()
+    logits, hidden = model.forward_with_hidden(ids)
+    start = len(claim.prompt_ids) - 1
+    return hidden[0, start:], logits[0, start:]
+
+
+def verify_rollout(
+    claim: RolloutClaim,
+    model: TinyGPT,
+    *,
+    expected_policy_version: int | None = None,
+    assigned_prompt_ids: Sequence[int] | None = None,
+    policy: VerificationPolicy = DEFAULT_POLICY,
+) -> Verdict:
+    """Verify `claim` against `model` (which must already be in the claimed precision).
+
+    Never raises on hostile claims: every failure is a rejected `Verdict`.
+    """
+    bad = _check_claim(claim, model, expected_policy_version, assigned_prompt_ids)
+    if bad is not None:
+        return bad
+    if model.dtype != CLAIM_DTYPES[claim.dtype]:
+        raise ValueError(
+            f"model is in {model.dtype} but the claim is {claim.dtype}; use RolloutVerifier, which "
+            "keeps a copy per precision"
+        )
+    hidden, logits = recompute(claim, model)
+    return judge(claim, hidden, logits, policy=policy)
+
+
+class RolloutVerifier:
+    """Verifies rollouts for one policy version, keeping one model copy per claimed precision."""
+
+    def __init__(
+        self, model: TinyGPT, policy_version: int, policy: VerificationPolicy = DEFAULT_POLICY
+    ) -> None:
+        self.policy_version = policy_version
+        self.policy = policy
+        self._master = model
+        self._copies: dict[torch.dtype, TinyGPT] = {model.dtype: model}
+
+    def model_for(self, dtype: torch.dtype) -> TinyGPT:
+        """The policy model in `dtype` (cast once from the master copy, then cached)."""
+        if dtype not in self._copies:
+            self._copies[dtype] = copy.deepcopy(self._master).to(dtype).eval()
+        return self._copies[dtype]
+
+    def verify(self, claim: RolloutClaim, *, assigned_prompt_ids: Sequence[int] | None = None) -> Verdict:
+        """Verdict on `claim`; see `verify_rollout`."""
+        if claim.dtype not in CLAIM_DTYPES:
+            return _reject(RejectReason.MALFORMED_CLAIM, f"unsupported precision {claim.dtype!r}")
+        return verify_rollout(
+            claim,
+            self.model_for(CLAIM_DTYPES[claim.dtype]),
+            expected_policy_version=self.policy_version,
+            assigned_prompt_ids=assigned_prompt_ids,
+            policy=self.policy,
+        )
+
+
+def summarize(verdicts: Sequence[Verdict]) -> dict[str, int]:
+    """Counts of accepted and of each rejection reason (for reports and metrics)."""
+    out: dict[str, int] = {"accepted": 0}
+    for v in verdicts:
+        key = "accepted" if v.accepted else str(v.reason)
+        out[key] = out.get(key, 0) + 1
+    return out
