@@ -83,18 +83,20 @@ class WeightsPointer(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., manifest_sha256: _Optional[bytes] = ..., manifest_bytes: _Optional[int] = ..., num_chunks: _Optional[int] = ..., total_bytes: _Optional[int] = ..., publisher: _Optional[bytes] = ...) -> None: ...
 
 class HolderAnnouncement(_message.Message):
-    __slots__ = ("run_id", "version", "manifest_sha256", "chunks_held", "num_chunks")
+    __slots__ = ("run_id", "version", "manifest_sha256", "chunks_held", "num_chunks", "addresses")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_HELD_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     manifest_sha256: bytes
     chunks_held: int
     num_chunks: int
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., manifest_sha256: _Optional[bytes] = ..., chunks_held: _Optional[int] = ..., num_chunks: _Optional[int] = ...) -> None: ...
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., manifest_sha256: _Optional[bytes] = ..., chunks_held: _Optional[int] = ..., num_chunks: _Optional[int] = ..., addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ManifestRequest(_message.Message):
     __slots__ = ("run_id", "version", "manifest_sha256")

@@ -21,11 +21,14 @@ from dataclasses import dataclass, field
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from google.protobuf.message import DecodeError
+from multiaddr import Multiaddr
 
 from protocol import broadcast_pb2 as bpb
 from protocol.dht_keys import validate_run_id
 from protocol.errors import ConfigError, InvalidMessage
 from protocol.limits import (
+    MAX_ADDRESS_CHARS,
+    MAX_ADDRESSES,
     MAX_BROADCAST_REQUEST_BYTES,
     MAX_CHUNK_BYTES,
     MAX_HAVE_BATCH,
@@ -341,6 +344,8 @@ class HolderAnnouncement:
     manifest_sha256: bytes
     chunks_held: int
     num_chunks: int
+    addresses: tuple[str, ...] = ()
+    """Multiaddrs (without /p2p) at which the holder can be dialled."""
 
     def to_payload(self) -> bytes:
         return bpb.HolderAnnouncement(
@@ -349,6 +354,7 @@ class HolderAnnouncement:
             manifest_sha256=self.manifest_sha256,
             chunks_held=self.chunks_held,
             num_chunks=self.num_chunks,
+            addresses=list(self.addresses),
         ).SerializeToString()
 
     @classmethod
@@ -363,12 +369,22 @@ class HolderAnnouncement:
             raise InvalidMessage("holder announcement is inconsistent")
         if message.version > _MAX_VERSION:
             raise InvalidMessage("holder announcement version is out of range")
+        if len(message.addresses) > MAX_ADDRESSES or any(
+            len(a) > MAX_ADDRESS_CHARS for a in message.addresses
+        ):
+            raise InvalidMessage("holder announcement lists too many or too long addresses")
+        for address in message.addresses:
+            try:
+                Multiaddr(address)
+            except Exception:
+                raise InvalidMessage(f"holder announcement lists an invalid multiaddr {address!r}") from None
         return cls(
             run_id=message.run_id,
             version=message.version,
             manifest_sha256=message.manifest_sha256,
             chunks_held=message.chunks_held,
             num_chunks=message.num_chunks,
+            addresses=tuple(message.addresses),
         )
 
     @property

@@ -27,6 +27,7 @@ from typing import Any
 
 import hivemind
 from hivemind.p2p import P2P, PeerID
+from multiaddr import Multiaddr
 
 from node.broadcast.bans import BanList
 from node.broadcast.config import BroadcastConfig
@@ -47,7 +48,7 @@ from protocol.dht_keys import (
 )
 from protocol.envelope import open_envelope, seal
 from protocol.errors import ConfigError, InvalidMessage
-from protocol.limits import MAX_HOLDER_TTL_S, MAX_WEIGHTS_POINTER_TTL_S
+from protocol.limits import MAX_ADDRESSES, MAX_HOLDER_TTL_S, MAX_WEIGHTS_POINTER_TTL_S
 from protocol.manifest import (
     WEIGHTS_HOLDER_DOMAIN,
     WEIGHTS_POINTER_DOMAIN,
@@ -67,6 +68,7 @@ class HolderInfo:
     peer_id: PeerID
     chunks_held: int
     num_chunks: int
+    addresses: tuple[str, ...] = ()
 
 
 @dataclass
@@ -104,6 +106,8 @@ class WeightBroadcast:
         self._followers: set[asyncio.Task[None]] = set()
         self._seq = 0
         self._owns_p2p = False
+        self._addresses: tuple[str, ...] | None = None
+        self._dialed: dict[bytes, float] = {}
 
     @classmethod
     async def create(
@@ -233,7 +237,11 @@ class WeightBroadcast:
                 continue
             if announcement.version != version or announcement.manifest_sha256 != manifest_sha256:
                 continue
-            holders.append(HolderInfo(PeerID(signer), announcement.chunks_held, announcement.num_chunks))
+            holders.append(
+                HolderInfo(
+                    PeerID(signer), announcement.chunks_held, announcement.num_chunks, announcement.addresses
+                )
+            )
         return holders
 
     async def _announce_holder(self, entry: VersionEntry) -> None:
@@ -243,6 +251,7 @@ class WeightBroadcast:
             manifest_sha256=entry.manifest.sha256,
             chunks_held=entry.chunks_held,
             num_chunks=entry.manifest.num_chunks,
+            addresses=await self._own_addresses(),
         )
         await self._store_signed(
             weights_holders_key(entry.run_id, entry.version),
@@ -251,6 +260,33 @@ class WeightBroadcast:
             announcement.to_payload(),
             self.config.holder_ttl_s,
         )
+
+    async def _own_addresses(self) -> tuple[str, ...]:
+        if self._addresses is None:
+            try:
+                maddrs = await self.p2p.get_visible_maddrs()
+            except Exception:
+                return ()
+            own = f"/p2p/{self.peer_id.to_base58()}"
+            cleaned = {str(m).removesuffix(own) for m in maddrs if "p2p-circuit" not in str(m)}
+            self._addresses = tuple(sorted(cleaned))[:MAX_ADDRESSES]
+        return self._addresses
+
+    async def _dial(self, holder: HolderInfo) -> None:
+        """Make sure p2pd knows how to reach `holder` (a holder's addresses come from its signed announcement)."""
+        key = holder.peer_id.to_bytes()
+        if (
+            not holder.addresses
+            or holder.peer_id == self.peer_id
+            or self._dialed.get(key, 0.0) > time.monotonic()
+        ):
+            return
+        self._dialed[key] = time.monotonic() + 30.0
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                self.p2p._client.connect(holder.peer_id, [Multiaddr(a) for a in holder.addresses]),
+                timeout=5.0,
+            )
 
     async def _announce_pointer(self, manifest: Manifest, latest: bool) -> None:
         payload = manifest.pointer().to_payload()
@@ -378,10 +414,7 @@ class WeightBroadcast:
         deadline = time.monotonic() + deadline_s
         publisher = PeerID(pointer.publisher)
         while True:
-            holders = [
-                h.peer_id
-                for h in await self.find_holders(pointer.run_id, pointer.version, pointer.manifest_sha256)
-            ]
+            holders = await self._holder_ids(pointer)
             random.shuffle(holders)
             for peer_id in [publisher, *holders]:
                 if peer_id == self.peer_id or self.bans.is_banned(peer_id):
@@ -462,6 +495,7 @@ class WeightBroadcast:
 
     async def _holder_ids(self, pointer: WeightsPointer) -> list[PeerID]:
         holders = await self.find_holders(pointer.run_id, pointer.version, pointer.manifest_sha256)
+        await asyncio.gather(*(self._dial(h) for h in holders))
         return [h.peer_id for h in holders]
 
     async def load(self, run_id: str, version: int) -> dict[str, Any]:

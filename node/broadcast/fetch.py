@@ -29,6 +29,7 @@ from hivemind.p2p import P2P, PeerID
 
 from node.broadcast.bans import BanList
 from node.broadcast.config import BroadcastConfig
+from node.broadcast.errors import DiskFull, StoreError
 from node.broadcast.service import PROTO_CHUNK, PROTO_WATCH, parse_request
 from node.broadcast.store import VersionEntry
 from node.broadcast.wire import read_frame, read_payload, write_frame
@@ -135,6 +136,7 @@ class VersionFetch:
         self._rng = random.Random()
         self._tiebreak = [self._rng.random() for _ in range(self.manifest.num_chunks)]
         self._rate_window: list[tuple[float, int]] = []
+        self._fatal: Exception | None = None
 
     # ---- sources -------------------------------------------------------------------------
 
@@ -294,6 +296,9 @@ class VersionFetch:
                 self.bad_chunks += 1
                 self._drop_source(source, reason=f"bad chunk: {exc}", ban=True)
                 return
+            except (DiskFull, StoreError) as exc:  # nothing another source could fix: stop the fetch
+                self._fatal = exc
+                return
             elapsed = max(time.monotonic() - started, 1e-3)
             rate = len(data) / elapsed
             source.rate_bytes_per_s = (
@@ -399,6 +404,8 @@ class VersionFetch:
         last_report = 0.0
         try:
             while not self.entry.complete:
+                if self._fatal is not None:
+                    raise self._fatal
                 self._wake.clear()
                 self._schedule()
                 if time.monotonic() - last_report > 0.25:

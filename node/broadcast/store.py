@@ -96,23 +96,18 @@ class VersionEntry:
         if the disk is full (the bit stays clear), StoreError if the version was pruned.
         """
         self.manifest.check_chunk(index, data)
-        with self._lock:
+        with self._lock:  # held across the write: `close` must never free an fd a write is using
             if self._fd is None or self._bitmap_fd is None:
                 raise StoreError(f"version {self.version} of run {self.run_id} was removed from the store")
             if bitmap_get(self.bitmap, index):
                 return False
-        try:
-            written = os.pwrite(self._fd, data, self.manifest.chunk_offset(index))
-        except OSError as exc:
-            _raise_if_disk_full(exc, f"chunk {index}", self.data_path, len(data))
-            raise
-        if written != len(data):
-            raise DiskFull(f"short write of chunk {index} to {self.data_path}; check free disk space")
-        with self._lock:
-            if self._fd is None or self._bitmap_fd is None:
-                raise StoreError(f"version {self.version} of run {self.run_id} was removed from the store")
-            if bitmap_get(self.bitmap, index):
-                return False
+            try:
+                written = os.pwrite(self._fd, data, self.manifest.chunk_offset(index))
+            except OSError as exc:
+                _raise_if_disk_full(exc, f"chunk {index}", self.data_path, len(data))
+                raise
+            if written != len(data):
+                raise DiskFull(f"short write of chunk {index} to {self.data_path}; check free disk space")
             bitmap_set(self.bitmap, index)
             self.chunks_held += 1
             byte = index >> 3

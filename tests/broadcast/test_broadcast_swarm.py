@@ -3,10 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
-from tests.broadcast.conftest import Swarm
-from tests.broadcast.helpers import assert_state_dicts_equal, make_state_dict, start_broadcast
+import pytest
+
+from node.broadcast.errors import WeightsUnavailable
+from node.broadcast.service import PROTO_CHUNK
+from node.broadcast.testing import (
+    Swarm,
+    assert_state_dicts_equal,
+    async_wait_until,
+    make_state_dict,
+    open_swarm,
+    start_broadcast,
+)
+from protocol.manifest import build_manifest
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
+    yield from open_swarm(tmp_path_factory.mktemp("swarm"))
 
 
 def test_round_trip_publisher_and_three_fetchers(swarm: Swarm, tmp_path: Path) -> None:
@@ -32,6 +50,229 @@ def test_round_trip_publisher_and_three_fetchers(swarm: Swarm, tmp_path: Path) -
             assert statuses[0].local_chunks == manifest.num_chunks
         finally:
             for b in (pub, *peers):
+                await b.shutdown()
+
+    asyncio.run(main())
+
+
+def test_corrupt_source_is_banned_and_routed_around(swarm: Swarm, tmp_path: Path) -> None:
+    publisher, evil_node, victim_node = swarm.nodes[1:4]
+
+    async def main() -> None:
+        pub = await start_broadcast(publisher, tmp_path / "pub", [publisher], upload_bytes_per_s=300_000)
+        evil = await start_broadcast(evil_node, tmp_path / "evil", [publisher])
+        victim = await start_broadcast(victim_node, tmp_path / "victim", [publisher])
+        try:
+            state = make_state_dict(seed=2)
+            await pub.publish("corrupt", 1, state)
+            bad = await evil.fetch("corrupt")
+            # the evil peer's disk now disagrees with the manifest, but its bitmap still claims every chunk
+            with open(bad.data_path, "r+b") as data:
+                for index in range(bad.manifest.num_chunks):
+                    data.seek(bad.manifest.chunk_offset(index))
+                    data.write(b"\xa5" * 8)
+            entry = await victim.fetch("corrupt")
+            assert entry.complete
+            assert_state_dicts_equal(await victim.load("corrupt", 1), state)
+            assert victim.bans.is_banned(evil_node.identity.peer_id)
+            assert victim.last_fetch is not None and victim.last_fetch.bad_chunks >= 1
+            assert not victim.bans.is_banned(publisher.identity.peer_id)
+        finally:
+            for b in (pub, evil, victim):
+                await b.shutdown()
+
+    asyncio.run(main())
+
+
+def test_forged_pointers_and_manifests_are_refused(swarm: Swarm, tmp_path: Path) -> None:
+    publisher, intruder_node, evil_node, victim_node = swarm.nodes[1:5]
+
+    async def main() -> None:
+        pub = await start_broadcast(publisher, tmp_path / "pub", [publisher])
+        intruder = await start_broadcast(intruder_node, tmp_path / "intruder", [publisher])
+        evil = await start_broadcast(evil_node, tmp_path / "evil", [publisher])
+        victim = await start_broadcast(victim_node, tmp_path / "victim", [publisher])
+        try:
+            # an unauthorised publisher's validly signed version is not believed
+            await intruder.publish("forged", 7, make_state_dict(seed=3))
+            assert await victim.find_pointer("forged") is None
+            with pytest.raises(WeightsUnavailable):
+                await victim.fetch("forged")
+            assert victim.store.versions("forged") == []
+
+            # a holder serving a manifest other than the one the signed pointer names is banned
+            await pub.publish("mismatch", 1, make_state_dict(seed=4))
+            held = await evil.fetch("mismatch")
+            other = build_manifest(
+                publisher.identity.private_key,  # even the real publisher's signature does not help
+                run_id="mismatch",
+                version=1,
+                total_bytes=held.manifest.total_bytes,
+                chunk_bytes=held.manifest.chunk_bytes,
+                chunk_hashes=bytes(len(held.manifest.chunk_hashes)),
+                tensors=(),
+                created_at=0.0,
+            )
+            object.__setattr__(held.manifest, "raw", other.raw)
+            object.__setattr__(held.manifest, "chunk_hashes", other.chunk_hashes)
+            pub.service.withdraw("mismatch", 1)  # only the evil holder serves it now
+            with pytest.raises(WeightsUnavailable):
+                await victim.fetch("mismatch", manifest_timeout_s=2.0)
+            assert victim.bans.is_banned(evil_node.identity.peer_id)
+            assert victim.store.versions("mismatch") == []
+        finally:
+            for b in (pub, intruder, evil, victim):
+                await b.shutdown()
+
+    asyncio.run(main())
+
+
+def test_source_killed_mid_transfer(swarm: Swarm, tmp_path: Path) -> None:
+    publisher, victim_node = swarm.nodes[1], swarm.nodes[2]
+    helper_node = swarm.add()  # its own p2pd, so it can be killed
+
+    async def main() -> None:
+        pub = await start_broadcast(publisher, tmp_path / "pub", [publisher], upload_bytes_per_s=250_000)
+        helper = await start_broadcast(
+            helper_node, tmp_path / "helper", [publisher], upload_bytes_per_s=250_000
+        )
+        victim = await start_broadcast(victim_node, tmp_path / "victim", [publisher])
+        try:
+            state = make_state_dict(seed=5)
+            await pub.publish("kill", 1, state)
+            num_chunks = (await helper.fetch("kill")).manifest.num_chunks
+            fetch = asyncio.create_task(victim.fetch("kill"))
+
+            def quarter_done() -> bool:
+                return (
+                    victim.last_fetch is not None and victim.last_fetch.entry.chunks_held >= num_chunks // 4
+                )
+
+            await async_wait_until(quarter_done, timeout_s=60)
+            assert not fetch.done()
+            swarm.kill(helper_node)  # p2pd gone: streams break mid-chunk
+            entry = await asyncio.wait_for(fetch, timeout=120)
+            assert entry.complete
+            assert_state_dicts_equal(await victim.load("kill", 1), state)
+            assert not victim.bans.is_banned(helper_node.identity.peer_id)  # vanishing is not misbehaving
+        finally:
+            for b in (pub, helper, victim):
+                with contextlib.suppress(Exception):
+                    await b.shutdown()
+
+    asyncio.run(main())
+
+
+def test_resume_after_restart_fetches_only_missing_chunks(swarm: Swarm, tmp_path: Path) -> None:
+    publisher, victim_node = swarm.nodes[1], swarm.nodes[3]
+
+    async def main() -> None:
+        pub = await start_broadcast(publisher, tmp_path / "pub", [publisher], upload_bytes_per_s=300_000)
+        victim = await start_broadcast(victim_node, tmp_path / "victim", [publisher])
+        restarted = None
+        try:
+            state = make_state_dict(seed=6)
+            manifest = await pub.publish("resume", 1, state)
+            fetch = asyncio.create_task(victim.fetch("resume"))
+            await async_wait_until(
+                lambda: (
+                    victim.last_fetch is not None
+                    and victim.last_fetch.entry.chunks_held >= manifest.num_chunks // 3
+                ),
+                timeout_s=60,
+            )
+            fetch.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await fetch
+            await victim.shutdown()  # the node stops halfway; its store stays on disk
+
+            restarted = await start_broadcast(victim_node, tmp_path / "victim", [publisher])
+            entry = restarted.store.get("resume", 1)
+            assert entry is not None and 0 < entry.chunks_held < manifest.num_chunks
+            missing = entry.missing()
+            await restarted.fetch("resume")
+            assert restarted.last_fetch is not None
+            assert restarted.last_fetch.bytes_downloaded == sum(manifest.chunk_size(i) for i in missing)
+            assert_state_dicts_equal(await restarted.load("resume", 1), state)
+        finally:
+            for b in (pub, victim, restarted):
+                if b is not None:
+                    with contextlib.suppress(Exception):
+                        await b.shutdown()
+
+    asyncio.run(main())
+
+
+def test_oversized_request_is_refused_before_buffering(swarm: Swarm, tmp_path: Path) -> None:
+    publisher, rude_node = swarm.nodes[1], swarm.nodes[4]
+
+    async def main() -> None:
+        pub = await start_broadcast(publisher, tmp_path / "pub", [publisher])
+        rude = await start_broadcast(rude_node, tmp_path / "rude", [publisher])
+        try:
+            _, reader, writer = await rude.p2p.call_binary_stream_handler(
+                publisher.identity.peer_id, PROTO_CHUNK
+            )
+            writer.write((64 * 1024 * 1024).to_bytes(4, "big") + b"\x00" * 1024)  # claims 64 MiB, sends 1 KiB
+            await writer.drain()
+            assert await asyncio.wait_for(reader.read(), timeout=30) == b""  # closed without a response
+            writer.close()
+            await async_wait_until(lambda: pub.bans.is_banned(rude_node.identity.peer_id), timeout_s=10)
+        finally:
+            for b in (pub, rude):
+                await b.shutdown()
+
+    asyncio.run(main())
+
+
+def test_old_versions_are_pruned_and_no_longer_announced_and_followers_get_new_ones(
+    swarm: Swarm, tmp_path: Path
+) -> None:
+    publisher, follower_node = swarm.nodes[1], swarm.nodes[5]
+
+    async def main() -> None:
+        pub = await start_broadcast(
+            publisher, tmp_path / "pub", [publisher], keep_versions=2, holder_ttl_s=3.0
+        )
+        follower = await start_broadcast(
+            follower_node, tmp_path / "follower", [publisher], keep_versions=1, follow_poll_s=0.2
+        )
+        try:
+            manifests = {}
+            for version in (1, 2, 3):
+                manifests[version] = await pub.publish(
+                    "prune", version, make_state_dict(seed=10 + version, total_floats=20_000)
+                )
+            assert pub.store.versions("prune") == [2, 3]
+            assert not (tmp_path / "pub" / "prune" / "1").exists()
+            # v1's holder record is no longer refreshed and lapses; v3's stays
+            v1, v3 = manifests[1], manifests[3]
+            holders_v1: list[object] = [None]
+
+            async def v1_gone() -> bool:
+                holders_v1[0] = await follower.find_holders("prune", 1, v1.sha256)
+                return holders_v1[0] == []
+
+            deadline = asyncio.get_running_loop().time() + 30
+            while not await v1_gone():
+                assert asyncio.get_running_loop().time() < deadline, "v1 still announced"
+                await asyncio.sleep(0.2)
+            assert [h.peer_id for h in await follower.find_holders("prune", 3, v3.sha256)] == [
+                publisher.identity.peer_id
+            ]
+            with pytest.raises(WeightsUnavailable):
+                await follower.fetch("prune", 1, manifest_timeout_s=1.0)
+
+            seen: list[int] = []
+            task = follower.follow("prune", on_version=lambda entry: seen.append(entry.version))
+            await async_wait_until(lambda: seen == [3], timeout_s=60)
+            await pub.publish("prune", 4, make_state_dict(seed=14, total_floats=20_000))
+            await async_wait_until(lambda: seen == [3, 4], timeout_s=60)
+            task.cancel()
+            assert follower.store.versions("prune") == [4]
+            assert pub.store.versions("prune") == [3, 4]
+        finally:
+            for b in (pub, follower):
                 await b.shutdown()
 
     asyncio.run(main())

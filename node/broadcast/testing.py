@@ -1,0 +1,125 @@
+"""Harness for weight-broadcast tests and benchmarks: an in-process swarm of hivemind DHTs on 127.0.0.1.
+
+Each node is a real hivemind DHT with its own p2pd, so streams, bans and kills are real; the
+broadcast components run in the caller's event loop. Also small random state dicts and a
+bounded `async_wait_until`. torch is imported only by the state-dict helpers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import hivemind
+
+from node.broadcast.broadcaster import WeightBroadcast
+from node.broadcast.config import BroadcastConfig
+from node.identity import Identity, create_identity
+from protocol.record_validator import SignedRecordValidator
+
+
+async def async_wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> None:
+    """Wait (yielding to the event loop) until `predicate()` holds; fail the test after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout_s} s")
+        await asyncio.sleep(interval_s)
+
+
+@dataclass
+class SwarmNode:
+    """One peer of the test swarm: its identity and DHT (own p2pd)."""
+
+    identity: Identity
+    dht: hivemind.DHT
+
+
+class Swarm:
+    """Starts DHT nodes on loopback that bootstrap from the first one; shuts down what it started."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.nodes: list[SwarmNode] = []
+
+    def add(self) -> SwarmNode:
+        identity = create_identity(self.root / f"node{len(self.nodes)}.key")
+        initial_peers = [str(a) for a in self.nodes[0].dht.get_visible_maddrs()] if self.nodes else None
+        dht = hivemind.DHT(
+            host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+            initial_peers=initial_peers,
+            record_validators=[SignedRecordValidator()],
+            identity_path=str(identity.path),
+            check_if_identity_free=False,
+            start=True,
+        )
+        node = SwarmNode(identity=identity, dht=dht)
+        self.nodes.append(node)
+        return node
+
+    def kill(self, node: SwarmNode) -> None:
+        with contextlib.suppress(Exception):
+            node.dht.shutdown()
+
+    def close(self) -> None:
+        for node in self.nodes:
+            self.kill(node)
+
+
+def open_swarm(root: Path, num_nodes: int = 6) -> Iterator[Swarm]:
+    """A seed and `num_nodes - 1` more peers; shut down when the generator is closed."""
+    swarm = Swarm(root)
+    try:
+        for _ in range(num_nodes):
+            swarm.add()
+        yield swarm
+    finally:
+        swarm.close()
+
+
+TEST_CHUNK_BYTES = 16 * 1024
+
+
+def make_state_dict(seed: int, total_floats: int = 160_000) -> dict[str, Any]:
+    """A small random state dict of mixed shapes and dtypes (about `4 * total_floats` bytes)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    quarter = total_floats // 4
+    return {
+        "embed.weight": torch.randn(quarter // 64, 64, generator=generator),
+        "block.0.attn.weight": torch.randn(2 * quarter, generator=generator),
+        "block.0.mlp.weight": torch.randn(quarter // 8, 8, generator=generator).to(torch.bfloat16),
+        "head.bias": torch.arange(1000, dtype=torch.int64),
+    }
+
+
+def assert_state_dicts_equal(left: dict[str, Any], right: dict[str, Any]) -> None:
+    """Raise AssertionError unless both state dicts hold the same names, dtypes and values."""
+    import torch
+
+    assert left.keys() == right.keys()
+    for name in left:
+        assert left[name].dtype == right[name].dtype, name
+        assert torch.equal(left[name], right[name]), name
+
+
+async def start_broadcast(
+    node: SwarmNode, store_dir: Path, publishers: list[SwarmNode], **overrides: Any
+) -> WeightBroadcast:
+    """A WeightBroadcast for `node` with small chunks and fast retries (for tests)."""
+    config = BroadcastConfig(
+        store_dir=store_dir,
+        authorized_publishers=[p.identity.peer_id.to_base58() for p in publishers],
+        chunk_bytes=TEST_CHUNK_BYTES,
+        holder_refresh_s=0.5,
+        request_timeout_s=10.0,
+        retry_after_failure_s=1.0,
+        **overrides,
+    )
+    return await WeightBroadcast.create(dht=node.dht, identity=node.identity, config=config)
