@@ -1,0 +1,337 @@
+"""A DiLoCo trainer inside a running node, and a whole DiLoCo run simulated on this machine.
+
+* `run_trainer(config, dht=..., identity=..., stop_event=..., on_progress=...)` blocks: it
+  loads the corpus shard, resumes from the newest checkpoint, joins the run (downloading the
+  outer state from peers if the run is ahead, at the next outer-step boundary), then trains
+  until `stop_event` is set or `max_outer_steps` is reached, writing checkpoints as it goes.
+* `simulate_diloco(num_trainers, config, on_progress)` starts a bootstrap DHT and one DHT
+  plus trainer thread per trainer on 127.0.0.1, runs the whole run and tears everything
+  down (also on exceptions and KeyboardInterrupt). It returns every outer-step report.
+
+The network side of a round lives in `node.trainer_averaging.DiLoCoAverager`; the training
+loop is `training.diloco.DiLoCoTrainer`, which sees the network only through it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from hivemind import DHT
+from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.dht_keys import validate_run_id
+from protocol.errors import HivenetError
+from training.checkpoint import (
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    prune_checkpoints,
+    save_checkpoint,
+)
+from training.data import DataConfig, load_corpus
+from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterState, OuterStepReport
+from training.model import ModelConfig, TinyGPT
+
+__all__ = ["OuterStepReport", "TrainerConfig", "run_trainer", "simulate_diloco"]
+
+logger = logging.getLogger(__name__)
+
+
+class TrainerConfig(BaseModel):
+    """Everything a DiLoCo trainer needs besides the runtime objects (DHT, identity)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str = "default"
+    """The run to train; trainers of the same run average with each other."""
+
+    model: ModelConfig = ModelConfig()
+    """Shape of the model (must be the same on every trainer of the run)."""
+
+    data: DataConfig = DataConfig()
+    """Corpus, sequence length and batch size."""
+
+    diloco: DiLoCoConfig = DiLoCoConfig()
+    """Inner/outer optimizer settings (H, learning rates, momentum, max outer steps)."""
+
+    seed: int = 0
+    """Seed of the model's initial weights (the same on every trainer, so step 0 agrees)."""
+
+    compression: Literal["fp32", "fp16", "int8"] = "int8"
+    """Encoding of pseudo-gradients on the wire."""
+
+    shard_index: int | None = Field(default=None, ge=0)
+    """This trainer's data shard; None derives it from the PeerID."""
+
+    num_shards: int = Field(default=16, ge=1)
+    """Number of disjoint data shards the corpus is dealt into."""
+
+    eval_batches: int = Field(default=4, ge=0)
+    """Held-out batches used for the eval loss."""
+
+    checkpoint_dir: Path | None = None
+    """Where checkpoints are written and resumed from (None: no checkpoints)."""
+
+    checkpoint_every_outer_steps: int = Field(default=10, ge=1)
+    """Write a checkpoint every this many outer steps (and when stopping)."""
+
+    checkpoints_to_keep: int = Field(default=3, ge=1)
+    """Older checkpoints are deleted."""
+
+    matchmaking_time_s: float = Field(default=2.0, gt=0.0)
+    """Minimum time matchmaking waits for peers before an all-reduce."""
+
+    request_timeout_s: float = Field(default=1.0, gt=0.0)
+    """Timeout of one matchmaking request (must be below matchmaking_time_s)."""
+
+    averaging_timeout_s: float = Field(default=30.0, gt=0.0)
+    """How long a round may take after it was due before the trainer steps alone."""
+
+    sender_timeout_s: float = Field(default=10.0, gt=0.0)
+    """A group member that sends nothing for this long is left out of the round."""
+
+    target_group_size: int | None = Field(default=None, ge=2)
+    """Start the all-reduce as soon as this many peers are in the group (None: wait for the schedule)."""
+
+    max_norm_ratio: float = Field(default=10.0, gt=1.0)
+    """A pseudo-gradient part with a norm above this multiple of our own is refused."""
+
+    ban_base_s: float = Field(default=60.0, gt=0.0)
+    """First ban of a peer that sent a refused contribution; doubles with every offence."""
+
+    join_wait_s: float = Field(default=120.0, ge=0.0)
+    """A late joiner waits at most this long for the next outer step boundary before downloading."""
+
+    state_download_timeout_s: float = Field(default=60.0, gt=0.0)
+    """Timeout of one state download."""
+
+    torch_threads: int | None = Field(default=None, ge=1)
+    """torch intra-op threads (None: leave torch's default)."""
+
+
+def _shard_for(config: TrainerConfig, peer_id: bytes) -> int:
+    if config.shard_index is not None:
+        if config.shard_index >= config.num_shards:
+            raise HivenetError(
+                f"shard_index {config.shard_index} must be below num_shards {config.num_shards}"
+            )
+        return config.shard_index
+    return int.from_bytes(hashlib.sha256(peer_id).digest()[:8], "little") % config.num_shards
+
+
+class _PreparedTrainer:
+    """A trainer with its averager started (done in the calling thread, before training threads run)."""
+
+    def __init__(self, config: TrainerConfig, dht: DHT, name: str) -> None:
+        from node.trainer_averaging import DiLoCoAverager, averaging_prefix
+
+        validate_run_id(config.run_id)
+        self.config = config
+        self.name = name
+        torch.manual_seed(config.seed)
+        self.model = TinyGPT(config.model)
+        corpus = load_corpus(config.data)
+        shard = _shard_for(config, dht.peer_id.to_bytes())
+        self.sampler = corpus.sampler(shard, config.num_shards)
+        self.eval_batches = corpus.eval_batches(config.eval_batches) if config.eval_batches else []
+        self.averager = DiLoCoAverager(
+            [p.shape for p in self.model.parameters()],
+            dht,
+            prefix=averaging_prefix(config.run_id),
+            compression=config.compression,
+            max_norm_ratio=config.max_norm_ratio,
+            ban_base_s=config.ban_base_s,
+            matchmaking_time_s=config.matchmaking_time_s,
+            request_timeout_s=config.request_timeout_s,
+            averaging_timeout_s=config.averaging_timeout_s,
+            sender_timeout_s=config.sender_timeout_s,
+            target_group_size=config.target_group_size,
+            name=name,
+        )
+        logger.info(
+            "%s: trainer ready (run %s, shard %d of %d)", name, config.run_id, shard, config.num_shards
+        )
+
+    def _resume_state(self) -> OuterState:
+        state = OuterState.from_model(self.model)
+        directory = self.config.checkpoint_dir
+        path = latest_checkpoint(directory) if directory is not None else None
+        if path is not None:
+            try:
+                loaded = load_checkpoint(path, run_id=self.config.run_id)
+            except CheckpointError as e:
+                logger.warning("%s: ignoring checkpoint: %s", self.name, e)
+            else:
+                if loaded.matches(self.model):
+                    logger.info("%s: resumed from %s (outer step %d)", self.name, path, loaded.step)
+                    return loaded
+                logger.warning("%s: checkpoint %s does not fit the model; ignoring it", self.name, path)
+        return state
+
+    def _join(self, state: OuterState, stop_event: threading.Event) -> OuterState:
+        """If the run is ahead of `state`, wait for its next outer-step boundary and download the state."""
+        steps = self.averager.peer_steps()
+        if not steps:
+            return state
+        median = statistics.median_low(steps.values())
+        if median <= state.step:
+            return state
+        logger.info("%s: run is at outer step ~%d; waiting for the next step to join", self.name, median)
+        deadline = time.monotonic() + self.config.join_wait_s
+        while not stop_event.is_set() and time.monotonic() < deadline:
+            current = self.averager.peer_steps()
+            if current and statistics.median_low(current.values()) > median:
+                break
+            stop_event.wait(0.1)
+        fetched = self.averager.fetch_state(
+            newer_than=state.step, timeout_s=self.config.state_download_timeout_s
+        )
+        if fetched is None or not fetched.matches(self.model):
+            logger.warning("%s: could not download the run's state; starting from our own", self.name)
+            return state
+        logger.info("%s: joined at outer step %d (state %s)", self.name, fetched.step, fetched.hash())
+        return fetched
+
+    def _checkpoint(self, trainer: DiLoCoTrainer, force: bool = False) -> None:
+        directory = self.config.checkpoint_dir
+        if directory is None:
+            return
+        state = trainer.current_state()
+        if force or state.step % self.config.checkpoint_every_outer_steps == 0:
+            path = save_checkpoint(directory, state, run_id=self.config.run_id)
+            prune_checkpoints(directory, self.config.checkpoints_to_keep)
+            logger.info("%s: wrote %s", self.name, path)
+
+    def train(
+        self, stop_event: threading.Event, on_progress: Callable[[OuterStepReport], None] | None
+    ) -> None:
+        state = self._join(self._resume_state(), stop_event)
+        trainer = DiLoCoTrainer(
+            self.model,
+            self.config.diloco,
+            next_batch=self.sampler.next_batch,
+            averager=self.averager,
+            state_source=self.averager,
+            initial_state=state,
+            eval_batches=self.eval_batches,
+            name=self.name,
+        )
+        self.averager.set_state_provider(trainer.current_state)
+        self.averager.publish_step(state.step)
+
+        def after_outer_step(t: DiLoCoTrainer) -> None:
+            self.averager.publish_step(t.state.step)
+            self._checkpoint(t)
+
+        try:
+            trainer.run(stop_event, on_progress, on_outer_step=after_outer_step)
+        finally:
+            self.averager.cancel_round()
+            with contextlib.suppress(OSError):
+                self._checkpoint(trainer, force=True)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.averager.cancel_round()
+        if self.averager.is_alive():
+            self.averager.shutdown()
+
+
+def run_trainer(
+    config: TrainerConfig,
+    *,
+    dht: DHT,
+    identity: Any = None,
+    stop_event: threading.Event,
+    on_progress: Callable[[OuterStepReport], None] | None = None,
+) -> None:
+    """Train as one DiLoCo trainer of `config.run_id` until `stop_event` is set (or max_outer_steps)."""
+    if config.torch_threads is not None:
+        torch.set_num_threads(config.torch_threads)
+    name = identity.short_id if identity is not None else dht.peer_id.to_base58()[-8:]
+    prepared = _PreparedTrainer(config, dht, name)
+    try:
+        prepared.train(stop_event, on_progress)
+    finally:
+        prepared.close()
+
+
+def _loopback_dht(initial_peers: list[str] | None = None) -> DHT:
+    return DHT(start=True, initial_peers=initial_peers or [], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+
+
+def simulate_diloco(
+    num_trainers: int,
+    config: TrainerConfig,
+    on_progress: Callable[[OuterStepReport], None] | None = None,
+    *,
+    stop_event: threading.Event | None = None,
+) -> list[OuterStepReport]:
+    """Run `num_trainers` DiLoCo trainers (threads, each with its own DHT) on 127.0.0.1; return all reports.
+
+    `config.diloco.max_outer_steps` must be set. Trainer `i` reads shard `i` of `num_trainers`.
+    """
+    if num_trainers < 1:
+        raise HivenetError(f"need at least one trainer, got {num_trainers}")
+    if config.diloco.max_outer_steps is None:
+        raise HivenetError("simulate_diloco needs diloco.max_outer_steps so that the run ends")
+    torch.set_num_threads(config.torch_threads or 1)
+    stop = stop_event or threading.Event()
+    reports: list[OuterStepReport] = []
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    dhts: list[DHT] = []
+    prepared: list[_PreparedTrainer] = []
+    threads: list[threading.Thread] = []
+
+    def report(r: OuterStepReport) -> None:
+        with lock:
+            reports.append(r)
+        if on_progress is not None:
+            on_progress(r)
+
+    def work(p: _PreparedTrainer) -> None:
+        try:
+            p.train(stop, report)
+        except BaseException as e:
+            logger.exception("%s failed", p.name)
+            errors.append(e)
+            stop.set()
+
+    try:
+        bootstrap = _loopback_dht()
+        dhts.append(bootstrap)
+        peers = [str(a) for a in bootstrap.get_visible_maddrs()]
+        for i in range(num_trainers):
+            dht = _loopback_dht(peers)
+            dhts.append(dht)
+            cfg = config.model_copy(update={"shard_index": i, "num_shards": num_trainers})
+            prepared.append(_PreparedTrainer(cfg, dht, f"trainer{i}"))
+        threads = [threading.Thread(target=work, args=(p,), name=p.name, daemon=True) for p in prepared]
+        for t in threads:
+            t.start()
+        while any(t.is_alive() for t in threads):
+            for t in threads:
+                t.join(timeout=0.5)
+        if errors:
+            raise errors[0]
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+        for p in prepared:
+            with contextlib.suppress(Exception):
+                p.close()
+        for dht in reversed(dhts):
+            with contextlib.suppress(Exception):
+                dht.shutdown()
+    return sorted(reports, key=lambda r: (r.outer_step, r.peer))

