@@ -141,11 +141,13 @@ class ResponseHeader(_message.Message):
     def __init__(self, status: _Optional[_Union[Status, str]] = ..., payload_bytes: _Optional[int] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class HaveUpdate(_message.Message):
-    __slots__ = ("bitmap", "new_chunks", "dropped")
+    __slots__ = ("bitmap", "new_chunks", "dropped", "fetching")
     BITMAP_FIELD_NUMBER: _ClassVar[int]
     NEW_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     DROPPED_FIELD_NUMBER: _ClassVar[int]
+    FETCHING_FIELD_NUMBER: _ClassVar[int]
     bitmap: bytes
     new_chunks: _containers.RepeatedScalarFieldContainer[int]
     dropped: bool
-    def __init__(self, bitmap: _Optional[bytes] = ..., new_chunks: _Optional[_Iterable[int]] = ..., dropped: _Optional[bool] = ...) -> None: ...
+    fetching: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, bitmap: _Optional[bytes] = ..., new_chunks: _Optional[_Iterable[int]] = ..., dropped: _Optional[bool] = ..., fetching: _Optional[_Iterable[int]] = ...) -> None: ...

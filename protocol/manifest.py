@@ -441,7 +441,7 @@ def bitmap_count(bitmap: bytes | bytearray) -> int:
 
 def have_update_cap(num_chunks: int) -> int:
     """The most bytes one HaveUpdate frame for a version of `num_chunks` chunks may take."""
-    return 64 + bitmap_bytes(num_chunks) + 11 * MAX_HAVE_BATCH
+    return 64 + bitmap_bytes(num_chunks) + 2 * 11 * MAX_HAVE_BATCH
 
 
 def request_cap() -> int:

@@ -483,6 +483,7 @@ class WeightBroadcast:
                     publisher=PeerID(pointer.publisher),
                     find_holders=lambda: self._holder_ids(pointer),
                     on_chunk=lambda index: self.service.chunk_added(entry, index),
+                    on_request=lambda index: self.service.chunk_requested(entry, index),
                     progress=progress,
                     owner=self.owner,
                 )

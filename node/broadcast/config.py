@@ -22,11 +22,11 @@ class BroadcastConfig(BaseModel):
     """Chunk size used when publishing."""
     keep_versions: int = Field(default=2, ge=1)
     """How many of a run's newest versions are kept on disk and announced; older ones are deleted."""
-    max_inflight_per_peer: int = Field(default=4, ge=1, le=64)
+    max_inflight_per_peer: int = Field(default=2, ge=1, le=64)
     """Most chunk requests outstanding to one source at a time (the fastest sources get all of them)."""
     max_sources: int = Field(default=32, ge=1)
     """Most holders a fetch downloads from at once."""
-    endgame_max_requests: int = Field(default=3, ge=1)
+    endgame_max_requests: int = Field(default=2, ge=1)
     """In the endgame, the most sources asked at once for one of the last missing chunks."""
     request_timeout_s: float = Field(default=60.0, gt=0)
     """A chunk or manifest request that takes longer than this fails and its source is dropped for a while."""

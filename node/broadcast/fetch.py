@@ -22,6 +22,7 @@ import contextlib
 import logging
 import random
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ from protocol.manifest import bitmap_get, have_update_cap, parse_bitmap
 logger = logging.getLogger(__name__)
 
 _Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+_MAX_FETCHING_HINTS = 64
 
 
 class NotHeld(Exception):
@@ -74,6 +76,8 @@ class _Source:
     rate_bytes_per_s: float | None = None
     last_delivery: float = 0.0
     watch_task: asyncio.Task[None] | None = None
+    fetching: dict[int, None] = field(default_factory=dict)
+    """Chunks the source said it is fetching (a hint, oldest first, bounded)."""
 
 
 async def request_frame(
@@ -111,6 +115,7 @@ class VersionFetch:
         publisher: PeerID,
         find_holders: Callable[[], Awaitable[list[PeerID]]],
         on_chunk: Callable[[int], None],
+        on_request: Callable[[int], None] | None = None,
         progress: Callable[[FetchProgress], None] | None = None,
         owner: str = "",
     ) -> None:
@@ -123,18 +128,26 @@ class VersionFetch:
         self.publisher = publisher
         self.find_holders = find_holders
         self.on_chunk = on_chunk
+        self.on_request = on_request
         self.progress = progress
         self.owner = owner
         self.sources: dict[bytes, _Source] = {}
         self.availability = [0] * self.manifest.num_chunks
+        self.fetching_elsewhere = [0] * self.manifest.num_chunks
+        """How many sources hinted that they are fetching each chunk (it will soon be less rare)."""
         self.requested: dict[int, set[bytes]] = {}
         self.retry_at: dict[bytes, float] = {}
         self.bytes_downloaded = 0
         """Verified chunk bytes received (duplicates in the endgame included)."""
         self.bad_chunks = 0
+        self.bytes_by_source: Counter[bytes] = Counter()
+        """Verified bytes received from each source (PeerID bytes)."""
         self._wake = asyncio.Event()
         self._rng = random.Random()
-        self._tiebreak = [self._rng.random() for _ in range(self.manifest.num_chunks)]
+        # among equally rare chunks, each node walks the chunk list from its own offset: nodes that start
+        # together then ask the publisher for different chunks instead of colliding at random
+        offset = int.from_bytes(own_peer_id.to_bytes()[-8:], "big") % max(1, self.manifest.num_chunks)
+        self._tiebreak = [(i - offset) % self.manifest.num_chunks for i in range(self.manifest.num_chunks)]
         self._rate_window: list[tuple[float, int]] = []
         self._fatal: Exception | None = None
 
@@ -170,6 +183,9 @@ class VersionFetch:
             for index in range(self.manifest.num_chunks):
                 if bitmap_get(source.bitmap, index):
                     self.availability[index] -= 1
+        for index in source.fetching:
+            self.fetching_elsewhere[index] -= 1
+        source.fetching.clear()
         for task in list(source.inflight.values()):
             if task is not asyncio.current_task():
                 task.cancel()
@@ -180,8 +196,21 @@ class VersionFetch:
         source.idle_streams.clear()
         self._wake.set()
 
+    def _mark_fetching(self, source: _Source, index: int) -> None:
+        if index in source.fetching or (source.bitmap is not None and bitmap_get(source.bitmap, index)):
+            return
+        if len(source.fetching) >= _MAX_FETCHING_HINTS:
+            oldest = next(iter(source.fetching))
+            del source.fetching[oldest]
+            self.fetching_elsewhere[oldest] -= 1
+        source.fetching[index] = None
+        self.fetching_elsewhere[index] += 1
+
     def _mark_has(self, source: _Source, index: int) -> None:
         assert source.bitmap is not None
+        if index in source.fetching:
+            del source.fetching[index]
+            self.fetching_elsewhere[index] -= 1
         if not bitmap_get(source.bitmap, index):
             source.bitmap[index >> 3] |= 1 << (index & 7)
             self.availability[index] += 1
@@ -223,6 +252,10 @@ class VersionFetch:
                     if index >= num_chunks:
                         raise InvalidMessage(f"bitmap update names chunk {index} of {num_chunks}")
                     self._mark_has(source, index)
+                for index in update.fetching:
+                    if index >= num_chunks:
+                        raise InvalidMessage(f"bitmap update names chunk {index} of {num_chunks}")
+                    self._mark_fetching(source, index)
                 self._wake.set()
         except asyncio.CancelledError:
             raise
@@ -306,6 +339,7 @@ class VersionFetch:
             )
             source.last_delivery = time.monotonic()
             self.bytes_downloaded += len(data)
+            self.bytes_by_source[key] += len(data)
             self._rate_window.append((time.monotonic(), len(data)))
             if written:
                 self.on_chunk(index)
@@ -332,14 +366,17 @@ class VersionFetch:
         return limit - len(source.inflight)
 
     def _start(self, source: _Source, index: int) -> None:
+        first = index not in self.requested
         source.inflight[index] = asyncio.create_task(self._fetch_chunk(source, index))
         self.requested.setdefault(index, set()).add(source.peer_id.to_bytes())
+        if first and self.on_request is not None:
+            self.on_request(index)
 
     def _schedule(self) -> None:
         missing = self.entry.missing()
         unassigned = sorted(
             (i for i in missing if i not in self.requested and self.availability[i] > 0),
-            key=lambda i: (self.availability[i], self._tiebreak[i]),
+            key=lambda i: (self.availability[i] + self.fetching_elsewhere[i], self._tiebreak[i]),
         )
         taken: set[int] = set()
         ready = [s for s in self.sources.values() if s.bitmap is not None]

@@ -41,6 +41,8 @@ PROTO_WATCH = f"/hivenet/{PROTOCOL_VERSION}/weights/watch"
 
 _Handler = Callable[[PeerID, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 _DROPPED = -1
+_FETCHING = 1 << 62
+"""Added to a chunk index in a watcher's queue: 'this node has requested that chunk' (a hint)."""
 
 
 def parse_request(data: bytes, message_type: type[Message]) -> Message:
@@ -115,6 +117,10 @@ class BroadcastService:
     def chunk_added(self, entry: VersionEntry, index: int) -> None:
         """Tell every watcher of `entry` that chunk `index` is now held (call after it is written)."""
         self._notify((entry.run_id, entry.version), index)
+
+    def chunk_requested(self, entry: VersionEntry, index: int) -> None:
+        """Hint every watcher of `entry` that this node is fetching chunk `index`, so they fetch others."""
+        self._notify((entry.run_id, entry.version), _FETCHING + index)
 
     def _notify(self, key: tuple[str, int], index: int) -> None:
         for queue in self._watchers.get(key, ()):
@@ -237,7 +243,11 @@ class BroadcastService:
                 if _DROPPED in batch:
                     await write_frame(writer, bpb.HaveUpdate(dropped=True).SerializeToString())
                     return
-                await write_frame(writer, bpb.HaveUpdate(new_chunks=batch).SerializeToString())
+                have = [i for i in batch if i < _FETCHING]
+                fetching = [i - _FETCHING for i in batch if i >= _FETCHING]
+                await write_frame(
+                    writer, bpb.HaveUpdate(new_chunks=have, fetching=fetching).SerializeToString()
+                )
         finally:
             hangup.cancel()
             watchers = self._watchers.get(key)

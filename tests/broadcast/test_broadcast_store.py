@@ -132,3 +132,18 @@ def test_frames_and_payloads_are_capped_before_buffering() -> None:
         assert await read_frame(reader, 1024) is None
 
     asyncio.run(main())
+
+
+def test_bans_grow_with_each_offence() -> None:
+    from hivemind.p2p import PeerID
+
+    from node.broadcast.bans import BanList
+
+    bans = BanList(base_s=10.0, max_s=25.0)
+    peer = PeerID(b"\x00\x24" + bytes(36))
+    assert not bans.is_banned(peer)
+    assert bans.ban(peer, "bad chunk: 1") == 10.0
+    assert bans.is_banned(peer) and bans.strikes(peer) == 1
+    assert bans.ban(peer, "bad chunk: 2") == 20.0
+    assert bans.ban(peer, "bad request: 3") == 25.0  # capped
+    assert bans.reasons == {"bad chunk": 2, "bad request": 1}
