@@ -41,7 +41,7 @@ from training.data import DataConfig, load_corpus
 from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterState, OuterStepReport
 from training.model import ModelConfig, TinyGPT
 
-__all__ = ["OuterStepReport", "TrainerConfig", "run_trainer", "simulate_diloco"]
+__all__ = ["OuterStepReport", "TrainerConfig", "TrainerRuntime", "run_trainer", "simulate_diloco"]
 
 logger = logging.getLogger(__name__)
 
@@ -128,8 +128,11 @@ def _shard_for(config: TrainerConfig, peer_id: bytes) -> int:
     return int.from_bytes(hashlib.sha256(peer_id).digest()[:8], "little") % config.num_shards
 
 
-class _PreparedTrainer:
-    """A trainer with its averager started (done in the calling thread, before training threads run)."""
+class TrainerRuntime:
+    """One trainer's runtime objects: model, data shard and started averager; `train` runs it, `close` ends it.
+
+    Built in the calling thread (the averager forks a process), then trained in any thread.
+    """
 
     def __init__(self, config: TrainerConfig, dht: DHT, name: str) -> None:
         from node.trainer_averaging import DiLoCoAverager, averaging_prefix
@@ -140,8 +143,15 @@ class _PreparedTrainer:
         torch.manual_seed(config.seed)
         self.model = TinyGPT(config.model)
         corpus = load_corpus(config.data)
-        shard = _shard_for(config, dht.peer_id.to_bytes())
-        self.sampler = corpus.sampler(shard, config.num_shards)
+        peer_bytes = dht.peer_id.to_bytes()
+        shard = _shard_for(config, peer_bytes)
+        # Peers that share a shard (PeerID-derived shards can collide) still draw different batches.
+        offset = (
+            0
+            if config.shard_index is not None
+            else int.from_bytes(hashlib.sha256(b"s" + peer_bytes).digest()[:4])
+        )
+        self.sampler = corpus.sampler(shard, config.num_shards, seed_offset=offset)
         self.eval_batches = corpus.eval_batches(config.eval_batches) if config.eval_batches else []
         self.averager = DiLoCoAverager(
             [p.shape for p in self.model.parameters()],
@@ -258,7 +268,7 @@ def run_trainer(
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
     name = identity.short_id if identity is not None else dht.peer_id.to_base58()[-8:]
-    prepared = _PreparedTrainer(config, dht, name)
+    prepared = TrainerRuntime(config, dht, name)
     try:
         prepared.train(stop_event, on_progress)
     finally:
@@ -290,7 +300,7 @@ def simulate_diloco(
     lock = threading.Lock()
     errors: list[BaseException] = []
     dhts: list[DHT] = []
-    prepared: list[_PreparedTrainer] = []
+    prepared: list[TrainerRuntime] = []
     threads: list[threading.Thread] = []
 
     def report(r: OuterStepReport) -> None:
@@ -299,7 +309,7 @@ def simulate_diloco(
         if on_progress is not None:
             on_progress(r)
 
-    def work(p: _PreparedTrainer) -> None:
+    def work(p: TrainerRuntime) -> None:
         try:
             p.train(stop, report)
         except BaseException as e:
@@ -315,7 +325,7 @@ def simulate_diloco(
             dht = _loopback_dht(peers)
             dhts.append(dht)
             cfg = config.model_copy(update={"shard_index": i, "num_shards": num_trainers})
-            prepared.append(_PreparedTrainer(cfg, dht, f"trainer{i}"))
+            prepared.append(TrainerRuntime(cfg, dht, f"trainer{i}"))
         threads = [threading.Thread(target=work, args=(p,), name=p.name, daemon=True) for p in prepared]
         for t in threads:
             t.start()

@@ -241,6 +241,15 @@ class RobustAllReduceRunner(AllReduceRunner):
 class DiLoCoAverager(DecentralizedAverager):
     """Averages pseudo-gradients with the run's trainers and shares the outer state (see module docstring)."""
 
+    runner_class: type[RobustAllReduceRunner] = RobustAllReduceRunner
+    """The all-reduce runner used for each round (tests substitute misbehaving ones)."""
+
+    @classmethod
+    def _get_handle_name(cls, namespace: str | None, method_name: str) -> str:
+        # hivemind names RPC handlers after the class; pin it so that subclasses interoperate.
+        handle_name = f"DiLoCoAverager.{method_name}"
+        return f"{namespace}::{handle_name}" if namespace is not None else handle_name
+
     def __init__(
         self,
         shapes: Sequence[torch.Size],
@@ -288,7 +297,7 @@ class DiLoCoAverager(DecentralizedAverager):
             allreduce_timeout=averaging_timeout_s,
             next_chunk_timeout=sender_timeout_s,
             compression=codec_for(compression),
-            allow_state_sharing=True,
+            allow_state_sharing=False,  # until publish_step: a peer with no state yet is not a source
             declare_state_period=10.0,
         )
 
@@ -360,7 +369,7 @@ class DiLoCoAverager(DecentralizedAverager):
         **kwargs: Any,
     ) -> int:
         group_id = group_info.group_id if group_id is None else group_id
-        runner = RobustAllReduceRunner(
+        runner = self.runner_class(
             p2p=self._p2p,
             servicer_type=type(self),
             prefix=self.prefix,
@@ -438,6 +447,8 @@ class DiLoCoAverager(DecentralizedAverager):
 
     def publish_step(self, step: int) -> None:
         """Advertise our outer step (as the state-sharing priority) so late joiners know where the run is."""
+        if not DecentralizedAverager.allow_state_sharing.fget(self):  # type: ignore[attr-defined]
+            self.allow_state_sharing = True
         self.state_sharing_priority = float(step)
 
     def peer_steps(self) -> dict[bytes, float]:

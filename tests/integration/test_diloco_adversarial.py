@@ -1,0 +1,129 @@
+"""A misbehaving trainer cannot take more than its fair share of a DiLoCo round.
+
+Three averagers on loopback: two honest ones with pseudo-gradients of all 1s and all 3s,
+and an attacker that (a) claims a weight of 1e9, (b) sends a huge pseudo-gradient, or
+(c) sends NaN. The honest peers must end with identical results: the equal-weight mean of
+all three in (a), and the mean of the honest two in (b) and (c), where the attacker's part
+is refused and counted as refused.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import torch
+from hivemind import DHT
+from hivemind.averaging.allreduce import AveragingMode
+from hivemind.compression import CompressionInfo
+from hivemind.proto import averaging_pb2
+
+from node.trainer_averaging import DiLoCoAverager, RobustAllReduceRunner
+from training.codecs import codec_for, decode_tensor
+from training.diloco import RoundOutcome
+
+SHAPES = [torch.Size([1000]), torch.Size([10, 10])]
+ATTACK = mp.Value(ctypes.c_int, 0)  # shared with the attacker's (forked) averager process
+NONE, WEIGHT, HUGE, NAN = 0, 1, 2, 3
+
+
+class AttackRunner(RobustAllReduceRunner):
+    """Sends 5s with a claimed weight of 1e9, or 5e6s, or NaNs, depending on ATTACK."""
+
+    async def _generate_input_for_peer(self, peer_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
+        codec = codec_for("fp32")
+        async for message in super()._generate_input_for_peer(peer_index):
+            part = decode_tensor(message.tensor_part)
+            mode = ATTACK.value
+            if mode == WEIGHT:
+                message.weight = 1e9
+            elif mode == HUGE:
+                part = part * 1e6
+            elif mode == NAN:
+                part = torch.full_like(part, float("nan"))
+            message.tensor_part.CopyFrom(codec.compress(part, CompressionInfo.from_tensor(part)))
+            yield message
+
+
+class AttackAverager(DiLoCoAverager):
+    runner_class = AttackRunner
+
+
+@pytest.fixture(scope="module")
+def swarm() -> Iterator[list[DiLoCoAverager]]:
+    torch.set_num_threads(1)
+    dhts: list[DHT] = []
+    averagers: list[DiLoCoAverager] = []
+    try:
+        dhts.append(DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
+        peers = [str(a) for a in dhts[0].get_visible_maddrs()]
+        kwargs: dict[str, Any] = dict(
+            prefix="advtest",
+            compression="fp32",
+            matchmaking_time_s=2.0,
+            request_timeout_s=0.5,
+            averaging_timeout_s=20.0,
+            sender_timeout_s=5.0,
+            target_group_size=3,
+            ban_base_s=0.01,  # bans expire at once so each scenario starts clean
+        )
+        for i, cls in enumerate([DiLoCoAverager, DiLoCoAverager, AttackAverager]):
+            dht = DHT(start=True, initial_peers=peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+            dhts.append(dht)
+            averagers.append(cls(SHAPES, dht, name=f"peer{i}", **kwargs))
+        averagers[2].mode = AveragingMode.CLIENT  # the attacker only sends; honest peers reduce everything
+        for a in averagers:
+            a.publish_step(0)
+        yield averagers
+    finally:
+        for a in averagers:
+            a.shutdown()
+        for d in reversed(dhts):
+            d.shutdown()
+
+
+def _round(averagers: list[DiLoCoAverager], step: int) -> list[RoundOutcome]:
+    values = [1.0, 3.0, 5.0]
+    for a in averagers:
+        a.prepare_round(step, 1.0, "same-hash")
+    outcomes: list[RoundOutcome | None] = [None] * 3
+
+    def go(i: int) -> None:
+        grads = [torch.full(s, values[i]) for s in SHAPES]
+        outcomes[i] = averagers[i].average(grads, step=step, outer_hash="same-hash")
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert all(o is not None for o in outcomes)
+    return [o for o in outcomes if o is not None]
+
+
+def _honest_result(outcomes: list[RoundOutcome]) -> list[torch.Tensor]:
+    first, second = outcomes[0].averaged, outcomes[1].averaged
+    assert first is not None and second is not None
+    assert all(torch.equal(x, y) for x, y in zip(first, second, strict=True)), "honest peers disagree"
+    return first
+
+
+@pytest.mark.parametrize(
+    ("attack", "expected", "refused"),
+    [(NONE, 3.0, 0), (WEIGHT, 3.0, 0), (HUGE, 2.0, 1), (NAN, 2.0, 1)],
+    ids=["honest", "claims-huge-weight", "huge-pseudo-gradient", "nan-pseudo-gradient"],
+)
+def test_attacker_gets_at_most_its_fair_share(
+    swarm: list[DiLoCoAverager], attack: int, expected: float, refused: int
+) -> None:
+    ATTACK.value = attack
+    outcomes = _round(swarm, step=attack)
+    result = _honest_result(outcomes)
+    for tensor in result:
+        assert torch.equal(tensor, torch.full_like(tensor, expected))
+    assert outcomes[0].refused_peers == refused and outcomes[1].refused_peers == refused
+    assert outcomes[0].num_peers == 3 - refused
