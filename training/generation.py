@@ -99,6 +99,7 @@ def generate(
     topk: int = TOPK,
     background_proofs: bool = False,
     choose: Callable[[int, torch.Tensor, int], int] | None = None,
+    prove: bool = True,
 ) -> Generation:
     """Sample up to `max_new_tokens` tokens after `prompt_ids` with seeded sampling and prove them.
 
@@ -106,6 +107,7 @@ def generate(
     (which is included) or at `max_new_tokens`. Sampling noise depends only on `(seed, i)`
     for completion index `i`, so the same call always returns the same tokens and proofs.
 
+    `prove=False` skips the proofs (a baseline for measuring their cost).
     `choose(i, logits, sampled) -> token` replaces the sampler's choice; it exists only to
     simulate dishonest workers (greedy decoding, swapped tokens) in tests and benchmarks.
     """
@@ -134,7 +136,8 @@ def generate(
         row = step_hidden.to(torch.bfloat16)
         all_hidden.append(row)
         all_logits.append(step_logits)
-        builder.add(row)
+        if prove:
+            builder.add(row)
         if i + 1 == max_new_tokens or token == stop_token:
             break
         step_logits, step_hidden = model.decode_step(torch.tensor([[token]]), cache)

@@ -102,15 +102,15 @@ def proof_length(chunk_values: int, topk: int = TOPK) -> int:
 
 
 def _powers(x: np.ndarray, n: int) -> np.ndarray:
-    """`P[i, j] = x_i ** j mod p` for j < n, as float64 (exact integers), by doubling."""
+    """`P[..., i, j] = x[..., i] ** j mod p` for j < n, as float64 (exact integers), by doubling."""
     p = FIELD_PRIME
-    out = np.empty((x.shape[0], n), dtype=_NP_INT)
-    out[:, 0] = 1
+    out = np.empty((*x.shape, n), dtype=_NP_INT)
+    out[..., 0] = 1
     width = 1
     while width < n:
-        xw = (out[:, width - 1] * x) % p  # x ** width
+        xw = (out[..., width - 1] * x) % p  # x ** width
         cnt = min(width, n - width)
-        out[:, width : width + cnt] = (out[:, :cnt] * xw[:, None]) % p
+        out[..., width : width + cnt] = (out[..., :cnt] * xw[..., None]) % p
         width += cnt
     return out.astype(np.float64)
 
@@ -179,9 +179,10 @@ def _interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 
 def _evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Values mod p of the polynomial with ascending `coeffs` at the points `x`."""
-    powers = _powers(x % FIELD_PRIME, coeffs.shape[0])
-    return np.fmod(powers @ coeffs.astype(np.float64), FIELD_PRIME).astype(_NP_INT)
+    """Values mod p of polynomials with ascending `coeffs [..., n]` at points `x [..., k]`."""
+    powers = _powers(x % FIELD_PRIME, coeffs.shape[-1])
+    values = np.matmul(powers, coeffs.astype(np.float64)[..., :, None])[..., 0]
+    return np.fmod(values, FIELD_PRIME).astype(_NP_INT)
 
 
 def _injective_modulus(idx: np.ndarray) -> int:
@@ -286,11 +287,22 @@ def verify_proofs(
         rows = min(chunk_tokens, t - i * chunk_tokens)
         parsed.append(_parse_proof(proof, proof_length(rows * h, topk), i))
 
+    # Recompute the top-k per chunk (1-D topk, the reference's tie-breaking), then evaluate
+    # every proof at once: chunks with the same k share one batched matrix product.
+    tops = [
+        _chunk_topk(hidden[i * chunk_tokens : (i + 1) * chunk_tokens].reshape(-1), topk)
+        for i in range(expected)
+    ]
+    claimed_by_chunk: list[np.ndarray] = [np.empty(0, dtype=_NP_INT)] * expected
+    for k in {idx.shape[0] for idx, _ in tops}:
+        group = [i for i in range(expected) if tops[i][0].shape[0] == k]
+        coeffs = np.stack([parsed[i][1] for i in group])
+        points = np.stack([tops[i][0] % parsed[i][0] for i in group])
+        for i, values in zip(group, _evaluate(coeffs, points), strict=True):
+            claimed_by_chunk[i] = values
+
     results = []
-    for i, (modulus, coeffs) in enumerate(parsed):
-        start = i * chunk_tokens
-        idx, bits = _chunk_topk(hidden[start : start + chunk_tokens].reshape(-1), topk)
-        claimed = _evaluate(coeffs, idx % modulus)
+    for (idx, bits), claimed in zip(tops, claimed_by_chunk, strict=True):
         exp_mismatch = ((claimed & 0x7F80) >> 7) != ((bits & 0x7F80) >> 7)
         errs = np.sort(np.abs((claimed & 0x7F) - (bits & 0x7F))[~exp_mismatch])
         if errs.shape[0]:
@@ -298,13 +310,12 @@ def verify_proofs(
             median = float(errs[errs.shape[0] // 2])
         else:
             mean = median = NO_MATCH_ERROR
-        signs = int(np.count_nonzero((claimed >> 15) != (bits >> 15)))
         results.append(
             ChunkCheck(
                 exp_mismatches=int(np.count_nonzero(exp_mismatch)),
                 mant_err_mean=mean,
                 mant_err_median=median,
-                sign_mismatches=signs,
+                sign_mismatches=int(np.count_nonzero((claimed >> 15) != (bits >> 15))),
                 value_mismatches=int(np.count_nonzero(claimed != bits)),
                 topk=int(idx.shape[0]),
             )

@@ -236,6 +236,7 @@ def test_claim_is_strict():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_hundreds_of_rollouts(capsys):
     """Counts per kind over hundreds of rollouts (128-token completions, four chunks each)."""
     lab = Lab(completion_tokens=128)
