@@ -138,10 +138,10 @@ class VersionFetch:
         self.requested: dict[int, set[bytes]] = {}
         self.retry_at: dict[bytes, float] = {}
         self.bytes_downloaded = 0
-        """Verified chunk bytes received (duplicates in the endgame included)."""
+        """Chunk bytes received (bad ones and endgame duplicates included)."""
         self.bad_chunks = 0
         self.bytes_by_source: Counter[bytes] = Counter()
-        """Verified bytes received from each source (PeerID bytes)."""
+        """Chunk bytes received from each source (PeerID bytes)."""
         self._wake = asyncio.Event()
         self._rng = random.Random()
         # among equally rare chunks, each node walks the chunk list from its own offset: nodes that start
@@ -323,30 +323,12 @@ class VersionFetch:
             except Exception as exc:
                 self._drop_source(source, reason=f"request failed: {exc!r}")
                 return
-            try:
-                written = await asyncio.to_thread(self.entry.write_chunk, index, data)
-            except InvalidMessage as exc:
-                self.bad_chunks += 1
-                self._drop_source(source, reason=f"bad chunk: {exc}", ban=True)
-                return
-            except (DiskFull, StoreError) as exc:  # nothing another source could fix: stop the fetch
-                self._fatal = exc
-                return
             elapsed = max(time.monotonic() - started, 1e-3)
-            rate = len(data) / elapsed
-            source.rate_bytes_per_s = (
-                rate if source.rate_bytes_per_s is None else 0.7 * source.rate_bytes_per_s + 0.3 * rate
-            )
-            source.last_delivery = time.monotonic()
             self.bytes_downloaded += len(data)
             self.bytes_by_source[key] += len(data)
-            self._rate_window.append((time.monotonic(), len(data)))
-            if written:
-                self.on_chunk(index)
-                for other_key in self.requested.get(index, set()) - {key}:
-                    other = self.sources.get(other_key)
-                    if other is not None and index in other.inflight:
-                        other.inflight[index].cancel()
+            # verifying, writing and announcing a received chunk is never cut short, even when the
+            # fetch completes (or a duplicate wins) meanwhile
+            await asyncio.shield(self._store(source, index, data, elapsed))
         finally:
             if source.inflight.get(index) is asyncio.current_task():
                 del source.inflight[index]
@@ -356,6 +338,31 @@ class VersionFetch:
                 if not holders:
                     del self.requested[index]
             self._wake.set()
+
+    async def _store(self, source: _Source, index: int, data: bytes, elapsed_s: float) -> None:
+        key = source.peer_id.to_bytes()
+        try:
+            written = await asyncio.to_thread(self.entry.write_chunk, index, data)
+        except InvalidMessage as exc:
+            self.bad_chunks += 1
+            self._drop_source(source, reason=f"bad chunk: {exc}", ban=True)
+            return
+        except (DiskFull, StoreError) as exc:  # nothing another source could fix: stop the fetch
+            self._fatal = exc
+            self._wake.set()
+            return
+        rate = len(data) / elapsed_s
+        source.rate_bytes_per_s = (
+            rate if source.rate_bytes_per_s is None else 0.7 * source.rate_bytes_per_s + 0.3 * rate
+        )
+        source.last_delivery = time.monotonic()
+        self._rate_window.append((time.monotonic(), len(data)))
+        if written:
+            self.on_chunk(index)
+            for other_key in self.requested.get(index, set()) - {key}:
+                other = self.sources.get(other_key)
+                if other is not None and index in other.inflight:
+                    other.inflight[index].cancel()
 
     # ---- scheduling ----------------------------------------------------------------------
 
