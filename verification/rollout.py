@@ -15,12 +15,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from training.sampling import SamplingParams
 
-__all__ = ["CLAIM_DTYPES", "MAX_ROLLOUT_TOKENS", "RolloutClaim", "torch_dtype"]
+__all__ = ["CLAIM_DTYPES", "MAX_PROOF_BYTES", "MAX_ROLLOUT_TOKENS", "RolloutClaim", "torch_dtype"]
 
 MAX_ROLLOUT_TOKENS = 65536
 """Cap on prompt and on completion length, so a hostile claim cannot ask for unbounded work."""
 
+MAX_PROOF_BYTES = 4096
+"""Cap on one proof's size (k = 128 gives 258 bytes; this leaves room for k up to 2047)."""
+
 TokenId = Annotated[int, Field(ge=0, lt=2**31)]
+ProofBytes = Annotated[bytes, Field(max_length=MAX_PROOF_BYTES)]
 
 ClaimDtype = Literal["float32", "bfloat16", "float16"]
 
@@ -55,10 +59,11 @@ class RolloutClaim(BaseModel):
     """Temperature and top-p used by the seeded sampler."""
 
     seed: int = Field(ge=0, lt=2**64)
-    """Sampling seed: token i's noise is a function of (seed, i) only."""
+    """Sampling seed: token i's noise is a function of (seed, i) only. It must be assigned to the
+    worker with the prompt (a worker free to pick seeds could search for favourable ones)."""
 
     dtype: ClaimDtype
     """Precision the worker ran the model at; the verifier recomputes in the same one."""
 
-    proofs: list[bytes] = Field(max_length=MAX_ROLLOUT_TOKENS)
+    proofs: list[ProofBytes] = Field(max_length=MAX_ROLLOUT_TOKENS)
     """TOPLOC proofs over the bf16 final hidden states, one per 32 completion tokens."""

@@ -5,7 +5,7 @@ states and logits at every completion position (see `training.generation` for wh
 are proved). Then, in order, the first failing check decides:
 
 1. the claim itself: supported precision, token ids inside the vocabulary, length within the
-   model, the expected policy version and the assigned prompt (when the caller knows them);
+   model, the expected policy version, the assigned prompt and seed (when the caller knows them);
 2. the proofs are well formed (`InvalidProofError` becomes a `malformed_proof` rejection);
 3. TOPLOC, per 32-token chunk, against the limits in `verification.policy`;
 4. seeded sampling: every completion token must be the seeded sampler's choice on the
@@ -43,6 +43,8 @@ class RejectReason(enum.StrEnum):
     """The claim names another policy version than the one the verifier holds."""
     PROMPT_MISMATCH = "prompt_mismatch"
     """The claimed prompt is not the prompt assigned to the worker."""
+    SEED_MISMATCH = "seed_mismatch"
+    """The claimed sampling seed is not the seed assigned to the worker."""
     MALFORMED_PROOF = "malformed_proof"
     """A proof has a wrong length, modulus or coefficient, or there is not one per chunk."""
     TOPLOC_EXPONENT = "toploc_exponent"
@@ -162,6 +164,7 @@ def _check_claim(
     model: TinyGPT,
     expected_policy_version: int | None,
     assigned_prompt_ids: Sequence[int] | None,
+    assigned_seed: int | None,
 ) -> Verdict | None:
     cfg = model.config
     if expected_policy_version is not None and claim.policy_version != expected_policy_version:
@@ -171,6 +174,8 @@ def _check_claim(
         )
     if assigned_prompt_ids is not None and list(claim.prompt_ids) != list(assigned_prompt_ids):
         return _reject(RejectReason.PROMPT_MISMATCH, "claimed prompt differs from the assigned prompt")
+    if assigned_seed is not None and claim.seed != assigned_seed:
+        return _reject(RejectReason.SEED_MISMATCH, f"claimed seed {claim.seed} is not the assigned seed")
     if claim.dtype not in CLAIM_DTYPES:
         return _reject(RejectReason.MALFORMED_CLAIM, f"unsupported precision {claim.dtype!r}")
     top = max(max(claim.prompt_ids), max(claim.completion_ids))
@@ -203,13 +208,15 @@ def verify_rollout(
     *,
     expected_policy_version: int | None = None,
     assigned_prompt_ids: Sequence[int] | None = None,
+    assigned_seed: int | None = None,
     policy: VerificationPolicy = DEFAULT_POLICY,
 ) -> Verdict:
     """Verify `claim` against `model` (which must already be in the claimed precision).
 
-    Never raises on hostile claims: every failure is a rejected `Verdict`.
+    `expected_policy_version`, `assigned_prompt_ids` and `assigned_seed`, when given, must
+    match the claim. Never raises on hostile claims: every failure is a rejected `Verdict`.
     """
-    bad = _check_claim(claim, model, expected_policy_version, assigned_prompt_ids)
+    bad = _check_claim(claim, model, expected_policy_version, assigned_prompt_ids, assigned_seed)
     if bad is not None:
         return bad
     if model.dtype != CLAIM_DTYPES[claim.dtype]:
@@ -238,7 +245,13 @@ class RolloutVerifier:
             self._copies[dtype] = copy.deepcopy(self._master).to(dtype).eval()
         return self._copies[dtype]
 
-    def verify(self, claim: RolloutClaim, *, assigned_prompt_ids: Sequence[int] | None = None) -> Verdict:
+    def verify(
+        self,
+        claim: RolloutClaim,
+        *,
+        assigned_prompt_ids: Sequence[int] | None = None,
+        assigned_seed: int | None = None,
+    ) -> Verdict:
         """Verdict on `claim`; see `verify_rollout`."""
         if claim.dtype not in CLAIM_DTYPES:
             return _reject(RejectReason.MALFORMED_CLAIM, f"unsupported precision {claim.dtype!r}")
@@ -247,6 +260,7 @@ class RolloutVerifier:
             self.model_for(CLAIM_DTYPES[claim.dtype]),
             expected_policy_version=self.policy_version,
             assigned_prompt_ids=assigned_prompt_ids,
+            assigned_seed=assigned_seed,
             policy=self.policy,
         )
 

@@ -159,6 +159,9 @@ def test_claim_level_rejections(lab, verifier):
     other_prompt = [*sc.assigned_prompt_ids[:-1], (sc.assigned_prompt_ids[-1] + 1) % 256]
     assert verifier.verify(claim, assigned_prompt_ids=other_prompt).reason == RejectReason.PROMPT_MISMATCH
 
+    assert verifier.verify(claim, assigned_seed=claim.seed).accepted
+    assert verifier.verify(claim, assigned_seed=claim.seed ^ 1).reason == RejectReason.SEED_MISMATCH
+
     out_of_vocab = claim.model_copy(update={"completion_ids": [*claim.completion_ids[:-1], 256]})
     assert verifier.verify(out_of_vocab).reason == RejectReason.MALFORMED_CLAIM
 
@@ -224,6 +227,7 @@ def test_claim_is_strict():
         {"prompt_ids": []},
         {"completion_ids": [-1]},
         {"proofs": ["not-bytes"]},
+        {"proofs": [bytes(5000)]},
         {"policy_version": 1.0},
     ]
     for bad in bads:
