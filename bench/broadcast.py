@@ -569,7 +569,7 @@ def main() -> None:
 
     sizes = [s * MIB for s in (args.sizes_mib or ([16] if args.quick else [64, 256]))]
     nodes = sorted(args.nodes or ([4, 8] if args.quick else [4, 8, 16]))
-    args.upload_bytes_per_s = args.upload_bytes_per_s or (4 * MIB if args.quick else 8 * MIB)
+    args.upload_bytes_per_s = args.upload_bytes_per_s or 4 * MIB
     args.chunk_bytes = args.chunk_bytes or (256 * 1024 if args.quick else 1 * MIB)
     bench_started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="hivenet-bench-"))

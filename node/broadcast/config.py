@@ -44,6 +44,9 @@ class BroadcastConfig(BaseModel):
     """Longest ban."""
     retry_after_failure_s: float = Field(default=5.0, gt=0)
     """A source that vanished or timed out is not asked again for this long (not a ban)."""
+    upload_slots: int = Field(default=2, ge=1, le=64)
+    """Chunks uploaded at once; further requests wait in FIFO order. Few slots let each chunk leave at the
+    full upload rate, so other peers can re-serve it sooner, instead of every chunk crawling in parallel."""
     max_upload_streams: int = Field(default=64, ge=1)
     """Most concurrent upload streams this node serves; more are refused as busy."""
     max_upload_streams_per_peer: int = Field(default=8, ge=1)

@@ -167,7 +167,7 @@ class VersionFetch:
             return
         source = _Source(peer_id=peer_id)
         self.sources[key] = source
-        source.watch_task = asyncio.create_task(self._watch(source))
+        source.watch_task = asyncio.create_task(self.call_watch(source))
 
     def _drop_source(self, source: _Source, *, reason: str, ban: bool = False) -> None:
         key = source.peer_id.to_bytes()
@@ -220,7 +220,8 @@ class VersionFetch:
             source.bitmap[index >> 3] &= ~(1 << (index & 7)) & 0xFF
             self.availability[index] -= 1
 
-    async def _watch(self, source: _Source) -> None:
+    async def call_watch(self, source: _Source) -> None:
+        """Follow a source's chunk bitmap (full bitmap, then have/fetching updates) until it ends."""
         num_chunks = self.manifest.num_chunks
         request = bpb.WatchRequest(
             run_id=self.manifest.run_id, version=self.manifest.version, manifest_sha256=self.manifest.sha256
@@ -278,7 +279,8 @@ class VersionFetch:
 
     # ---- requests ------------------------------------------------------------------------
 
-    async def _request_chunk(self, source: _Source, index: int) -> bytes:
+    async def call_chunk(self, source: _Source, index: int) -> bytes:
+        """Request one chunk from a source on a pooled stream; the payload is read only at its exact size."""
         request = bpb.ChunkRequest(
             run_id=self.manifest.run_id,
             version=self.manifest.version,
@@ -309,9 +311,7 @@ class VersionFetch:
         started = time.monotonic()
         try:
             try:
-                data = await asyncio.wait_for(
-                    self._request_chunk(source, index), self.config.request_timeout_s
-                )
+                data = await asyncio.wait_for(self.call_chunk(source, index), self.config.request_timeout_s)
             except NotHeld:
                 self._mark_lacks(source, index)
                 return
@@ -389,21 +389,32 @@ class VersionFetch:
         ready = [s for s in self.sources.values() if s.bitmap is not None]
         rates = [s.rate_bytes_per_s for s in ready if s.rate_bytes_per_s is not None]
         best_rate = max(rates) if rates else 0.0
-        # fastest first, unknown rates after them in random order
+        # fastest first, unknown rates after them in random order, the publisher last
         self._rng.shuffle(ready)
-        ready.sort(key=lambda s: -(s.rate_bytes_per_s or 0.0))
+        ready.sort(key=lambda s: (s.peer_id == self.publisher, -(s.rate_bytes_per_s or 0.0)))
+        busy = any(s.inflight for s in self.sources.values())
+        # the endgame (duplicate requests) only for the last few chunks: earlier, every missing chunk being
+        # requested once just means the sources are busy
+        endgame_size = max(self.config.max_inflight_per_peer, self.manifest.num_chunks // 20)
         for source in ready:
             slots = self._slots(source, best_rate)
             bitmap = source.bitmap
             assert bitmap is not None
+            # the publisher's upload is what every copy starts from: while this node has other work, ask it
+            # only for chunks no other peer holds or is fetching, so it sends each chunk out about once
+            spare_publisher = source.peer_id == self.publisher and len(ready) > 1 and busy
             for index in unassigned:
                 if slots <= 0:
                     break
-                if index not in taken and bitmap_get(bitmap, index):
-                    taken.add(index)
-                    self._start(source, index)
-                    slots -= 1
-            if slots <= 0 or len(taken) < len(unassigned):
+                if index in taken or not bitmap_get(bitmap, index):
+                    continue
+                if spare_publisher and (self.availability[index] > 1 or self.fetching_elsewhere[index] > 0):
+                    continue
+                taken.add(index)
+                self._start(source, index)
+                busy = True
+                slots -= 1
+            if slots <= 0 or len(taken) < len(unassigned) or spare_publisher or len(missing) > endgame_size:
                 continue
             # endgame: every missing chunk this source could give is requested already
             key = source.peer_id.to_bytes()

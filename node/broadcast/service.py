@@ -73,6 +73,7 @@ class BroadcastService:
         self.bans = bans
         self.owner = owner
         self.limiter = RateLimiter(config.upload_bytes_per_s)
+        self._upload_slots = asyncio.Semaphore(config.upload_slots)
         self.uploaded_bytes = 0
         """Payload bytes sent to other peers (chunks and manifests)."""
         self._entries: dict[tuple[str, int], VersionEntry] = {}
@@ -200,14 +201,15 @@ class BroadcastService:
             if entry is None or not entry.has(request.index):
                 await send_header(writer, bpb.STATUS_NOT_FOUND)
                 continue
-            try:
-                data = entry.read_chunk(request.index)
-            except Exception:  # pruned meanwhile
-                await send_header(writer, bpb.STATUS_NOT_FOUND)
-                continue
-            await send_header(writer, bpb.STATUS_OK, len(data))
-            await write_payload(writer, data, self.limiter)
-            self.uploaded_bytes += len(data)
+            async with self._upload_slots:  # FIFO: whole chunks leave one after another at full rate
+                try:
+                    data = entry.read_chunk(request.index)
+                except Exception:  # pruned meanwhile
+                    await send_header(writer, bpb.STATUS_NOT_FOUND)
+                    continue
+                await send_header(writer, bpb.STATUS_OK, len(data))
+                await write_payload(writer, data, self.limiter)
+                self.uploaded_bytes += len(data)
 
     async def rpc_watch(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
