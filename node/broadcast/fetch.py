@@ -1,13 +1,17 @@
 """The fetch scheduler: download one version's chunks from many peers at once.
 
 For every source (a holder found in the DHT, or the publisher) a watch stream keeps that
-source's exact chunk bitmap up to date. The scheduler hands each source chunks that it
-holds and this node lacks, **rarest first** (fewest sources hold it; random among equals),
-with at most `max_inflight_per_peer` requests in flight per source; sources slower than
-half the best measured rate get half as many slots, so faster peers do more of the work.
-When every missing chunk is already requested (the **endgame**), idle sources are also asked
-for the last chunks, up to `endgame_max_requests` at once; the first verified copy wins and
-the other requests are cancelled.
+source's exact chunk bitmap up to date, plus hints of the chunks it has just requested. The
+scheduler hands each source chunks that it holds and this node lacks, **rarest first** (fewest
+sources hold or are fetching it; among equals each node walks the list from its own offset,
+so nodes starting together do not collide), with at most `max_inflight_per_peer` requests in
+flight per source; sources slower than half the best measured rate get half as many slots,
+so faster peers do more of the work. While this node has other work in flight, the
+publisher is asked only for chunks that no other source holds or is fetching: every copy
+starts from the publisher's upload, so it should send each chunk out about once. When only
+the last few missing chunks remain and each is already requested (the **endgame**), idle
+sources are also asked for them, up to `endgame_max_requests` at once; the first verified
+copy wins and the other requests are cancelled.
 
 Every chunk is checked against the manifest before it is written (`VersionEntry.write_chunk`)
 and only then announced and served. A source that sends a bad chunk or breaks the protocol

@@ -5,11 +5,13 @@ Three stream protocols, each a sequence of length-prefixed frames (see `node.bro
 - `PROTO_MANIFEST`: ManifestRequest -> ResponseHeader + the raw signed manifest.
 - `PROTO_CHUNK`: ChunkRequest -> ResponseHeader + the raw chunk, repeated on one stream.
 - `PROTO_WATCH`: WatchRequest -> ResponseHeader, then HaveUpdate frames: first the full
-  bitmap, then the indices of chunks as this node gets them, until the client hangs up.
+  bitmap, then the indices of chunks as this node gets them (and hints of the chunks it has
+  just requested), until the client hangs up.
 
 Only chunks already verified and on disk are ever served. Requests are capped at
 `MAX_BROADCAST_REQUEST_BYTES` before buffering; a peer that sends an oversized or malformed
-request is banned. Uploads pass through one token bucket (`upload_bytes_per_s`).
+request is banned. At most `upload_slots` chunks are uploaded at once (the rest wait in FIFO
+order), and uploads pass through one token bucket (`upload_bytes_per_s`).
 """
 
 from __future__ import annotations
