@@ -1,1 +1,9 @@
-"""cli package."""
+"""The `hivenet` command line: thin click commands that build a config and run node code.
+
+- `main`: the `hivenet` group and `main()` entry point.
+- `node_commands`: `identity`, `join`, `seed`, `peers`, `doctor`, `simulate`.
+- `doctor`: the checks behind `hivenet doctor`.
+- `simulate`: the live view behind `hivenet simulate`.
+- `weights`: `hivenet weights publish|fetch|status`.
+- `errors`: `friendly_errors`, which turns `HivenetError` into a clean message and exit code.
+"""

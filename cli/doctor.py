@@ -1,8 +1,7 @@
 """`hivenet doctor`: checks what usually goes wrong for a volunteer and prints a fix for each.
 
 Checks: the identity file, versions, free disk and memory, whether each seed is reachable,
-and whether a seed can dial this node back (hivemind's validated ping asks the peer to
-call us back on our announced addresses).
+and whether a seed can dial this node back from a fresh connection (see node.reachability).
 """
 
 from __future__ import annotations
@@ -80,13 +79,13 @@ def _check_resources(directory: Path) -> list[Check]:
     ]
 
 
-def _check_network(initial_peers: list[str], timeout_s: float) -> list[Check]:
+def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: int) -> list[Check]:
     from functools import partial
 
     from node.config import load_config
     from node.dht_node import bootstrap, start_dht
     from node.identity import create_identity
-    from node.reachability import ask_dial_back
+    from node.reachability import call_dial_back
     from protocol.errors import HivenetError
 
     if not initial_peers:
@@ -98,6 +97,8 @@ def _check_network(initial_peers: list[str], timeout_s: float) -> list[Check]:
             identity_path=Path(tempfile.mkdtemp()) / "doctor.key",
             initial_peers=initial_peers,
             bootstrap_timeout_s=timeout_s,
+            host=host,
+            port=port,
         )
     except HivenetError as exc:
         return [Check("seeds", False, "malformed address", str(exc))]
@@ -118,15 +119,17 @@ def _check_network(initial_peers: list[str], timeout_s: float) -> list[Check]:
                 )
             )
         reached = [s.address for s in statuses if s.reached]
-        dialled = dht.run_coroutine(partial(ask_dial_back, seeds=reached), return_future=True).result(
-            timeout=60
-        )
+        own = [str(addr).split("/p2p/")[0] for addr in dht.get_visible_maddrs()]
+        dialled, detail = dht.run_coroutine(
+            partial(call_dial_back, seeds=reached, addresses=own), return_future=True
+        ).result(timeout=120)
         checks.append(
             Check(
                 "dial-back",
                 dialled,
-                "a seed could dial this node back" if dialled else "no seed could dial this node",
-                "open/forward this node's TCP port (see --port) or run with auto-relay so that peers can reach you",
+                detail,
+                f"open or forward TCP port {port or '(pass --port)'} to this machine, announce your public address "
+                "with --announce, or join with auto-relay so that peers can reach you through a relay",
             )
         )
     finally:
@@ -134,13 +137,20 @@ def _check_network(initial_peers: list[str], timeout_s: float) -> list[Check]:
     return checks
 
 
-def run_doctor(*, initial_peers: list[str], identity_path: Path | None, timeout_s: float) -> bool:
+def run_doctor(
+    *,
+    initial_peers: list[str],
+    identity_path: Path | None,
+    timeout_s: float,
+    host: str = "0.0.0.0",
+    port: int = 0,
+) -> bool:
     """Run every check, print the report, and return whether all passed."""
     console = Console()
     checks = [_check_identity(identity_path), _check_versions()]
     checks += _check_resources((identity_path or Path.home()).parent)
     with console.status("checking the network (dialling seeds)..."):
-        checks += _check_network(initial_peers, timeout_s)
+        checks += _check_network(initial_peers, timeout_s, host, port)
     for check in checks:
         mark = "[green]ok  [/]" if check.ok else "[red]FAIL[/]"
         console.print(f"{mark} {check.name:<12} {check.detail}", highlight=False)

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
-import signal
 import sys
 import tempfile
 import time
@@ -27,22 +25,9 @@ DEFAULT_SEED_PORT = 31337
 
 
 def _setup_logging(verbose: bool) -> None:
-    from rich.logging import RichHandler
+    from node.logs import configure_logging
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(name)s: %(message)s",
-        handlers=[RichHandler(show_path=False, rich_tracebacks=False)],
-    )
-    for noisy in ("hivemind", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.WARNING if not verbose else logging.INFO)
-
-
-def _sigterm_as_interrupt() -> None:
-    def handler(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
+    configure_logging(verbose)
 
 
 def _node_options(func: Any) -> Any:
@@ -89,30 +74,28 @@ def _run_until_interrupted(node: HivenetNode, label: str) -> None:
     from rich.console import Console
     from rich.live import Live
 
+    from node.shutdown import StopRequest
+
     console = Console(stderr=True)
-    _sigterm_as_interrupt()
-    with console.status(f"starting {label} (dialling seeds, joining the DHT)..."):
-        node.start()
-    console.print(f"[green]{label} {node.short_id} running[/] on run [bold]{node.config.run_id}[/]")
-    for address in node.multiaddrs():
-        click.echo(address)
-    sys.stdout.flush()
+    stop = StopRequest()
     try:
+        with console.status(f"starting {label} (dialling seeds, joining the DHT)..."):
+            node.start(should_stop=lambda: stop.requested)
+        console.print(f"[green]{label} {node.short_id} running[/] on run [bold]{node.config.run_id}[/]")
+        for address in node.multiaddrs():
+            click.echo(address)
+        sys.stdout.flush()
         with Live(console=console, refresh_per_second=1, transient=True) as live:
-            while True:
+            while not stop.requested:
                 node.refresh_view()
                 uptime = time.time() - node.started_at
                 live.update(
                     f"[bold]{label}[/] {node.short_id} | DHT peers {node.dht_peer_count()} | live nodes in run "
                     f"{len(node.live_nodes)} | uptime {uptime:,.0f} s | Ctrl-C to leave"
                 )
-                deadline = time.monotonic() + min(node.config.refresh_interval_s, 5.0)
-                while time.monotonic() < deadline:
-                    time.sleep(0.2)
-    except KeyboardInterrupt:
+                stop.wait(min(node.config.refresh_interval_s, 5.0))
         console.print("leaving the swarm cleanly...")
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the clean leave
         node.stop()
     console.print("left.")
 
@@ -274,12 +257,22 @@ def peers(
 @click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable).")
 @click.option("--identity", "identity_path", type=click.Path(path_type=Path), help="Key file to check.")
 @click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True, help="Seconds per seed.")
+@click.option("--host", default="0.0.0.0", show_default=True, help="IP the node will listen on.")
+@click.option("--port", type=int, default=0, help="TCP port the node will listen on (the one you forwarded).")
 @friendly_errors
-def doctor(initial_peers: tuple[str, ...], identity_path: Path | None, timeout_s: float) -> None:
+def doctor(
+    initial_peers: tuple[str, ...], identity_path: Path | None, timeout_s: float, host: str, port: int
+) -> None:
     """Check what usually goes wrong for a volunteer and print a fix for each failure."""
     from cli.doctor import run_doctor
 
-    ok = run_doctor(initial_peers=list(initial_peers), identity_path=identity_path, timeout_s=timeout_s)
+    ok = run_doctor(
+        initial_peers=list(initial_peers),
+        identity_path=identity_path,
+        timeout_s=timeout_s,
+        host=host,
+        port=port,
+    )
     raise SystemExit(0 if ok else 1)
 
 

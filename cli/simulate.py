@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from node.shutdown import StopRequest
 from node.swarm import LocalSwarm
 from protocol.node_record import Role
 
@@ -46,12 +47,11 @@ def run_simulation(*, num_nodes: int, roles: list[Role], duration_s: float | Non
             f"[green]swarm converged[/]: {num_nodes + 1} nodes see each other after {time.time() - started:.1f} s; "
             f"seed at {swarm.seed_multiaddr}"
         )
-        try:
-            with Live(_swarm_table(swarm, started), console=console, refresh_per_second=1) as live:
-                end = None if duration_s is None else time.monotonic() + duration_s
-                while end is None or time.monotonic() < end:
-                    time.sleep(1.0)
-                    live.update(_swarm_table(swarm, started))
-        except KeyboardInterrupt:
-            console.print("stopping the swarm...")
+        stop = StopRequest()  # from here on, Ctrl-C ends the loop below and the swarm is torn down
+        with Live(_swarm_table(swarm, started), console=console, refresh_per_second=1) as live:
+            end = None if duration_s is None else time.monotonic() + duration_s
+            while not stop.requested and (end is None or time.monotonic() < end):
+                stop.wait(1.0)
+                live.update(_swarm_table(swarm, started))
+        console.print("stopping the swarm...")
     console.print("all nodes stopped.")

@@ -12,6 +12,7 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -104,7 +105,12 @@ async def _dial_seed(_dht: hivemind.DHT, node: DHTNode, address: str) -> str:
     return ""
 
 
-def bootstrap(dht: hivemind.DHT, initial_peers: list[str], timeout_s: float) -> list[SeedStatus]:
+def bootstrap(
+    dht: hivemind.DHT,
+    initial_peers: list[str],
+    timeout_s: float,
+    should_stop: Callable[[], bool] | None = None,
+) -> list[SeedStatus]:
     """Dial every initial peer, retrying failures with backoff until `timeout_s`.
 
     Returns the status of each seed. Raises PeerUnreachable naming every seed if none was
@@ -133,7 +139,11 @@ def bootstrap(dht: hivemind.DHT, initial_peers: list[str], timeout_s: float) -> 
                 reached.append(address)
         if not pending or time.monotonic() + backoff > deadline:
             break
-        time.sleep(backoff)
+        wake = time.monotonic() + backoff
+        while time.monotonic() < wake:
+            if should_stop is not None and should_stop():
+                raise KeyboardInterrupt("stopped while dialling the initial peers")
+            time.sleep(0.1)
         backoff = min(backoff * 2, _MAX_BACKOFF_S)
 
     statuses = [SeedStatus(address, True) for address in reached]

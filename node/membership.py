@@ -192,9 +192,7 @@ class Membership:
         ok = bool(self.dht.store(key, value, expiration_time=expires_at, subkey=subkey))
         self.last_publish_ok = ok
         if not ok:
-            logger.warning(
-                "[%s] node record was not stored by any DHT peer; will retry", self.identity.short_id
-            )
+            logger.warning("node record was not stored by any DHT peer; will retry")
         return ok
 
     def start(self) -> None:
@@ -208,7 +206,7 @@ class Membership:
             try:
                 self.publish()
             except Exception as exc:  # the DHT may be shutting down; keep the node alive regardless
-                logger.warning("[%s] refreshing node record failed: %r", self.identity.short_id, exc)
+                logger.warning("refreshing node record failed: %r", exc)
 
     def leave(self) -> None:
         """Stop refreshing and publish a LEFT record so that discovery drops this node at once."""
@@ -218,4 +216,4 @@ class Membership:
         try:
             self.publish(NodeStatus.LEFT)
         except Exception as exc:
-            logger.warning("[%s] could not withdraw node record: %r", self.identity.short_id, exc)
+            logger.warning("could not withdraw node record: %r", exc)

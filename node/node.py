@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from functools import partial
 
 import hivemind
@@ -18,7 +19,9 @@ from hivemind.dht.node import DHTNode
 from node.config import NodeConfig
 from node.dht_node import SeedStatus, bootstrap, start_dht
 from node.identity import Identity, load_or_create_identity
+from node.logs import set_log_peer
 from node.membership import LiveNode, Membership, discover
+from node.reachability import serve_dial_back
 from node.status import NodeStatusSnapshot, StatusServer, write_status_file
 from protocol.version import PROTOCOL_VERSION, SOFTWARE_VERSION
 
@@ -36,6 +39,7 @@ class HivenetNode:
         self.config = config
         self.dht_only = dht_only
         self.identity: Identity = load_or_create_identity(config.identity_path)
+        set_log_peer(self.identity.short_id)
         self.dht: hivemind.DHT | None = None
         self.membership: Membership | None = None
         self.seed_statuses: list[SeedStatus] = []
@@ -48,8 +52,12 @@ class HivenetNode:
     def short_id(self) -> str:
         return self.identity.short_id
 
-    def start(self) -> None:
-        """Join the swarm; raises IdentityError / PeerUnreachable with a fix on failure."""
+    def start(self, should_stop: Callable[[], bool] | None = None) -> None:
+        """Join the swarm; raises IdentityError / PeerUnreachable with a fix on failure.
+
+        `should_stop` is polled while seeds are retried; if it turns true, start gives up
+        with KeyboardInterrupt after releasing everything it took.
+        """
         self.identity.lock()
         try:
             self.dht = start_dht(self.config, self.identity)
@@ -70,14 +78,14 @@ class HivenetNode:
             )
             if self.config.initial_peers:
                 self.membership.check_identity_free()
+            if self.dht_only:
+                self.dht.run_coroutine(serve_dial_back)
             self.membership.start()
         except BaseException:
             self.shutdown()
             raise
         self.state = "running"
-        logger.info(
-            "[%s] joined run %r as %s", self.short_id, self.config.run_id, ",".join(self.config.roles)
-        )
+        logger.info("joined run %r as %s", self.config.run_id, ",".join(self.config.roles))
         self.refresh_view()
 
     def multiaddrs(self) -> list[str]:
@@ -91,7 +99,7 @@ class HivenetNode:
             try:
                 self.live_nodes = discover(self.dht, self.config.run_id)
             except Exception as exc:
-                logger.warning("[%s] discovery failed: %r", self.short_id, exc)
+                logger.warning("discovery failed: %r", exc)
         self._write_status()
 
     def dht_peer_count(self) -> int:

@@ -1,1 +1,13 @@
-"""protocol package."""
+"""Wire formats and pure rules, no I/O. Everything that crosses the network is defined here.
+
+- `errors`: `HivenetError` and its subclasses (`ConfigError`, `IdentityError`, `InvalidMessage`, `PeerUnreachable`).
+- `version`: `SOFTWARE_VERSION`, `PROTOCOL_VERSION`.
+- `hivenet.proto` / `hivenet_pb2`: envelopes and node records (regenerate with `scripts/gen_proto.sh`).
+- `envelope`: `seal` / `open_envelope`: Ed25519-signed messages bound to domain, version, run, key, expiry.
+- `peer_keys`: PeerIDs that inline Ed25519 public keys, and back.
+- `dht_keys`: every DHT key string (`node_records_key`, `signed_subkey`, ...).
+- `limits`: size and TTL caps for untrusted input.
+- `node_record`: `NodeRecord`, `Role`, `Capabilities`: strict typed node records.
+- `record_validator`: `SignedRecordValidator`, the hivemind DHT validator; `register_domain`.
+- `broadcast.proto` / `manifest`: weight manifests, pointers and chunk messages.
+"""

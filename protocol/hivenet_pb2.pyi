@@ -12,9 +12,22 @@ class NodeStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_STATUS_UNSPECIFIED: _ClassVar[NodeStatus]
     NODE_STATUS_ONLINE: _ClassVar[NodeStatus]
     NODE_STATUS_LEFT: _ClassVar[NodeStatus]
+
+class DialBackCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DIAL_BACK_UNSPECIFIED: _ClassVar[DialBackCode]
+    DIAL_BACK_REACHABLE: _ClassVar[DialBackCode]
+    DIAL_BACK_UNREACHABLE: _ClassVar[DialBackCode]
+    DIAL_BACK_BAD_REQUEST: _ClassVar[DialBackCode]
+    DIAL_BACK_RATE_LIMITED: _ClassVar[DialBackCode]
 NODE_STATUS_UNSPECIFIED: NodeStatus
 NODE_STATUS_ONLINE: NodeStatus
 NODE_STATUS_LEFT: NodeStatus
+DIAL_BACK_UNSPECIFIED: DialBackCode
+DIAL_BACK_REACHABLE: DialBackCode
+DIAL_BACK_UNREACHABLE: DialBackCode
+DIAL_BACK_BAD_REQUEST: DialBackCode
+DIAL_BACK_RATE_LIMITED: DialBackCode
 
 class EnvelopeBody(_message.Message):
     __slots__ = ("domain", "protocol_version", "run_id", "dht_key", "expires_at", "seq", "signer", "payload")
@@ -79,3 +92,17 @@ class NodeRecord(_message.Message):
     instance_id: bytes
     status: NodeStatus
     def __init__(self, peer_id: _Optional[bytes] = ..., roles: _Optional[_Iterable[str]] = ..., public_name: _Optional[str] = ..., run_id: _Optional[str] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., addresses: _Optional[_Iterable[str]] = ..., started_at: _Optional[float] = ..., instance_id: _Optional[bytes] = ..., status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
+
+class DialBackRequest(_message.Message):
+    __slots__ = ("addresses",)
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DialBackResponse(_message.Message):
+    __slots__ = ("code", "detail")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    code: DialBackCode
+    detail: str
+    def __init__(self, code: _Optional[_Union[DialBackCode, str]] = ..., detail: _Optional[str] = ...) -> None: ...

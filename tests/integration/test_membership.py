@@ -12,7 +12,9 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import hivemind
@@ -22,6 +24,7 @@ from node.config import load_config
 from node.dht_node import bootstrap, start_dht
 from node.identity import create_identity
 from node.membership import discover, fetch_run_records
+from node.reachability import call_dial_back
 from node.status import read_status_file
 from node.swarm import LocalSwarm
 from protocol.node_record import NodeStatus, Role
@@ -96,12 +99,32 @@ def test_doctor_reports_reachable_seed_and_insecure_key(swarm: LocalSwarm, tmp_p
     key = tmp_path / "k.key"
     create_identity(key)
     key.chmod(0o644)
-    result = hivenet("doctor", "--initial-peers", swarm.seed_multiaddr, "--identity", str(key))
+    result = hivenet(
+        "doctor", "--initial-peers", swarm.seed_multiaddr, "--identity", str(key), "--host", "127.0.0.1"
+    )
     assert result.returncode == 1  # the insecure key is a failure
     assert "chmod 600" in result.stdout
     seed_line = next(line for line in result.stdout.splitlines() if "seed" in line and "reachable" in line)
     assert seed_line.startswith("ok")
     assert any(line.startswith("ok") and "dial-back" in line for line in result.stdout.splitlines())
+
+
+def test_dial_back_service_answers_truthfully(swarm: LocalSwarm, observer: hivemind.DHT) -> None:
+    dead = f"/ip4/127.0.0.1/tcp/{_free_port()}"
+    reachable, detail = observer.run_coroutine(
+        partial(call_dial_back, seeds=[swarm.seed_multiaddr], addresses=[dead]), return_future=True
+    ).result(timeout=60)
+    assert not reachable and "DIAL_BACK_UNREACHABLE" in detail
+    # the same requester asking again at once is rate-limited, and a malformed request is refused
+    again, detail = observer.run_coroutine(
+        partial(call_dial_back, seeds=[swarm.seed_multiaddr], addresses=[dead]), return_future=True
+    ).result(timeout=60)
+    assert not again and "RATE_LIMITED" in detail
+    bad, detail = observer.run_coroutine(
+        partial(call_dial_back, seeds=[swarm.seed_multiaddr], addresses=["/ip4/1.2.3.4/udp/1"]),
+        return_future=True,
+    ).result(timeout=60)
+    assert not bad and "BAD_REQUEST" in detail
 
 
 def test_clean_leave_withdraws_the_record_at_once(swarm: LocalSwarm, observer: hivemind.DHT) -> None:
@@ -196,26 +219,25 @@ def test_unreachable_seed_is_reported_by_name_in_bounded_time(tmp_path: Path) ->
     assert "Traceback" not in result.stderr
 
 
-def test_seed_restart_keeps_its_multiaddr(tmp_path: Path) -> None:
-    port = _free_port()
+def _http_status(port: int) -> dict | None:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=5) as response:
+            return json.loads(response.read())
+    except (OSError, ValueError):
+        return None
+
+
+def test_seed_restart_keeps_its_multiaddr_and_serves_health(tmp_path: Path) -> None:
+    port, status_port = _free_port(), _free_port()
     status_file = tmp_path / "seed.json"
     addresses = []
     for _ in range(2):
+        command = [
+            sys.executable, "-m", "cli.main", "seed", "--identity", str(tmp_path / "seed.key"), "--port", str(port),
+            "--host", "127.0.0.1", "--status-file", str(status_file), "--status-port", str(status_port),
+        ]  # fmt: skip
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cli.main",
-                "seed",
-                "--identity",
-                str(tmp_path / "seed.key"),
-                "--port",
-                str(port),
-                "--host",
-                "127.0.0.1",
-                "--status-file",
-                str(status_file),
-            ],
+            command,
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -229,6 +251,9 @@ def test_seed_restart_keeps_its_multiaddr(tmp_path: Path) -> None:
             status = read_status_file(status_file)
             assert status is not None
             addresses.append(status.multiaddrs)
+            health = _http_status(status_port)
+            assert health is not None and health["state"] == "running" and health["roles"] == ["seed"]
+            assert health["multiaddrs"] == status.multiaddrs
         finally:
             process.send_signal(2)
             out, _ = process.communicate(timeout=60)
