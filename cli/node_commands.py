@@ -247,7 +247,7 @@ def peers(
             node.record.public_name,
             ",".join(node.record.roles),
             node.record.software_version,
-            node.record.addresses[0] if node.record.addresses else "-",
+            node.record.addresses[0].split("/p2p/")[0] if node.record.addresses else "-",
             f"{now - node.record.started_at:,.0f} s",
         )
     Console().print(table)
