@@ -245,7 +245,7 @@ def test_hundreds_of_rollouts(capsys):
     """Counts per kind over hundreds of rollouts (128-token completions, four chunks each)."""
     lab = Lab(completion_tokens=128)
     verifier = RolloutVerifier(lab.policy, lab.policy_version)
-    honest_cases, tampered_cases = 40, 20
+    honest_cases, tampered_cases = 30, 20
     lines = []
     failures = []
     for kind in KINDS:
