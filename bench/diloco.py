@@ -97,7 +97,10 @@ def run_diloco(config: TrainerConfig) -> dict[str, float]:
 
     def progress(r: OuterStepReport) -> None:
         if r.peer == "trainer0" and (r.outer_step % 10 == 0 or r.outer_step == 1):
-            print(f"  diloco outer step {r.outer_step:4d}  train loss {r.train_loss:.3f}  peers {r.num_peers}", flush=True)
+            print(
+                f"  diloco outer step {r.outer_step:4d}  train loss {r.train_loss:.3f}  peers {r.num_peers}",
+                flush=True,
+            )
 
     reports = simulate_diloco(NUM_TRAINERS, config, progress)
     wall = time.perf_counter() - start
@@ -117,7 +120,7 @@ def run_diloco(config: TrainerConfig) -> dict[str, float]:
         "utilisation": min(r.inner_time_s / r.wall_time_s for r in final.values()),
         "identical_final": float(len(hashes) == 1),
         "agreeing_steps_frac": agreeing_steps / len(by_step),
-        "full_rounds_frac": full_rounds / config.diloco.max_outer_steps,
+        "full_rounds_frac": full_rounds / len(by_step),
         "wall_s": wall,
     }
 
@@ -264,7 +267,9 @@ def run_data_parallel(config: TrainerConfig, steps: int) -> dict[str, float]:
     samplers = [corpus.sampler(i, NUM_TRAINERS) for i in range(NUM_TRAINERS)]
     eval_batches = corpus.eval_batches(config.eval_batches)
     c = config.diloco
-    optimizer = torch.optim.AdamW(model.parameters(), lr=c.inner_lr, betas=c.inner_betas, weight_decay=c.inner_weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=c.inner_lr, betas=c.inner_betas, weight_decay=c.inner_weight_decay
+    )
     params = list(model.parameters())
     group = DataParallelGroup(NUM_TRAINERS)
     compute = 0.0
@@ -279,7 +284,9 @@ def run_data_parallel(config: TrainerConfig, steps: int) -> dict[str, float]:
                 batch = sampler.next_batch()
                 model.zero_grad(set_to_none=True)
                 model.loss(batch[:, :-1], batch[:, 1:]).backward()
-                grads_per_peer.append([torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params])
+                grads_per_peer.append(
+                    [torch.zeros_like(p) if p.grad is None else p.grad.clone() for p in params]
+                )
             tokens_per_peer += batch.shape[0] * (batch.shape[1] - 1)
             compute += (time.perf_counter() - t0) / NUM_TRAINERS  # each peer computes one of the four
             averaged = group.average(grads_per_peer)
@@ -287,11 +294,11 @@ def run_data_parallel(config: TrainerConfig, steps: int) -> dict[str, float]:
                 if any(not torch.equal(a, b) for a, b in zip(averaged[0], other, strict=True)):
                     raise RuntimeError(f"data-parallel peers received different averages at step {step}")
             t1 = time.perf_counter()
-            for p, g in zip(params, averaged[0], strict=True):
-                p.grad = g
+            for p, avg in zip(params, averaged[0], strict=True):
+                p.grad = avg
             warm = c.inner_warmup_steps
-            for g in optimizer.param_groups:
-                g["lr"] = c.inner_lr * (1.0 if warm == 0 else min(1.0, (step + 1) / warm))
+            for param_group in optimizer.param_groups:
+                param_group["lr"] = c.inner_lr * (1.0 if warm == 0 else min(1.0, (step + 1) / warm))
             torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
             optimizer.step()
             compute += time.perf_counter() - t1
@@ -321,7 +328,9 @@ def run_single(config: TrainerConfig, steps: int) -> dict[str, float]:
     sampler = corpus.sampler(0, 1)
     eval_batches = corpus.eval_batches(config.eval_batches)
     c = config.diloco
-    optimizer = torch.optim.AdamW(model.parameters(), lr=c.inner_lr, betas=c.inner_betas, weight_decay=c.inner_weight_decay)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=c.inner_lr, betas=c.inner_betas, weight_decay=c.inner_weight_decay
+    )
     start = time.perf_counter()
     for step in range(steps):
         batch = sampler.next_batch()
@@ -342,7 +351,9 @@ def run_single(config: TrainerConfig, steps: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="small run, under 3 minutes")
     parser.add_argument("--inner-steps", type=int, default=None, help="H (default 125; quick: 100)")
     parser.add_argument("--outer-steps", type=int, default=None, help="outer steps (default 100; quick: 24)")
@@ -375,7 +386,9 @@ def main() -> None:
     rows = [("diloco", diloco), *([("data-parallel", dp)] if dp else []), ("single", single)]
     print(f"\n{'mode':<14}{'held-out loss':>14}{'bytes/token':>14}{'utilisation':>13}{'wall s':>9}")
     for name, r in rows:
-        print(f"{name:<14}{r['loss']:>14.4f}{r['bytes_per_token']:>14.3f}{r['utilisation']:>13.3f}{r['wall_s']:>9.1f}")
+        print(
+            f"{name:<14}{r['loss']:>14.4f}{r['bytes_per_token']:>14.3f}{r['utilisation']:>13.3f}{r['wall_s']:>9.1f}"
+        )
     print(f"diloco: final parameters identical on all trainers: {bool(diloco['identical_final'])}; "
           f"steps with all hashes equal: {diloco['agreeing_steps_frac']:.2f}; "
           f"rounds with all {NUM_TRAINERS} peers: {diloco['full_rounds_frac']:.2f}")  # fmt: skip

@@ -59,7 +59,7 @@ from hivemind.utils.streaming import combine_from_streaming
 
 from protocol.errors import InvalidMessage
 from training.codecs import codec_for, decode_tensor, install_hivemind_codecs
-from training.diloco import OuterState, RoundOutcome
+from training.diloco import DoneAverage, OuterState, PendingAverage, RoundOutcome
 
 __all__ = ["DiLoCoAverager", "RobustAllReduceRunner", "averaging_prefix"]
 
@@ -211,7 +211,9 @@ class RobustAllReduceRunner(AllReduceRunner):
                 reference = self._reference(peer_index, part_index)
                 # An honest average is bounded by its reducer's own bound, which may exceed ours: only
                 # refuse averages far outside anything honest (a refusal here breaks bit-identity).
-                reason = self.check_part(averaged, reference, self.max_norm_ratio * self._bound_for(reference))
+                reason = self.check_part(
+                    averaged, reference, self.max_norm_ratio * self._bound_for(reference)
+                )
                 if reason is not None:
                     self._refuse(peer_id, f"bad average from reducer: {reason}")
                     raise AllreduceException(f"reducer {peer_id} returned a bad average: {reason}")
@@ -533,8 +535,10 @@ class DiLoCoAverager(DecentralizedAverager):
             self._control.cancel()
         self._control = None
 
-    def average(self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str) -> RoundOutcome:
-        """Average `pseudo_grads` with the group of `step`; alone (None) if no peer is around or the round fails."""
+    def start_average(
+        self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str
+    ) -> PendingAverage:
+        """Start averaging `pseudo_grads` with the group of `step` (alone if no peer is around)."""
         if self._control is None or self._control_step != step:
             self.prepare_round(step, 0.0, outer_hash)
         control = self._control
@@ -542,11 +546,18 @@ class DiLoCoAverager(DecentralizedAverager):
         self._control = None
         if not self.peer_steps():
             control.cancel()
-            return RoundOutcome(averaged=None, num_peers=1)
+            return DoneAverage(RoundOutcome(averaged=None, num_peers=1))
         with self.get_tensors() as tensors:
             for buffer, value in zip(tensors, pseudo_grads, strict=True):
                 buffer.copy_(value)
         control.allow_allreduce()
+        return _PendingRound(self, control, step, outer_hash)
+
+    def average(self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str) -> RoundOutcome:
+        """`start_average(...).result()`: average and wait."""
+        return self.start_average(pseudo_grads, step=step, outer_hash=outer_hash).result()
+
+    def _round_outcome(self, control: StepControl, step: int, outer_hash: str) -> RoundOutcome:
         try:
             result = control.result(timeout=control.get_timeout() + self.averaging_timeout_s)
         except Exception as e:  # any failure of the round (no group, timeouts, peers gone): step alone
@@ -571,6 +582,22 @@ class DiLoCoAverager(DecentralizedAverager):
             in_sync=outer_hash == majority,
             refused_peers=int(result["refused"]),
         )
+
+
+class _PendingRound:
+    """A round in flight on a `DiLoCoAverager` (see `training.diloco.PendingAverage`)."""
+
+    def __init__(self, averager: DiLoCoAverager, control: StepControl, step: int, outer_hash: str) -> None:
+        self.averager, self.control, self.step, self.outer_hash = averager, control, step, outer_hash
+        self._outcome: RoundOutcome | None = None
+
+    def done(self) -> bool:
+        return self._outcome is not None or self.control.done()
+
+    def result(self) -> RoundOutcome:
+        if self._outcome is None:
+            self._outcome = self.averager._round_outcome(self.control, self.step, self.outer_hash)
+        return self._outcome
 
 
 async def _azip(

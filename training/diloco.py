@@ -39,8 +39,10 @@ from training.model import TinyGPT
 __all__ = [
     "DiLoCoConfig",
     "DiLoCoTrainer",
+    "DoneAverage",
     "OuterState",
     "OuterStepReport",
+    "PendingAverage",
     "RoundAverager",
     "RoundOutcome",
     "StateSource",
@@ -89,6 +91,9 @@ class DiLoCoConfig(BaseModel):
 
     eval_every_outer_steps: int = Field(default=0, ge=0)
     """Evaluate the held-out loss every this many outer steps (0: never)."""
+
+    overlap_communication: bool = True
+    """Run the next round's inner steps while this round's all-reduce is in flight (one-round overlap)."""
 
 
 @dataclass
@@ -184,13 +189,49 @@ class RoundAverager(Protocol):
         """Start matchmaking for outer step `step`, needed in about `expected_duration_s` seconds."""
         ...
 
-    def average(self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str) -> RoundOutcome:
-        """Average `pseudo_grads` with the group for `step` (blocking); `outer_hash` is this peer's state hash."""
+    def start_average(
+        self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str
+    ) -> PendingAverage:
+        """Start averaging `pseudo_grads` with the group for `step`; `outer_hash` is this peer's state hash."""
         ...
 
     def bytes_sent(self) -> int:
         """Bytes this peer has written to the network for averaging and state sharing so far."""
         ...
+
+
+class PendingAverage(Protocol):
+    """An averaging round in flight."""
+
+    def done(self) -> bool:
+        """Whether `result` would return at once."""
+        ...
+
+    def result(self) -> RoundOutcome:
+        """Wait for the round and return its outcome (never raises: a failed round is averaged alone)."""
+        ...
+
+
+class DoneAverage:
+    """A `PendingAverage` whose outcome is already known."""
+
+    def __init__(self, outcome: RoundOutcome) -> None:
+        self.outcome = outcome
+
+    def done(self) -> bool:
+        return True
+
+    def result(self) -> RoundOutcome:
+        return self.outcome
+
+
+@dataclass
+class _Pending:
+    handle: PendingAverage
+    state: OuterState
+    delta: list[torch.Tensor]
+    sent_params: list[torch.Tensor]
+    train_loss: float
 
 
 class StateSource(Protocol):
@@ -276,7 +317,9 @@ class DiLoCoTrainer:
         self.tokens = 0
         self.inner_steps_done = 0
         self.inner_time_s = 0.0
+        self.wait_time_s = 0.0
         self._step_time_s: float | None = None
+        self._pending: _Pending | None = None
 
     # -- state -------------------------------------------------------------------------
     def _new_inner_optimizer(self) -> torch.optim.AdamW:
@@ -338,34 +381,37 @@ class DiLoCoTrainer:
             p.copy_(s)
         return sum(losses) / len(losses)
 
-    def run_round(self, stop_event: threading.Event | None = None) -> OuterStepReport | None:
-        """H inner steps, one averaging round and one outer step; None if stopped during the inner steps."""
-        step = self.state.step
-        outer_hash = self.state.hash()
-        expected = (self._step_time_s or 0.0) * self.config.inner_steps
-        self.averager.prepare_round(step, expected, outer_hash)
-        losses = []
-        t0 = time.perf_counter()
-        for _ in range(self.config.inner_steps):
-            if stop_event is not None and stop_event.is_set():
-                self.inner_time_s += time.perf_counter() - t0
-                return None
-            losses.append(self.inner_step())
-        inner = time.perf_counter() - t0
-        self.inner_time_s += inner
-        per_step = inner / self.config.inner_steps
+    def _note_step_time(self, seconds: float, steps: int) -> None:
+        per_step = seconds / max(1, steps)
         self._step_time_s = per_step if self._step_time_s is None else 0.5 * (self._step_time_s + per_step)
 
-        delta = pseudo_gradient(self.state.params, list(self.model.parameters()))
-        outcome = self.averager.average(delta, step=step, outer_hash=outer_hash)
-        averaged = outcome.averaged if outcome.averaged is not None else delta
-        new_state = outer_update(self.state, averaged, self.config)
+    def _prepare(self, remaining_steps: int) -> None:
+        expected = (self._step_time_s or 0.0) * remaining_steps
+        self.averager.prepare_round(self.state.step, expected, self.state.hash())
+
+    def _finish_pending(self, *, wait: bool) -> OuterStepReport | None:
+        """Apply the outer step of the round in flight once its average is known (None if not yet)."""
+        pending = self._pending
+        assert pending is not None
+        if not wait and not pending.handle.done():
+            return None
+        t0 = time.perf_counter()
+        outcome = pending.handle.result()
+        self.wait_time_s += time.perf_counter() - t0
+        self._pending = None
+        averaged = outcome.averaged if outcome.averaged is not None else pending.delta
+        new_state = outer_update(pending.state, averaged, self.config)
         with self._lock:
             self.state = new_state
-        self._load_into_model(new_state)
+        # Keep the inner progress made since the pseudo-gradient was sent, on top of the new outer params.
+        with torch.no_grad():
+            for p, o, sent in zip(
+                self.model.parameters(), new_state.params, pending.sent_params, strict=True
+            ):
+                p.copy_(o + (p.detach() - sent))
         resynced = False
         if not outcome.in_sync and self.state_source is not None:
-            fetched = self.state_source.fetch_state(newer_than=step)
+            fetched = self.state_source.fetch_state(newer_than=pending.state.step)
             if fetched is not None and fetched.matches(self.model):
                 logger.warning("%s: outer state disagreed with the group; adopted a peer's state", self.name)
                 self.adopt_state(fetched)
@@ -375,7 +421,7 @@ class DiLoCoTrainer:
         return OuterStepReport(
             peer=self.name,
             outer_step=self.state.step,
-            train_loss=sum(losses) / len(losses),
+            train_loss=pending.train_loss,
             eval_loss=eval_loss,
             num_peers=outcome.num_peers,
             bytes_sent=self.averager.bytes_sent(),
@@ -387,6 +433,54 @@ class DiLoCoTrainer:
             refused_peers=outcome.refused_peers,
         )
 
+    def run_round(self, stop_event: threading.Event | None = None) -> list[OuterStepReport] | None:
+        """H inner steps, then send the pseudo-gradient; return the outer steps completed meanwhile.
+
+        Without `overlap_communication` the round waits for its average and applies the outer
+        step before returning. With it, the average of this round arrives while the next
+        round's inner steps run and is applied there (the inner progress made meanwhile is kept
+        on top of the new outer parameters). None if stopped during the inner steps.
+        """
+        reports: list[OuterStepReport] = []
+        if self._pending is None:
+            self._prepare(self.config.inner_steps)
+        losses = []
+        t0 = time.perf_counter()
+        for h in range(self.config.inner_steps):
+            if stop_event is not None and stop_event.is_set():
+                self.inner_time_s += time.perf_counter() - t0
+                return None
+            losses.append(self.inner_step())
+            if self._pending is not None:
+                now = time.perf_counter()
+                self.inner_time_s += now - t0
+                report = self._finish_pending(wait=False)
+                if report is not None:
+                    reports.append(report)
+                    self._prepare(self.config.inner_steps - h - 1)
+                t0 = time.perf_counter()
+        inner = time.perf_counter() - t0
+        self.inner_time_s += inner
+        if self._pending is not None:  # the previous round's average is late: wait for it now
+            report = self._finish_pending(wait=True)
+            assert report is not None
+            reports.append(report)
+            self._prepare(0)
+        self._note_step_time(inner, self.config.inner_steps)
+        params = [p.detach().clone() for p in self.model.parameters()]
+        delta = pseudo_gradient(self.state.params, params)
+        handle = self.averager.start_average(delta, step=self.state.step, outer_hash=self.state.hash())
+        self._pending = _Pending(handle, self.state, delta, params, sum(losses) / len(losses))
+        if not self.config.overlap_communication or self._last_round():
+            report = self._finish_pending(wait=True)
+            assert report is not None
+            reports.append(report)
+        return reports
+
+    def _last_round(self) -> bool:
+        limit = self.config.max_outer_steps
+        return limit is not None and self.state.step + 1 >= limit
+
     def run(
         self,
         stop_event: threading.Event,
@@ -394,22 +488,41 @@ class DiLoCoTrainer:
         on_outer_step: Callable[[DiLoCoTrainer], None] | None = None,
     ) -> list[OuterStepReport]:
         """Run rounds until `stop_event` is set or `max_outer_steps` is reached; return the reports."""
-        reports = []
+        all_reports: list[OuterStepReport] = []
         start = time.perf_counter()
         limit = self.config.max_outer_steps
-        while not stop_event.is_set() and (limit is None or self.state.step < limit):
-            report = self.run_round(stop_event)
-            if report is None:
-                break
-            report.wall_time_s = time.perf_counter() - start
-            reports.append(report)
-            logger.info(
-                "%s: outer step %d loss %.4f peers %d hash %s bytes %d",
-                self.name, report.outer_step, report.train_loss, report.num_peers, report.outer_hash,
-                report.bytes_sent,
-            )  # fmt: skip
-            if on_outer_step is not None:
-                on_outer_step(self)
-            if on_progress is not None:
-                on_progress(report)
-        return reports
+        try:
+            while not stop_event.is_set() and (limit is None or self.state.step < limit):
+                reports = self.run_round(stop_event)
+                if reports is None:
+                    break
+                for report in reports:
+                    self._emit(report, start, all_reports, on_progress, on_outer_step)
+        finally:
+            if self._pending is not None:  # stopping: finish the round in flight so the state is whole
+                last = self._finish_pending(wait=True)
+                if last is not None:
+                    self._emit(last, start, all_reports, on_progress, on_outer_step)
+            self._load_into_model(self.state)
+        return all_reports
+
+    def _emit(
+        self,
+        report: OuterStepReport,
+        start: float,
+        reports: list[OuterStepReport],
+        on_progress: Callable[[OuterStepReport], None] | None,
+        on_outer_step: Callable[[DiLoCoTrainer], None] | None,
+    ) -> None:
+        report.wall_time_s = time.perf_counter() - start
+        report.inner_time_s = self.inner_time_s
+        reports.append(report)
+        logger.info(
+            "%s: outer step %d loss %.4f peers %d hash %s bytes %d",
+            self.name, report.outer_step, report.train_loss, report.num_peers, report.outer_hash,
+            report.bytes_sent,
+        )  # fmt: skip
+        if on_outer_step is not None:
+            on_outer_step(self)
+        if on_progress is not None:
+            on_progress(report)

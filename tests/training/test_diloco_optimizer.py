@@ -10,6 +10,7 @@ import torch
 from training.diloco import (
     DiLoCoConfig,
     DiLoCoTrainer,
+    DoneAverage,
     OuterState,
     RoundOutcome,
     outer_update,
@@ -93,8 +94,10 @@ class _Alone:
     def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str) -> None:
         self.rounds.append(step)
 
-    def average(self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str) -> RoundOutcome:
-        return RoundOutcome(averaged=None, num_peers=1)
+    def start_average(
+        self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str
+    ) -> DoneAverage:
+        return DoneAverage(RoundOutcome(averaged=None, num_peers=1))
 
     def bytes_sent(self) -> int:
         return 0
