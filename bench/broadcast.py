@@ -231,7 +231,7 @@ class Worker:
         if self.alive:
             with contextlib.suppress(Exception):
                 self.send(cmd="quit")
-                self.process.wait(timeout=20)
+                self.process.wait(timeout=5)
             self.kill()
         self.log.close()
 
@@ -449,7 +449,9 @@ def run_shardcast(python: str, n: int, size: int, args: Any, workdir: Path) -> d
     """Origin + R relays + (n - R) clients; time from the origin's broadcast to the last verified copy."""
     relays = max(1, n // 4)
     clients = n - relays
-    data = workdir / "sc-input.bin"
+    run_dir = workdir / f"shardcast-n{n}-s{size // MIB}"  # fresh folders: no state from an earlier run
+    run_dir.mkdir(parents=True)
+    data = run_dir / "input.bin"
     with open(data, "wb") as handle:
         handle.write(os.urandom(size))
     expected = _sha256_file(data)
@@ -462,7 +464,7 @@ def run_shardcast(python: str, n: int, size: int, args: Any, workdir: Path) -> d
             "--shardcast",
             role,
             "--sc-dir",
-            str(workdir / f"sc-{role}-{index}"),
+            str(run_dir / f"{role}-{index}"),
             "--port",
             str(port),
             "--upload-bytes-per-s",
@@ -474,7 +476,7 @@ def run_shardcast(python: str, n: int, size: int, args: Any, workdir: Path) -> d
             command,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=open(workdir / f"sc-{role}-{index}.log", "wb"),  # noqa: SIM115
+            stderr=open(run_dir / f"{role}-{index}.log", "wb"),  # noqa: SIM115
             text=True,
             start_new_session=True,
             cwd=workdir,
@@ -521,7 +523,7 @@ def run_shardcast(python: str, n: int, size: int, args: Any, workdir: Path) -> d
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-        data.unlink(missing_ok=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -620,7 +622,8 @@ def main() -> None:
                         )
                         results[f"speedup_vs_shardcast_n{n}_s{s_mib}"] = sc["time_s"] / hn["time_s"]
                         line += (
-                            f"; shardcast ({sc['relays']} relays) {sc['time_s'] / sc['lower_bound_s']:.2f}x"
+                            f"; shardcast ({sc['relays']} relays) {sc['time_s'] / sc['lower_bound_s']:.2f}x "
+                            f"(equal: {sc['all_equal']})"
                         )
                     except Exception as exc:
                         print(f"shardcast failed at N={n}: {exc!r}", flush=True)
