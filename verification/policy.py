@@ -1,7 +1,7 @@
 """Acceptance thresholds for rollouts: every limit the verdict applies, in one place.
 
 How they were chosen (measured with `python bench/toploc.py --calibrate`, which prints the
-per-kind ranges below; TinyGPT default config, 96-token completions, 8+ cases per kind):
+per-kind ranges below; TinyGPT default config, 96-token completions, 16 cases per kind):
 
 * Honest rollouts (generated and re-verified in float32, bfloat16 or float16): **every figure
   is exactly 0** (exponent, sign and value mismatches, mantissa mean and median, sampling
@@ -16,10 +16,11 @@ per-kind ranges below; TinyGPT default config, 96-token completions, 8+ cases pe
 * Nearest tampering, worst chunk of each rollout (min over rollouts of the max over chunks):
   `fp16_as_fp32` has >= 11 differing values and mean mantissa error >= 0.079; every other
   precision swap (fp32/bf16/fp16 claiming bf16/fp32) has >= 57 differing values and mean >=
-  0.47; weights x (1 + 1% noise) >= 104 values, mean >= 1.8; a prompt with one token changed
-  >= 98 values; other weights or reordered proofs >= 120 exponent mismatches.
-* Sampling: honest gap 0.0 exactly; a greedy worker has a max gap >= 8 logits and a single
-  swapped token >= 2.7 logits (temperature 1).
+  0.46; weights x (1 + 1% noise) >= 104 values, mean >= 1.7, >= 3 exponent mismatches; a
+  prompt with one token changed >= 98 values; other weights or reordered proofs >= 118
+  exponent mismatches.
+* Sampling: honest gap 0.0 exactly; a greedy worker has a max gap >= 7.4 logits and a single
+  swapped token >= 2.6 logits (temperature 1).
 
 So the limits sit just above the honest-noise allowance and far below every tampering.
 """
@@ -32,7 +33,7 @@ __all__ = ["DEFAULT_POLICY", "VerificationPolicy"]
 
 # A boundary flip at the k-th magnitude makes one position an unrelated value (one exponent
 # mismatch); allow two such per chunk. Nearest tampering by exponents alone: 1 (fp16_as_fp32),
-# which the value count below catches instead; other weights: >= 120.
+# which the value count and mantissa mean below catch instead; other weights: >= 118.
 MAX_EXP_MISMATCHES = 2
 
 # Signs only differ at a swapped top-k index (or for negated activations: k of k). Same allowance.
@@ -51,7 +52,7 @@ MAX_VALUE_MISMATCHES = 3
 
 # Sampling gap tolerance in logits: abs + rel * max|logit| of the row. rel = 2**-6 is two
 # bf16 ulps of the largest logit (one rounding step on each of the two compared logits);
-# abs covers logits near zero. Honest gap: 0.0; cheating tokens: >= 2.7 logits.
+# abs covers logits near zero. Honest gap: 0.0; cheating tokens: >= 2.6 logits.
 SAMPLING_ABS_TOL = 1e-3
 SAMPLING_REL_TOL = 2.0**-6
 
