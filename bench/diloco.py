@@ -18,7 +18,7 @@ time). Bytes are counted where the process hands data to libp2p streams (`P2P.se
 every protobuf message with its length header, including matchmaking and state download for
 DiLoCo); DHT traffic is not counted in either mode.
 
-    python bench/diloco.py --quick     # small: 24 outer steps (< 3 minutes)
+    python bench/diloco.py --quick     # 12 outer steps of H=50 (< 3 minutes; a smoke run, not the targets)
     python bench/diloco.py             # H=125, 100 outer steps
 
 Ends with one line `RESULT key=value ...`.
@@ -355,14 +355,14 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="small run, under 3 minutes")
-    parser.add_argument("--inner-steps", type=int, default=None, help="H (default 125; quick: 100)")
-    parser.add_argument("--outer-steps", type=int, default=None, help="outer steps (default 100; quick: 24)")
+    parser.add_argument("--inner-steps", type=int, default=None, help="H (default 125; quick: 50)")
+    parser.add_argument("--outer-steps", type=int, default=None, help="outer steps (default 100; quick: 12)")
     parser.add_argument("--skip-dp", action="store_true", help="skip the data-parallel baseline")
     args = parser.parse_args()
-    args.inner_steps = args.inner_steps or (100 if args.quick else 125)
-    args.outer_steps = args.outer_steps or (24 if args.quick else 100)
-    args.d_model, args.n_layers = (32, 1) if args.quick else (64, 2)
-    args.seq_len, args.batch_size = (32, 4) if args.quick else (64, 8)
+    args.inner_steps = args.inner_steps or (50 if args.quick else 125)
+    args.outer_steps = args.outer_steps or (12 if args.quick else 100)
+    args.d_model, args.n_layers = 32, 1
+    args.seq_len, args.batch_size = 32, 4
     args.lr, args.warmup, args.eval_batches = 3e-3, 50, 8
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HIVEMIND_LOGLEVEL", "ERROR")

@@ -285,6 +285,8 @@ class DiLoCoAverager(DecentralizedAverager):
         self._control_step = -1
         self._preferred_sources: list[PeerID] = []
         self._matchmaking_time_s = matchmaking_time_s
+        self._peers_seen = False
+        self._peers_checked_at = 0.0
         tensors = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
         super().__init__(
             tensors,
@@ -473,6 +475,14 @@ class DiLoCoAverager(DecentralizedAverager):
                     steps[key] = float(value)
         return steps
 
+    def _has_peers(self) -> bool:
+        """Whether any other trainer of the run is alive (cached for a few seconds: one DHT read)."""
+        now = time.monotonic()
+        if now - self._peers_checked_at > 5.0 or not self._peers_seen:
+            self._peers_seen = bool(self.peer_steps())
+            self._peers_checked_at = now
+        return self._peers_seen
+
     def fetch_state(self, *, newer_than: int, timeout_s: float = 60.0) -> OuterState | None:
         """Download (params, momentum, step) from a peer at an outer step above `newer_than` (see module doc)."""
         steps = self.peer_steps()
@@ -516,7 +526,7 @@ class DiLoCoAverager(DecentralizedAverager):
     def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str = "") -> None:
         """Start matchmaking for outer step `step` so that the group is ready when the inner steps end."""
         self.cancel_round()
-        self.set_group_bits(bin(step)[2:])
+        self.set_group_bits(bin(step)[2:], wait=False)  # the pipe keeps order: applied before the step
         lead = max(self._matchmaking_time_s, 0.9 * expected_duration_s)
         scheduled = get_dht_time() + lead
         self._control = self.step(
@@ -544,7 +554,7 @@ class DiLoCoAverager(DecentralizedAverager):
         control = self._control
         assert control is not None
         self._control = None
-        if not self.peer_steps():
+        if not self._has_peers():
             control.cancel()
             return DoneAverage(RoundOutcome(averaged=None, num_peers=1))
         with self.get_tensors() as tensors:
