@@ -23,6 +23,12 @@ per-kind ranges below; TinyGPT default config, 96-token completions, 16 cases pe
   swapped token >= 2.6 logits (temperature 1).
 
 So the limits sit just above the honest-noise allowance and far below every tampering.
+
+Scope: these limits assume the worker runs `TinyGPT`'s own inference path (float64
+accumulation, one rounding per operation), on any hardware. A worker using native
+half-precision kernels (float32 or half accumulation, e.g. a GPU matmul) would differ from
+the verifier by ~1 ulp on many values, exactly like a precision swap, and be rejected;
+supporting such workers needs a per-backend calibration, not looser defaults.
 """
 
 from __future__ import annotations
