@@ -22,12 +22,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from hivemind import DHT
 from pydantic import BaseModel, ConfigDict, Field
 
+from node.identity import Identity
 from protocol.dht_keys import validate_run_id
 from protocol.errors import HivenetError
 from training.checkpoint import (
@@ -260,11 +261,16 @@ def run_trainer(
     config: TrainerConfig,
     *,
     dht: DHT,
-    identity: Any = None,
+    identity: Identity | None = None,
     stop_event: threading.Event,
     on_progress: Callable[[OuterStepReport], None] | None = None,
 ) -> None:
-    """Train as one DiLoCo trainer of `config.run_id` until `stop_event` is set (or max_outer_steps)."""
+    """Train as one DiLoCo trainer of `config.run_id` until `stop_event` is set (or max_outer_steps).
+
+    `dht` is the node's running DHT (the averager shares its p2pd); `identity` only names the
+    trainer in logs and reports (its short PeerID). Blocks; returns cleanly once `stop_event` is
+    set, after finishing the round in flight and writing a final checkpoint.
+    """
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
     name = identity.short_id if identity is not None else dht.peer_id.to_base58()[-8:]
