@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import pytest
 import torch
 
 from training.diloco import (
@@ -12,6 +13,7 @@ from training.diloco import (
     DiLoCoTrainer,
     DoneAverage,
     OuterState,
+    OuterStepReport,
     RoundOutcome,
     outer_update,
     pseudo_gradient,
@@ -127,3 +129,84 @@ def test_single_trainer_rounds_reduce_the_loss() -> None:
     stop = threading.Event()
     stop.set()
     assert trainer.run(stop) == []
+
+
+class _LocalGroup:
+    """An in-process group of `n` trainers: the round's mean is computed once and shared by all."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.lock = threading.Lock()
+        self.rounds: dict[int, list[list[torch.Tensor]]] = {}
+        self.means: dict[int, list[torch.Tensor]] = {}
+
+    def member(self) -> _Member:
+        return _Member(self)
+
+
+class _Member:
+    def __init__(self, group: _LocalGroup) -> None:
+        self.group = group
+
+    def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str) -> None:
+        pass
+
+    def start_average(self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str) -> _Handle:
+        with self.group.lock:
+            self.group.rounds.setdefault(step, []).append([g.clone() for g in pseudo_grads])
+        return _Handle(self.group, step)
+
+    def bytes_sent(self) -> int:
+        return 0
+
+
+class _Handle:
+    def __init__(self, group: _LocalGroup, step: int) -> None:
+        self.group, self.step = group, step
+
+    def done(self) -> bool:
+        with self.group.lock:
+            return len(self.group.rounds[self.step]) == self.group.n
+
+    def result(self) -> RoundOutcome:
+        while not self.done():
+            threading.Event().wait(0.001)
+        with self.group.lock:
+            if self.step not in self.group.means:
+                parts = self.group.rounds[self.step]
+                self.group.means[self.step] = [torch.stack(ts).mean(0) for ts in zip(*parts, strict=True)]
+            mean = self.group.means[self.step]
+        return RoundOutcome(averaged=[m.clone() for m in mean], num_peers=self.group.n)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_peers_hold_identical_state_after_every_outer_step(overlap: bool) -> None:
+    torch.set_num_threads(1)
+    group = _LocalGroup(2)
+    cfg = DiLoCoConfig(inner_steps=4, max_outer_steps=5, inner_warmup_steps=0, overlap_communication=overlap)
+    reports: list[list[OuterStepReport]] = [[], []]
+
+    models = []
+    for _ in range(2):  # the same seed gives both peers the same initial weights (built in this thread)
+        torch.manual_seed(0)
+        models.append(TinyGPT(ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=16)))
+
+    def work(i: int) -> None:
+        model = models[i]
+        gen = torch.Generator().manual_seed(100 + i)  # each peer its own data
+
+        def batch() -> torch.Tensor:
+            return torch.randint(0, 256, (2, 9), generator=gen)
+
+        trainer = DiLoCoTrainer(model, cfg, next_batch=batch, averager=group.member(), name=f"p{i}")
+        reports[i] = trainer.run(threading.Event())
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert [r.outer_step for r in reports[0]] == [1, 2, 3, 4, 5] == [r.outer_step for r in reports[1]]
+    for a, b in zip(reports[0], reports[1], strict=True):
+        assert a.outer_hash == b.outer_hash and a.num_peers == 2
+    assert len({r.outer_hash for r in reports[0]}) == 5
