@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -12,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cli.errors import friendly_errors
+from cli.train import build_trainer_config, describe_report, trainer_options
+from protocol.errors import HivenetError
 from protocol.node_record import Role
 
 if TYPE_CHECKING:
@@ -19,9 +22,12 @@ if TYPE_CHECKING:
 
 ROLES_WITHOUT_WORK_YET = {
     Role.INFERENCE: "the inference worker arrives with the verified-inference work",
-    Role.TRAINER: "DiLoCo training is being wired into the node",
 }
 DEFAULT_SEED_PORT = 31337
+TRAINER_OPTION_NAMES = (
+    "inner_steps", "max_outer_steps", "outer_lr", "compression", "data_paths", "checkpoint_dir", "seq_len",
+    "batch_size", "target_group_size", "matchmaking_time_s",
+)  # fmt: skip
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -69,8 +75,10 @@ def _build_config(config_file: Path | None, **flags: Any) -> Any:
     return load_config(config_file, **flags)
 
 
-def _run_until_interrupted(node: HivenetNode, label: str) -> None:
-    """Start `node`, show a live status line until Ctrl-C/SIGTERM, then leave cleanly."""
+def _run_until_interrupted(
+    node: HivenetNode, label: str, trainer_config: Any = None, wait_for_trainers: int = 1
+) -> None:
+    """Start `node` (and its trainer, if any), show a live status line until Ctrl-C/SIGTERM, then leave cleanly."""
     from rich.console import Console
     from rich.live import Live
 
@@ -78,6 +86,7 @@ def _run_until_interrupted(node: HivenetNode, label: str) -> None:
 
     console = Console(stderr=True)
     stop = StopRequest()
+    trainer: TrainerThread | None = None
     try:
         with console.status(f"starting {label} (dialling seeds, joining the DHT)..."):
             node.start(should_stop=lambda: stop.requested)
@@ -85,19 +94,99 @@ def _run_until_interrupted(node: HivenetNode, label: str) -> None:
         for address in node.multiaddrs():
             click.echo(address)
         sys.stdout.flush()
+        if trainer_config is not None and _wait_for_trainers(node, wait_for_trainers, stop, console):
+            trainer = TrainerThread(node, trainer_config, on_line=console.print)
         with Live(console=console, refresh_per_second=1, transient=True) as live:
-            while not stop.requested:
+            while not stop.requested and (trainer is None or trainer.alive):
                 node.refresh_view()
                 uptime = time.time() - node.started_at
+                training = f" | {trainer.summary()}" if trainer is not None else ""
                 live.update(
                     f"[bold]{label}[/] {node.short_id} | DHT peers {node.dht_peer_count()} | live nodes in run "
-                    f"{len(node.live_nodes)} | uptime {uptime:,.0f} s | Ctrl-C to leave"
+                    f"{len(node.live_nodes)} | uptime {uptime:,.0f} s{training} | Ctrl-C to leave"
                 )
                 stop.wait(min(node.config.refresh_interval_s, 5.0))
+        if trainer is not None:
+            console.print("finishing the outer step in flight and writing a checkpoint...")
+            trainer.stop()
         console.print("leaving the swarm cleanly...")
     finally:
+        if trainer is not None:
+            trainer.stop()
         node.stop()
     console.print("left.")
+
+
+def _wait_for_trainers(node: HivenetNode, count: int, stop: Any, console: Any) -> bool:
+    """Wait until `count` trainers are live in the run; False if a stop was requested first."""
+    from node.membership import discover
+
+    assert node.dht is not None
+    with console.status(f"waiting for {count} trainers in run {node.config.run_id!r}..."):
+        while not stop.requested:
+            if len(discover(node.dht, node.config.run_id, Role.TRAINER)) >= count:
+                return True
+            stop.wait(1.0)
+    return False
+
+
+class TrainerThread:
+    """Runs a DiLoCo trainer beside the node's main loop and keeps its latest report.
+
+    The trainer (and its hivemind averager, which installs signal handlers) is built here in
+    the main thread; only the training loop runs in the background thread.
+    """
+
+    def __init__(self, node: HivenetNode, config: Any, on_line: Any):
+        import threading
+
+        import torch
+
+        from node.trainer import TrainerRuntime
+
+        assert node.dht is not None
+        if config.torch_threads is not None:
+            torch.set_num_threads(config.torch_threads)
+        self._runtime = TrainerRuntime(config, node.dht, node.short_id)
+        self._stop = threading.Event()
+        self.last_report: Any = None
+        self.error: BaseException | None = None
+
+        def on_progress(report: Any) -> None:
+            self.last_report = report
+            on_line(describe_report(report), highlight=False, soft_wrap=True)
+
+        def work() -> None:
+            try:
+                self._runtime.train(self._stop, on_progress)
+            except BaseException as exc:
+                self.error = exc
+                logging.getLogger(__name__).exception("trainer stopped")
+
+        self._thread = threading.Thread(target=work, name="trainer", daemon=True)
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def summary(self) -> str:
+        report = self.last_report
+        if report is None:
+            return "training: preparing (loading data, joining the run)"
+        return f"outer step {report.outer_step} loss {report.train_loss:.3f} peers {report.num_peers}"
+
+    def stop(self) -> None:
+        """Let the round in flight finish, write the final checkpoint, release the averager."""
+        self._stop.set()
+        self._thread.join(timeout=300)
+        self._runtime.close()
+        if isinstance(self.error, HivenetError):
+            error, self.error = self.error, None
+            raise error
+        if self.error is not None:
+            self.error = None
+            raise SystemExit(1)
 
 
 @click.command()
@@ -126,9 +215,21 @@ def identity(identity_path: Path | None, create: bool) -> None:
     help="Role(s) of this node: trainer, inference, validator, relay.",
 )
 @_node_options
+@trainer_options
+@click.option(
+    "--wait-for-trainers", type=click.IntRange(1, 1024), default=1, show_default=True,
+    help="With --role trainer: start training once this many trainers (this one included) are live in the run.",
+)  # fmt: skip
 @friendly_errors
-def join(roles: tuple[str, ...], config_file: Path | None, verbose: bool, **flags: Any) -> None:
-    """Join a swarm and stay until Ctrl-C, then leave cleanly."""
+def join(
+    roles: tuple[str, ...], config_file: Path | None, verbose: bool, wait_for_trainers: int, **flags: Any
+) -> None:
+    """Join a swarm and stay until Ctrl-C, then leave cleanly.
+
+    With --role trainer the node trains the run's model with DiLoCo and prints one line per
+    outer step (loss, peers in the round, bytes sent).
+    """
+    trainer_flags = {key: flags.pop(key) for key in TRAINER_OPTION_NAMES}
     config = _build_config(config_file, roles=roles, **flags)
     for role in config.roles:
         if role in ROLES_WITHOUT_WORK_YET:
@@ -139,7 +240,10 @@ def join(roles: tuple[str, ...], config_file: Path | None, verbose: bool, **flag
     _setup_logging(verbose)
     from node.node import HivenetNode
 
-    _run_until_interrupted(HivenetNode(config), "node")
+    trainer = build_trainer_config(config.run_id, **trainer_flags) if Role.TRAINER in config.roles else None
+    _run_until_interrupted(
+        HivenetNode(config), "node", trainer_config=trainer, wait_for_trainers=wait_for_trainers
+    )
 
 
 @click.command()
@@ -289,9 +393,29 @@ def doctor(
     "--duration", "duration_s", type=float, default=None, help="Seconds to run (default: until Ctrl-C)."
 )
 @click.option("--run", "run_id", default="sim", show_default=True, help="Run id.")
+@click.option(
+    "--trainers", "num_trainers", type=click.IntRange(0, 16), default=0,
+    help="Run a whole DiLoCo training run with this many trainers instead (prints the loss per outer step).",
+)  # fmt: skip
+@trainer_options
 @friendly_errors
-def simulate(num_nodes: int, roles: str, duration_s: float | None, run_id: str) -> None:
-    """Start a seed and N nodes on 127.0.0.1, show the swarm, and tear it all down at the end."""
+def simulate(
+    num_nodes: int, roles: str, duration_s: float | None, run_id: str, num_trainers: int, **trainer_flags: Any
+) -> None:
+    """Start a seed and N nodes on 127.0.0.1, show the swarm, and tear it all down at the end.
+
+    With --trainers N it runs a DiLoCo training run of N trainers on this machine instead.
+    """
+    if num_trainers:
+        from cli.simulate import run_training_simulation
+
+        trainer_flags.setdefault("max_outer_steps", None)
+        if trainer_flags["max_outer_steps"] is None:
+            trainer_flags["max_outer_steps"] = 10
+        if trainer_flags.get("inner_steps") is None:
+            trainer_flags["inner_steps"] = 50
+        run_training_simulation(num_trainers, build_trainer_config(run_id, **trainer_flags))
+        return
     from cli.simulate import run_simulation
 
     role_list = [Role(part.strip()) for part in roles.split(",") if part.strip()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -55,3 +56,50 @@ def run_simulation(*, num_nodes: int, roles: list[Role], duration_s: float | Non
                 live.update(_swarm_table(swarm, started))
         console.print("stopping the swarm...")
     console.print("all nodes stopped.")
+
+
+def run_training_simulation(num_trainers: int, config: Any) -> None:
+    """Run a DiLoCo run of `num_trainers` trainers on 127.0.0.1 and print the loss per outer step."""
+    import threading
+
+    from cli.train import describe_report
+    from node.trainer import simulate_diloco
+
+    console = Console()
+    stop = threading.Event()
+    signals = StopRequest()
+
+    def watch_signals() -> None:
+        while not stop.is_set():
+            if signals.wait(0.5):
+                console.print("stopping: finishing the outer step in flight...")
+                stop.set()
+
+    threading.Thread(target=watch_signals, name="signal-watch", daemon=True).start()
+    console.print(
+        f"DiLoCo on this machine: {num_trainers} trainers, H={config.diloco.inner_steps} inner steps, "
+        f"{config.diloco.max_outer_steps} outer steps, {config.compression} pseudo-gradients"
+    )
+    started = time.time()
+    try:
+        reports = simulate_diloco(
+            num_trainers,
+            config,
+            lambda report: console.print(describe_report(report), highlight=False, soft_wrap=True),
+            stop_event=stop,
+        )
+    finally:
+        stop.set()
+    by_step: dict[int, list[Any]] = {}
+    for report in reports:
+        by_step.setdefault(report.outer_step, []).append(report)
+    table = Table(title=f"loss per outer step ({time.time() - started:.0f} s)")
+    for column in ("outer step", "mean train loss", "peers averaged", "identical state"):
+        table.add_column(column)
+    for step, group in sorted(by_step.items()):
+        hashes = {r.outer_hash for r in group}
+        table.add_row(
+            str(step), f"{sum(r.train_loss for r in group) / len(group):.3f}",
+            str(max(r.num_peers for r in group)), "yes" if len(hashes) == 1 else f"no ({len(hashes)} states)",
+        )  # fmt: skip
+    console.print(table)

@@ -1,0 +1,78 @@
+"""Trainer options shared by `hivenet join --role trainer` and `hivenet simulate --trainers N`,
+and the progress line both print."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+from protocol.errors import ConfigError
+
+
+def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Click options that configure a DiLoCo trainer (all optional)."""
+    options = [
+        click.option("--inner-steps", type=int, help="DiLoCo H: inner AdamW steps per outer step."),
+        click.option("--outer-steps", "max_outer_steps", type=int, help="Stop after this many outer steps."),
+        click.option("--outer-lr", type=float, help="Outer Nesterov learning rate (default 0.7)."),
+        click.option("--compression", type=click.Choice(["fp32", "fp16", "int8"]), help="Pseudo-gradient codec."),
+        click.option(
+            "--data", "data_paths", multiple=True, type=click.Path(exists=True, path_type=Path),
+            help="Train on these text files/directories instead of the default corpus (repeatable).",
+        ),
+        click.option("--checkpoint-dir", type=click.Path(path_type=Path), help="Write/resume checkpoints here."),
+        click.option("--seq-len", type=int, help="Tokens per training sequence."),
+        click.option(
+            "--target-group-size", type=int,
+            help="Start an outer step's all-reduce as soon as this many trainers joined its group.",
+        ),
+        click.option(
+            "--matchmaking-time", "matchmaking_time_s", type=float,
+            help="Seconds an outer step waits to gather peers before averaging (default 2).",
+        ),
+        click.option("--batch-size", type=int, help="Sequences per inner step."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def build_trainer_config(run_id: str, **options: Any) -> Any:
+    """A TrainerConfig from the CLI's trainer options (None means: keep the default)."""
+    from pydantic import ValidationError
+
+    from node.trainer import TrainerConfig
+    from training.data import DataConfig
+    from training.diloco import DiLoCoConfig
+
+    diloco = {
+        key: options[key]
+        for key in ("inner_steps", "max_outer_steps", "outer_lr")
+        if options.get(key) is not None
+    }
+    data: dict[str, Any] = {
+        key: options[key] for key in ("seq_len", "batch_size") if options.get(key) is not None
+    }
+    if options.get("data_paths"):
+        data.update(source="files", paths=tuple(options["data_paths"]))
+    top: dict[str, Any] = {"run_id": run_id}
+    for key in ("compression", "checkpoint_dir", "target_group_size", "matchmaking_time_s"):
+        if options.get(key) is not None:
+            top[key] = options[key]
+    try:
+        return TrainerConfig(diloco=DiLoCoConfig(**diloco), data=DataConfig(**data), **top)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid trainer options: {problems}") from None
+
+
+def describe_report(report: Any) -> str:
+    """One line of progress for an OuterStepReport."""
+    eval_part = f" eval {report.eval_loss:.3f}" if report.eval_loss is not None else ""
+    return (
+        f"outer step {report.outer_step:>4} | {report.peer} | loss {report.train_loss:.3f}{eval_part} | "
+        f"peers {report.num_peers} | sent {report.bytes_sent / 2**20:,.2f} MiB | tokens {report.tokens:,}"
+    )
