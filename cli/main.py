@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from cli.node_commands import doctor, identity, join, peers, seed, simulate
+from cli.weights import weights
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -20,7 +21,7 @@ def cli() -> None:
     """
 
 
-for command in (identity, join, seed, peers, doctor, simulate):
+for command in (identity, join, seed, peers, doctor, simulate, weights):
     cli.add_command(command)
 
 

@@ -25,7 +25,7 @@ def test_help_does_not_import_torch_or_hivemind() -> None:
     code = (
         "import sys\nfrom click.testing import CliRunner\nfrom cli.main import cli\n"
         "r = CliRunner().invoke(cli, ['--help'])\nassert r.exit_code == 0, r.output\n"
-        "for sub in ('join', 'seed', 'peers', 'doctor', 'simulate', 'identity'):\n"
+        "for sub in ('join', 'seed', 'peers', 'doctor', 'simulate', 'identity', 'weights'):\n"
         "    assert CliRunner().invoke(cli, [sub, '--help']).exit_code == 0\n"
         "print(sorted(m for m in ('torch', 'hivemind') if m in sys.modules))\n"
     )
