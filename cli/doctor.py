@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,8 +82,7 @@ def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: 
     from functools import partial
 
     from node.config import load_config
-    from node.dht_node import bootstrap, start_dht
-    from node.identity import create_identity
+    from node.dht_node import bootstrap, start_ephemeral_dht
     from node.reachability import call_dial_back
     from protocol.errors import HivenetError
 
@@ -94,7 +92,6 @@ def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: 
         ]
     try:
         config = load_config(
-            identity_path=Path(tempfile.mkdtemp()) / "doctor.key",
             initial_peers=initial_peers,
             bootstrap_timeout_s=timeout_s,
             host=host,
@@ -102,7 +99,7 @@ def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: 
         )
     except HivenetError as exc:
         return [Check("seeds", False, "malformed address", str(exc))]
-    dht = start_dht(config, create_identity(config.identity_path))
+    dht = start_ephemeral_dht(config, client_mode=False)  # a server, so that it can be dialled back
     checks = []
     try:
         try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -278,20 +277,17 @@ def seed(announce_ip: str | None, config_file: Path | None, verbose: bool, **fla
 def _ephemeral_client(initial_peers: tuple[str, ...], run_id: str, timeout_s: float) -> Any:
     """A throwaway, unannounced node with a temporary identity, bootstrapped from `initial_peers`."""
     from node.config import load_config
-    from node.dht_node import bootstrap, start_dht
-    from node.identity import create_identity
+    from node.dht_node import bootstrap, start_ephemeral_dht
 
     if not initial_peers:
         raise click.UsageError("give at least one --initial-peers address (a seed prints its own)")
-    tmp = Path(tempfile.mkdtemp(prefix="hivenet-client-"))
     config = load_config(
-        identity_path=tmp / "client.key",
         initial_peers=list(initial_peers),
         run_id=run_id,
         host="127.0.0.1",
         bootstrap_timeout_s=timeout_s,
     )
-    dht = start_dht(config, create_identity(config.identity_path), client_mode=True)
+    dht = start_ephemeral_dht(config, client_mode=True)
     try:
         bootstrap(dht, config.initial_peers, timeout_s)
     except BaseException:

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 
 import hivemind
 from hivemind.dht.node import DHTNode
@@ -22,7 +25,7 @@ from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
 
 from node.config import NodeConfig
-from node.identity import Identity
+from node.identity import Identity, create_identity
 from protocol.errors import PeerUnreachable
 from protocol.record_validator import SignedRecordValidator
 
@@ -86,6 +89,22 @@ def start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool = Fal
         use_auto_relay=config.use_auto_relay,
         wait_timeout=_PING_TIMEOUT_S,
     )
+
+
+def start_ephemeral_dht(config: NodeConfig, *, client_mode: bool) -> hivemind.DHT:
+    """Start a DHT with a throwaway identity (for `peers`, `doctor`, ...): nothing is left on disk.
+
+    `config.identity_path` is ignored; p2pd reads the temporary key at start-up, after which
+    it is deleted.
+    """
+    tmp = Path(tempfile.mkdtemp(prefix="hivenet-ephemeral-"))
+    try:
+        identity = create_identity(tmp / "ephemeral.key")
+        return start_dht(
+            config.model_copy(update={"identity_path": identity.path}), identity, client_mode=client_mode
+        )
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 async def _dial_seed(_dht: hivemind.DHT, node: DHTNode, address: str) -> str:
