@@ -167,10 +167,10 @@ def main() -> None:
         f"{'N':>3} | {'hivenet s':>9} | {'bare s':>7} | {'ratio':>5} | {'hivenet MiB/node':>16} | "
         f"{'bare MiB/node':>13} | {'ratio':>5}"
     )
-    for n, ours_t, bare_t, ours_m, bare_m in rows:
+    for n, ours_s, bare_s, ours_mib, bare_mib in rows:
         print(
-            f"{n:>3} | {ours_t:>9.1f} | {bare_t:>7.1f} | {ours_t / bare_t:>5.2f} | {ours_m:>16.0f} | "
-            f"{bare_m:>13.0f} | {ours_m / bare_m:>5.2f}"
+            f"{n:>3} | {ours_s:>9.1f} | {bare_s:>7.1f} | {ours_s / bare_s:>5.2f} | {ours_mib:>16.0f} | "
+            f"{bare_mib:>13.0f} | {ours_mib / bare_mib:>5.2f}"
         )
     print("RESULT " + " ".join(f"{key}={value}" for key, value in result.items()))
 

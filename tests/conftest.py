@@ -1,4 +1,4 @@
-"""Shared fixtures: temporary identities and a bounded wait helper."""
+"""Shared fixtures (the bounded wait helper is `node.swarm.wait_until`)."""
 
 from __future__ import annotations
 
@@ -6,10 +6,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from node.swarm import wait_until
-
-__all__ = ["wait_until"]
 
 
 @pytest.fixture

@@ -26,9 +26,8 @@ from node.identity import create_identity
 from node.membership import discover, fetch_run_records
 from node.reachability import call_dial_back
 from node.status import read_status_file
-from node.swarm import LocalSwarm
+from node.swarm import LocalSwarm, wait_until
 from protocol.node_record import NodeStatus, Role
-from tests.conftest import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 RUN = "itest"

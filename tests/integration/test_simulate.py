@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.conftest import wait_until
+from node.swarm import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,8 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from node.swarm import LocalSwarm
-from tests.conftest import wait_until
+from node.swarm import LocalSwarm, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 # both trainers start once they see each other, and every round waits for both of them

@@ -17,6 +17,7 @@ from hivemind.p2p import PeerID
 from hivemind.utils.serializer import MSGPackSerializer
 
 from node.identity import create_identity
+from node.swarm import wait_until
 from protocol.dht_keys import node_records_key, signed_subkey
 from protocol.envelope import seal
 from protocol.errors import InvalidMessage
@@ -24,7 +25,6 @@ from protocol.limits import MAX_ENVELOPE_BYTES, MAX_NODE_RECORD_TTL_S
 from protocol.node_record import NODE_RECORD_DOMAIN, Capabilities, NodeRecord, Role
 from protocol.peer_keys import peer_id_from_private_key
 from protocol.record_validator import SignedRecordValidator, check_signed_record
-from tests.conftest import wait_until
 
 RUN = "validator-test"
 KEY = node_records_key(RUN)
