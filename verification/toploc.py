@@ -101,6 +101,14 @@ def proof_length(chunk_values: int, topk: int = TOPK) -> int:
 # ---------------------------------------------------------------- field arithmetic (vectorised)
 
 
+def _mod_p(v: np.ndarray) -> np.ndarray:
+    """`v mod p` as int64 for float64 arrays of non-negative exact integers below 2**53.
+
+    (Converting to int64 and using `%` is exact and about 25x faster than `np.fmod`.)
+    """
+    return v.astype(_NP_INT) % FIELD_PRIME
+
+
 def _powers(x: np.ndarray, n: int) -> np.ndarray:
     """`P[..., i, j] = x[..., i] ** j mod p` for j < n, as float64 (exact integers), by doubling."""
     p = FIELD_PRIME
@@ -170,19 +178,34 @@ def _interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     master = _master_poly(x)
     deriv = (np.arange(1, k + 1, dtype=_NP_INT) * master[1:]) % p  # M'(X), ascending, length k
     powers = _powers(x, k)
-    deriv_at_x = np.fmod(powers @ deriv.astype(np.float64), p).astype(_NP_INT)
+    deriv_at_x = _mod_p(powers @ deriv.astype(np.float64))
     w = (y % p) * _inverse_mod_p(deriv_at_x) % p
-    u = np.fmod(powers.T @ w.astype(np.float64), p)
+    u = _mod_p(powers.T @ w.astype(np.float64)).astype(np.float64)
     hidx, valid = _hankel_index(k)
     hankel = np.where(valid, master[hidx], 0).astype(np.float64)
-    return np.fmod(hankel @ u, p).astype(_NP_INT)
+    return _mod_p(hankel @ u)
 
 
 def _evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Values mod p of polynomials with ascending `coeffs [..., n]` at points `x [..., k]`."""
-    powers = _powers(x % FIELD_PRIME, coeffs.shape[-1])
-    values = np.matmul(powers, coeffs.astype(np.float64)[..., :, None])[..., 0]
-    return np.fmod(values, FIELD_PRIME).astype(_NP_INT)
+    """Values mod p of polynomials with ascending `coeffs [..., n]` at points `x [..., k]`.
+
+    Baby-step giant-step: with `s ~ sqrt(n)`, `c(x) = sum_a (x^s)^a * sum_b c[a s + b] x^b`,
+    so only `s` powers of `x` and `ceil(n / s)` powers of `x^s` are built (instead of `n`)
+    and both sums are float64 matrix products with terms below 2**32 (exact).
+    """
+    p = FIELD_PRIME
+    n = coeffs.shape[-1]
+    x = x % p
+    s = math.isqrt(n - 1) + 1 if n > 1 else 1
+    blocks = -(-n // s)
+    c = np.zeros((*coeffs.shape[:-1], blocks * s), dtype=np.float64)
+    c[..., :n] = coeffs
+    baby = _powers(x, s)  # [..., k, s]
+    # inner[..., k, a] = sum_b x^b c[a s + b]   (s terms < 2**32 each)
+    inner = _mod_p(np.matmul(baby, np.swapaxes(c.reshape(*c.shape[:-1], blocks, s), -1, -2)))
+    giant = _powers((baby[..., -1].astype(_NP_INT) * x) % p, blocks)  # (x^s)^a
+    values = np.einsum("...ka,...ka->...k", inner.astype(np.float64), giant)  # blocks terms < 2**32 each
+    return _mod_p(values)
 
 
 def _injective_modulus(idx: np.ndarray) -> int:

@@ -102,6 +102,29 @@ def test_vectorised_interpolation_matches_naive(k):
     assert _evaluate(coeffs, np.array(xs, dtype=np.int64)).tolist() == ys
 
 
+def _horner(coeffs: list[int], x: int) -> int:
+    value = 0
+    for c in reversed(coeffs):
+        value = (value * x + c) % FIELD_PRIME
+    return value
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 15, 16, 17, 100, 127, 128])
+def test_batched_evaluation_matches_horner(n):
+    """`_evaluate` (baby-step giant-step, batched) equals plain Horner, also at the field's extremes."""
+    rng = np.random.default_rng(n)
+    coeffs = rng.integers(0, FIELD_PRIME, size=(3, n))
+    points = rng.integers(0, 2 * FIELD_PRIME, size=(3, 40))  # indices beyond p are reduced mod p
+    coeffs[2] = FIELD_PRIME - 1  # largest terms: every product is (p - 1) ** 2
+    points[2, :20] = FIELD_PRIME - 1
+    points[2, 20] = 0
+    values = _evaluate(coeffs, points)
+    assert values.shape == points.shape
+    for row in range(3):
+        expected = [_horner(coeffs[row].tolist(), int(x) % FIELD_PRIME) for x in points[row]]
+        assert values[row].tolist() == expected
+
+
 @pytest.mark.parametrize(("tokens", "hidden"), [(1, 128), (31, 64), (33, 96), (64, 128), (5, 8)])
 def test_round_trip_honest_is_exact(tokens, hidden):
     torch.manual_seed(tokens * 1000 + hidden)
