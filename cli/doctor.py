@@ -99,7 +99,7 @@ def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: 
         )
     except HivenetError as exc:
         return [Check("seeds", False, "malformed address", str(exc))]
-    dht = start_ephemeral_dht(config, client_mode=False)  # a server, so that it can be dialled back
+    dht, _ = start_ephemeral_dht(config, client_mode=False)  # a server, so that it can be dialled back
     checks = []
     try:
         try:

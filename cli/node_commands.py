@@ -287,7 +287,7 @@ def _ephemeral_client(initial_peers: tuple[str, ...], run_id: str, timeout_s: fl
         host="127.0.0.1",
         bootstrap_timeout_s=timeout_s,
     )
-    dht = start_ephemeral_dht(config, client_mode=True)
+    dht, _ = start_ephemeral_dht(config, client_mode=True)
     try:
         bootstrap(dht, config.initial_peers, timeout_s)
     except BaseException:

@@ -67,17 +67,11 @@ def _network_options(func: Any) -> Any:
 
 
 def _setup_logging(verbose: bool) -> None:
-    from rich.logging import RichHandler
+    from node.logs import configure_logging
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.WARNING,
-        format="%(name)s: %(message)s",
-        handlers=[RichHandler(show_path=False, rich_tracebacks=False)],
-    )
+    configure_logging(verbose, quiet=True)
     if verbose:
         logging.getLogger("node.broadcast").setLevel(logging.INFO)
-    for noisy in ("hivemind", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 def _start_dht(
@@ -91,21 +85,21 @@ def _start_dht(
 ) -> tuple[Any, Any]:
     """Start a DHT (own p2pd) and bootstrap it; a temporary identity when none is given."""
     from node.config import load_config
-    from node.dht_node import bootstrap, start_dht
+    from node.dht_node import bootstrap, start_dht, start_ephemeral_dht
     from node.identity import load_or_create_identity
 
-    if identity_path is None:
-        identity_path = Path(tempfile.mkdtemp(prefix="hivenet-weights-")) / "identity.key"
     config = load_config(
-        identity_path=identity_path,
         initial_peers=list(initial_peers),
         run_id=run_id,
         host=host,
         port=port,
         bootstrap_timeout_s=timeout_s,
     )
-    identity = load_or_create_identity(config.identity_path)
-    dht = start_dht(config, identity)
+    if identity_path is None:
+        dht, identity = start_ephemeral_dht(config, client_mode=False)
+    else:
+        identity = load_or_create_identity(identity_path)
+        dht = start_dht(config.model_copy(update={"identity_path": identity_path}), identity)
     try:
         if config.initial_peers:
             bootstrap(dht, config.initial_peers, timeout_s)

@@ -91,7 +91,7 @@ def start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool = Fal
     )
 
 
-def start_ephemeral_dht(config: NodeConfig, *, client_mode: bool) -> hivemind.DHT:
+def start_ephemeral_dht(config: NodeConfig, *, client_mode: bool) -> tuple[hivemind.DHT, Identity]:
     """Start a DHT with a throwaway identity (for `peers`, `doctor`, ...): nothing is left on disk.
 
     `config.identity_path` is ignored; p2pd reads the temporary key at start-up, after which
@@ -100,9 +100,10 @@ def start_ephemeral_dht(config: NodeConfig, *, client_mode: bool) -> hivemind.DH
     tmp = Path(tempfile.mkdtemp(prefix="hivenet-ephemeral-"))
     try:
         identity = create_identity(tmp / "ephemeral.key")
-        return start_dht(
+        dht = start_dht(
             config.model_copy(update={"identity_path": identity.path}), identity, client_mode=client_mode
         )
+        return dht, identity
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -21,15 +21,18 @@ class PeerIdFilter(logging.Filter):
         return True
 
 
-def configure_logging(verbose: bool = False) -> None:
-    """Log through rich to stderr as `[PEERID] logger: message`; quiet hivemind unless verbose."""
+def configure_logging(verbose: bool = False, quiet: bool = False) -> None:
+    """Log through rich to stderr as `[PEERID] logger: message`; quiet hivemind unless verbose.
+
+    `quiet` shows warnings only (for commands that draw a progress bar instead).
+    """
     from rich.console import Console
     from rich.logging import RichHandler
 
     handler = RichHandler(console=Console(stderr=True), show_path=False, rich_tracebacks=False)
     handler.addFilter(PeerIdFilter())
     logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
+        level=logging.DEBUG if verbose else logging.WARNING if quiet else logging.INFO,
         format="[%(peer)s] %(name)s: %(message)s",
         handlers=[handler],
         force=True,
