@@ -12,6 +12,11 @@
   peer receives the identical average, one model replica stands for all four.
 - **single**: one trainer, the same total tokens (4x the steps of one DiLoCo trainer).
 
+Every mode uses the same inner learning-rate schedule, `DiLoCoConfig.inner_lr_at` (linear
+warmup, then by default a cosine decay to 10% of the peak at the run's last step; DiLoCo and
+data-parallel take the same number of optimizer steps, the single trainer stretches the
+schedule over its 4x more steps). `--lr-schedule constant` reproduces the earlier runs.
+
 Reported per mode: final held-out loss (the same held-out batches for all modes), bytes each
 trainer sent per training token, and utilisation (time in inner/compute steps over wall
 time). Bytes are counted where the process hands data to libp2p streams (`P2P.send_raw_data`:
@@ -19,7 +24,8 @@ every protobuf message with its length header, including matchmaking and state d
 DiLoCo); DHT traffic is not counted in either mode.
 
     python bench/diloco.py --quick     # 12 outer steps of H=50 (< 3 minutes; a smoke run, not the targets)
-    python bench/diloco.py             # H=125, 100 outer steps
+    python bench/diloco.py             # H=125, 100 outer steps (~25 minutes on 2 cores)
+    python bench/diloco.py --skip-dp   # DiLoCo and single only (~7 minutes)
 
 Ends with one line `RESULT key=value ...`.
 """
@@ -66,6 +72,9 @@ def make_config(args: argparse.Namespace) -> TrainerConfig:
             max_outer_steps=args.outer_steps,
             inner_lr=args.lr,
             inner_warmup_steps=args.warmup,
+            inner_lr_schedule=args.lr_schedule,
+            outer_lr=args.outer_lr,
+            outer_momentum=args.outer_momentum,
             eval_every_outer_steps=args.outer_steps,
         ),
         compression="int8",
@@ -302,9 +311,8 @@ def run_data_parallel(config: TrainerConfig, steps: int) -> dict[str, float]:
             t1 = time.perf_counter()
             for p, avg in zip(params, chosen, strict=True):
                 p.grad = avg
-            warm = c.inner_warmup_steps
-            for param_group in optimizer.param_groups:
-                param_group["lr"] = c.inner_lr * (1.0 if warm == 0 else min(1.0, (step + 1) / warm))
+            for param_group in optimizer.param_groups:  # the same schedule, over the same steps
+                param_group["lr"] = c.inner_lr_at(step, total_steps=steps)
             torch.nn.utils.clip_grad_norm_(params, c.max_grad_norm)
             optimizer.step()
             compute += time.perf_counter() - t1
@@ -341,9 +349,8 @@ def run_single(config: TrainerConfig, steps: int) -> dict[str, float]:
     start = time.perf_counter()
     for step in range(steps):
         batch = sampler.next_batch()
-        warm = c.inner_warmup_steps
-        for g in optimizer.param_groups:
-            g["lr"] = c.inner_lr * (1.0 if warm == 0 else min(1.0, (step + 1) / warm))
+        for g in optimizer.param_groups:  # the same schedule, stretched over this run's steps
+            g["lr"] = c.inner_lr_at(step, total_steps=steps)
         model.train()
         loss = model.loss(batch[:, :-1], batch[:, 1:])
         optimizer.zero_grad(set_to_none=True)
@@ -364,6 +371,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small run, under 3 minutes")
     parser.add_argument("--inner-steps", type=int, default=None, help="H (default 125; quick: 50)")
     parser.add_argument("--outer-steps", type=int, default=None, help="outer steps (default 100; quick: 12)")
+    parser.add_argument(
+        "--lr-schedule",
+        choices=("constant", "cosine"),
+        default="cosine",
+        help="inner lr schedule after warmup, for all modes (DiLoCoConfig.inner_lr_schedule)",
+    )
+    parser.add_argument("--outer-lr", type=float, default=0.7, help="DiLoCo outer lr (default 0.7)")
+    parser.add_argument("--outer-momentum", type=float, default=0.9, help="DiLoCo outer Nesterov momentum")
     parser.add_argument("--skip-dp", action="store_true", help="skip the data-parallel baseline")
     args = parser.parse_args()
     args.inner_steps = args.inner_steps or (50 if args.quick else 125)
@@ -410,6 +425,9 @@ def main() -> None:
         "H": str(args.inner_steps),
         "outer_steps": str(args.outer_steps),
         "identical_final": str(int(diloco["identical_final"])),
+        "lr_schedule": args.lr_schedule,
+        "outer_lr": str(args.outer_lr),
+        "outer_momentum": str(args.outer_momentum),
     }
     if dp is not None:
         fields["loss_dp"] = f"{dp['loss']:.4f}"

@@ -476,7 +476,11 @@ class DiLoCoAverager(DecentralizedAverager):
         return steps
 
     def _has_peers(self) -> bool:
-        """Whether any other trainer of the run is alive (cached for a few seconds: one DHT read)."""
+        """Whether any other trainer of the run is alive (cached for a few seconds: one DHT read).
+
+        A round that just averaged with other peers is proof enough (it refreshes the cache), so a
+        trainer in a healthy run does not block on a DHT read between two rounds.
+        """
         now = time.monotonic()
         if now - self._peers_checked_at > 5.0 or not self._peers_seen:
             self._peers_seen = bool(self.peer_steps())
@@ -586,6 +590,8 @@ class DiLoCoAverager(DecentralizedAverager):
         ]
         with self.get_tensors() as tensors:
             averaged = [t.clone() for t in tensors]
+        if len(gathered) > 1:  # other trainers are alive: spare the next round's DHT read
+            self._peers_seen, self._peers_checked_at = True, time.monotonic()
         return RoundOutcome(
             averaged=averaged,
             num_peers=len(gathered) - int(result["refused"]),

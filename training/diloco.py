@@ -17,6 +17,12 @@ the inner steps decreased a weight), `d = mean over peers of delta`,
 averaging. Since every group member applies the same update to the same inputs, all peers
 hold bit-identical parameters afterwards; `state_hash` checks that.
 
+The inner learning rate follows `DiLoCoConfig.inner_lr_at(global inner step)`: linear warmup,
+then (by default) a cosine decay over the whole run, as in the DiLoCo and OpenDiLoCo papers.
+The global inner step is `outer step * inner_steps + h`, so every peer, a late joiner
+included, uses the same learning rate for the same round. (The AdamW moments stay local to
+each peer, as in DiLoCo; a peer that adopts a downloaded state restarts them.)
+
 Main names: `DiLoCoConfig`, `OuterState`, `pseudo_gradient`, `outer_update`, `state_hash`,
 `DiLoCoTrainer`, `OuterStepReport`, `RoundAverager`, `RoundOutcome`, `StateSource`.
 """
@@ -25,11 +31,12 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -74,6 +81,15 @@ class DiLoCoConfig(BaseModel):
     inner_warmup_steps: int = Field(default=50, ge=0)
     """Inner steps (counted over the whole run) of linear learning-rate warmup."""
 
+    inner_lr_schedule: Literal["constant", "cosine"] = "cosine"
+    """After warmup: keep `inner_lr` ("constant") or decay it by a half cosine ("cosine") to
+    `inner_lr * inner_lr_min_ratio` at the run's last inner step, `max_outer_steps * inner_steps`
+    (constant when `max_outer_steps` is None). The step is the run's global inner step
+    (`outer step * inner_steps + h`), so every peer, late joiners included, uses the same lr."""
+
+    inner_lr_min_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Final inner learning rate of the cosine schedule, as a fraction of `inner_lr`."""
+
     max_grad_norm: float = Field(default=1.0, gt=0.0)
     """Inner gradients are clipped to this global norm."""
 
@@ -94,6 +110,26 @@ class DiLoCoConfig(BaseModel):
 
     overlap_communication: bool = True
     """Run the next round's inner steps while this round's all-reduce is in flight (one-round overlap)."""
+
+    def total_inner_steps(self) -> int | None:
+        """Inner steps of the whole run per trainer (None without `max_outer_steps`)."""
+        return None if self.max_outer_steps is None else self.max_outer_steps * self.inner_steps
+
+    def inner_lr_at(self, step: int, total_steps: int | None = None) -> float:
+        """The inner learning rate of 0-based global inner step `step`: warmup, then the schedule.
+
+        `total_steps` is the length of the run the schedule spans (default
+        `total_inner_steps()`); baselines with another step count pass their own.
+        """
+        warm = self.inner_warmup_steps
+        if warm and step < warm:
+            return self.inner_lr * (step + 1) / warm
+        total = self.total_inner_steps() if total_steps is None else total_steps
+        if self.inner_lr_schedule == "constant" or total is None or total <= warm:
+            return self.inner_lr
+        progress = min(1.0, (step - warm) / max(1, total - 1 - warm))
+        floor = self.inner_lr_min_ratio
+        return self.inner_lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
 @dataclass
@@ -232,6 +268,7 @@ class _Pending:
     delta: list[torch.Tensor]
     sent_params: list[torch.Tensor]
     train_loss: float
+    tokens: int
 
 
 class StateSource(Protocol):
@@ -265,7 +302,9 @@ class OuterStepReport:
     """Total bytes this trainer has sent to the network so far."""
 
     tokens: int
-    """Total training tokens this trainer has processed so far."""
+    """Training tokens this trainer had processed when it sent the pseudo-gradient of this outer
+    step (so it grows by `inner_steps * batch tokens` per outer step, whether or not the next
+    round's inner steps overlapped the all-reduce)."""
 
     outer_hash: str
     """`state_hash` of the new outer state; equal on every peer of a round."""
@@ -316,6 +355,8 @@ class DiLoCoTrainer:
         self.inner_optimizer = self._new_inner_optimizer()
         self.tokens = 0
         self.inner_steps_done = 0
+        self.global_inner_step = self.state.step * config.inner_steps
+        """The run's inner step this trainer is at (drives the lr schedule; the same on every peer)."""
         self.inner_time_s = 0.0
         self.wait_time_s = 0.0
         self._step_time_s: float | None = None
@@ -349,9 +390,7 @@ class DiLoCoTrainer:
 
     # -- one round ------------------------------------------------------------------------
     def _inner_lr(self) -> float:
-        warm = self.config.inner_warmup_steps
-        scale = 1.0 if warm == 0 else min(1.0, (self.inner_steps_done + 1) / warm)
-        return self.config.inner_lr * scale
+        return self.config.inner_lr_at(self.global_inner_step)
 
     def inner_step(self) -> float:
         """One AdamW step on one batch; returns its loss."""
@@ -365,6 +404,7 @@ class DiLoCoTrainer:
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.config.max_grad_norm)
         self.inner_optimizer.step()
         self.inner_steps_done += 1
+        self.global_inner_step += 1
         self.tokens += batch.shape[0] * (batch.shape[1] - 1)
         return float(loss.detach())
 
@@ -425,7 +465,7 @@ class DiLoCoTrainer:
             eval_loss=eval_loss,
             num_peers=outcome.num_peers,
             bytes_sent=self.averager.bytes_sent(),
-            tokens=self.tokens,
+            tokens=pending.tokens,
             outer_hash=self.state.hash(),
             inner_time_s=self.inner_time_s,
             wall_time_s=0.0,
@@ -442,6 +482,9 @@ class DiLoCoTrainer:
         on top of the new outer parameters). None if stopped during the inner steps.
         """
         reports: list[OuterStepReport] = []
+        # This round averages for outer step `state.step` (+1 while the previous round is in flight).
+        round_step = self.state.step + (0 if self._pending is None else 1)
+        self.global_inner_step = round_step * self.config.inner_steps
         if self._pending is None:
             self._prepare(self.config.inner_steps)
         losses = []
@@ -470,7 +513,7 @@ class DiLoCoTrainer:
         params = [p.detach().clone() for p in self.model.parameters()]
         delta = pseudo_gradient(self.state.params, params)
         handle = self.averager.start_average(delta, step=self.state.step, outer_hash=self.state.hash())
-        self._pending = _Pending(handle, self.state, delta, params, sum(losses) / len(losses))
+        self._pending = _Pending(handle, self.state, delta, params, sum(losses) / len(losses), self.tokens)
         if not self.config.overlap_communication or self._last_round():
             report = self._finish_pending(wait=True)
             assert report is not None
