@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,7 +95,10 @@ def _run_until_interrupted(
             click.echo(address)
         sys.stdout.flush()
         if trainer_config is not None and _wait_for_trainers(node, wait_for_trainers, stop, console):
-            trainer = TrainerThread(node, trainer_config, on_line=console.print)
+            trainer = TrainerThread(
+                node, trainer_config, on_line=console.print, wait_for_trainers=wait_for_trainers,
+                should_stop=lambda: stop.requested,
+            )  # fmt: skip
         with Live(console=console, refresh_per_second=1, transient=True) as live:
             while not stop.requested and (trainer is None or trainer.alive):
                 node.refresh_view()
@@ -136,7 +140,14 @@ class TrainerThread:
     the main thread; only the training loop runs in the background thread.
     """
 
-    def __init__(self, node: HivenetNode, config: Any, on_line: Any):
+    def __init__(
+        self,
+        node: HivenetNode,
+        config: Any,
+        on_line: Any,
+        wait_for_trainers: int = 1,
+        should_stop: Callable[[], bool] = lambda: False,
+    ):
         import threading
 
         import torch
@@ -157,6 +168,8 @@ class TrainerThread:
 
         def work() -> None:
             try:
+                if wait_for_trainers > 1:
+                    self._wait_for_averagers(wait_for_trainers - 1, should_stop)
                 self._runtime.train(self._stop, on_progress)
             except BaseException as exc:
                 self.error = exc
@@ -164,6 +177,18 @@ class TrainerThread:
 
         self._thread = threading.Thread(target=work, name="trainer", daemon=True)
         self._thread.start()
+
+    def _wait_for_averagers(self, others: int, should_stop: Callable[[], bool]) -> None:
+        """Hold the first inner step until `others` trainers' averagers are up as well.
+
+        A node record appears before its trainer can average; a trainer that reached its first
+        outer step while the others were still loading would step alone. Advertising step 0
+        here is harmless: training re-advertises the real step before its first round.
+        """
+        averager = self._runtime.averager
+        averager.publish_step(0)
+        while not self._stop.is_set() and not should_stop() and len(averager.peer_steps()) < others:
+            self._stop.wait(0.5)
 
     @property
     def alive(self) -> bool:
@@ -217,7 +242,7 @@ def identity(identity_path: Path | None, create: bool) -> None:
 @trainer_options
 @click.option(
     "--wait-for-trainers", type=click.IntRange(1, 1024), default=1, show_default=True,
-    help="With --role trainer: start training once this many trainers (this one included) are live in the run.",
+    help="With --role trainer: start training once this many trainers (this one included) are ready in the run.",
 )  # fmt: skip
 @friendly_errors
 def join(

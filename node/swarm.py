@@ -9,6 +9,7 @@ processes this harness started, also when a test fails or the user presses Ctrl-
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -24,6 +25,17 @@ import psutil
 
 from node.status import NodeStatusSnapshot, read_status_file
 from protocol.errors import HivenetError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: get SIGKILL if the harness dies, so no node outlives it.
+
+    The node's own DHT child then notices its parent is gone and takes p2pd down with it.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class SwarmError(HivenetError):
@@ -184,6 +196,7 @@ class LocalSwarm:
         with open(log_file, "wb") as log:
             process = subprocess.Popen(
                 command,
+                preexec_fn=_die_with_parent,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

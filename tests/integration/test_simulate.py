@@ -16,13 +16,19 @@ from node.swarm import wait_until
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _session_processes(sid: int) -> list[psutil.Process]:
+def _tree(pid: int) -> list[psutil.Process]:
+    """The process and all its descendants (nodes run in sessions of their own, so follow the tree)."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def _alive(processes: list[psutil.Process]) -> list[psutil.Process]:
     alive = []
-    for process in psutil.process_iter():
+    for process in processes:
         try:
-            if os.getsid(process.pid) == sid and process.status() != psutil.STATUS_ZOMBIE:
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
                 alive.append(process)
-        except (ProcessLookupError, psutil.NoSuchProcess, PermissionError):
+        except psutil.NoSuchProcess:
             continue
     return alive
 
@@ -41,13 +47,14 @@ def _start(*args: str, output: Path) -> subprocess.Popen[bytes]:
 
 def test_simulate_converges_and_cleans_up_after_duration(tmp_path: Path) -> None:
     output = tmp_path / "out.txt"
-    process = _start("--nodes", "2", "--duration", "2", output=output)
+    process = _start("--nodes", "2", "--duration", "20", output=output)
+    assert wait_until(lambda: "swarm converged" in output.read_text(), timeout_s=180), output.read_text()
+    started = _tree(process.pid)
+    assert len(started) > 3  # the seed and two nodes, each with its DHT and p2pd
     assert process.wait(timeout=240) == 0, output.read_text()
     text = output.read_text()
     assert "swarm converged: 3 nodes see each other" in text and "all nodes stopped" in text
-    assert wait_until(lambda: not _session_processes(process.pid), timeout_s=30), _session_processes(
-        process.pid
-    )
+    assert wait_until(lambda: not _alive(started), timeout_s=30), _alive(started)
 
 
 def test_ctrl_c_tears_down_everything(tmp_path: Path) -> None:
@@ -55,12 +62,27 @@ def test_ctrl_c_tears_down_everything(tmp_path: Path) -> None:
     process = _start("--nodes", "2", "--roles", "validator,relay", output=output)
     try:
         assert wait_until(lambda: "swarm converged" in output.read_text(), timeout_s=180), output.read_text()
+        started = _tree(process.pid)
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=120) == 0
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
     assert "all nodes stopped" in output.read_text()
-    assert wait_until(lambda: not _session_processes(process.pid), timeout_s=30), _session_processes(
-        process.pid
-    )
+    assert wait_until(lambda: not _alive(started), timeout_s=30), _alive(started)
+
+
+def test_killed_harness_leaves_no_orphans(tmp_path: Path) -> None:
+    """SIGKILL to `hivenet simulate` itself (no chance to clean up) must still take every node down."""
+    output = tmp_path / "out.txt"
+    process = _start("--nodes", "2", output=output)
+    try:
+        assert wait_until(lambda: "swarm converged" in output.read_text(), timeout_s=180), output.read_text()
+        started = _tree(process.pid)
+        assert len(started) > 3
+        process.kill()
+        process.wait(timeout=30)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+    assert wait_until(lambda: not _alive(started), timeout_s=30), _alive(started)
