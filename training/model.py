@@ -87,10 +87,35 @@ class Linear(nn.Linear):
 
     def __init__(self, in_features: int, out_features: int) -> None:
         super().__init__(in_features, out_features, bias=False)
+        self._wide: tuple[torch.Tensor, int, torch.Tensor] | None = None
+
+    def _wide_weight(self, acc: torch.dtype) -> torch.Tensor:
+        """The weight in `acc`; at inference the float64 copy is kept until the weight changes.
+
+        Converting every weight on every call costs a verifier's prefill about 8%. The copy is
+        tied to the weight tensor itself (kept referenced, so its memory cannot be reused by
+        another tensor) and to its in-place version counter (optimizer steps, `load_state_dict`).
+        """
+        weight = self.weight
+        if torch.is_grad_enabled() or weight.dtype == acc or weight.is_inference():
+            # Inference tensors have no version counter to tell when the copy went stale.
+            return weight.to(acc)
+        cached = self._wide
+        if cached is None or cached[0] is not weight or cached[1] != weight._version:
+            with torch.inference_mode(False), torch.no_grad():
+                wide = weight.detach().to(acc)
+            cached = self._wide = (weight, weight._version, wide)
+        return cached[2]
+
+    def __getstate__(self) -> dict[str, object]:
+        # A copied module gets fresh weights with fresh version counters: never a stale copy.
+        state = dict(super().__getstate__())
+        state["_wide"] = None
+        return state
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         acc = _acc_dtype()
-        return F.linear(x.to(acc), self.weight.to(acc)).to(x.dtype)
+        return F.linear(x.to(acc), self._wide_weight(acc)).to(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -219,15 +244,25 @@ class TinyGPT(nn.Module):
         pos = torch.arange(start, start + t, device=input_ids.device)
         return self.tok_emb(input_ids) + self.pos_emb(pos)
 
-    def _run(self, x: torch.Tensor, cache: KVCache | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _run(
+        self, x: torch.Tensor, cache: KVCache | None, outputs_from: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         for i, block in enumerate(self.blocks):
             x = block(x, cache, i)
-        hidden = self.final_norm(x)
+        hidden = self.final_norm(x[:, outputs_from:])
         return self.lm_head(hidden), hidden
 
-    def forward_with_hidden(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return `(logits [B, T, V], final_hidden [B, T, d_model])` for a full causal pass."""
-        return self._run(self._embed(input_ids, 0), None)
+    def forward_with_hidden(
+        self, input_ids: torch.Tensor, outputs_from: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return `(logits [B, T', V], final_hidden [B, T', d_model])` for a full causal pass.
+
+        The outputs cover positions `outputs_from..T-1` (`T' = T - outputs_from`): a verifier
+        needs them only for the completion, and skips the head on the prompt's rows.
+        """
+        if not 0 <= outputs_from < input_ids.shape[-1]:
+            raise ValueError(f"outputs_from={outputs_from} must be in [0, {input_ids.shape[-1]})")
+        return self._run(self._embed(input_ids, 0), None, outputs_from)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Return next-token logits `[B, T, V]` for `input_ids` `[B, T]`."""

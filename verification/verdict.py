@@ -197,9 +197,8 @@ def recompute(claim: RolloutClaim, model: TinyGPT) -> tuple[torch.Tensor, torch.
     """One prefill of `prompt + completion[:-1]`; returns the completion rows `(hidden, logits)`."""
     ids = torch.tensor([list(claim.prompt_ids) + list(claim.completion_ids[:-1])], dtype=torch.long)
     model.eval()
-    logits, hidden = model.forward_with_hidden(ids)
-    start = len(claim.prompt_ids) - 1
-    return hidden[0, start:], logits[0, start:]
+    logits, hidden = model.forward_with_hidden(ids, outputs_from=len(claim.prompt_ids) - 1)
+    return hidden[0], logits[0]
 
 
 def verify_rollout(

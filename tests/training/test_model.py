@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from pydantic import ValidationError
@@ -142,3 +144,52 @@ def test_untied_embeddings():
     m = TinyGPT(ModelConfig(d_model=32, n_layers=1, n_heads=2, tie_embeddings=False))
     assert m.lm_head.weight is not m.tok_emb.weight
     assert m(torch.zeros(1, 3, dtype=torch.long)).shape == (1, 3, 256)
+
+
+def test_outputs_from_returns_the_tail_rows_unchanged(model):
+    ids = torch.randint(0, 256, (1, 60), generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        logits, hidden = model.forward_with_hidden(ids)
+        tail_logits, tail_hidden = model.forward_with_hidden(ids, outputs_from=45)
+    assert torch.equal(tail_hidden, hidden[:, 45:])
+    assert torch.equal(tail_logits, logits[:, 45:])
+    with pytest.raises(ValueError, match="outputs_from"):
+        model.forward_with_hidden(ids, outputs_from=60)
+
+
+def _fresh_forward(m: TinyGPT, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of a copy that has never run at inference (so holds no cached wide weights)."""
+    clone = TinyGPT(m.config).to(m.dtype)
+    clone.load_state_dict(m.state_dict())
+    with torch.inference_mode():
+        return clone(ids)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_inference_sees_in_place_weight_updates(model, dtype):
+    """The float64 weight copies kept for inference follow optimizer steps and copies."""
+    m = TinyGPT(model.config)
+    m.load_state_dict(model.state_dict())
+    m = m.to(dtype).eval()
+    ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        m(ids)  # fills the caches
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(1.01)
+    with torch.inference_mode():
+        assert torch.equal(m(ids), _fresh_forward(m, ids))
+    # A deep copy starts its version counters afresh: whichever number of in-place updates
+    # it has seen, it never reuses the original's copy.
+    for updates in range(1, 8):
+        twin = copy.deepcopy(m)
+        with torch.no_grad():
+            for _ in range(updates):
+                for p in twin.parameters():
+                    p.mul_(0.9)
+        with torch.inference_mode():
+            assert torch.equal(twin(ids), _fresh_forward(twin, ids))
+    # load_state_dict copies in place.
+    m.load_state_dict({k: v.to(dtype) for k, v in model.state_dict().items()})
+    with torch.inference_mode():
+        assert torch.equal(m(ids), _fresh_forward(m, ids))
