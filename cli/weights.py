@@ -291,6 +291,8 @@ def fetch(
     verbose: bool,
 ) -> None:
     """Fetch a version of a run's weights from every holder at once into OUT (resumes if interrupted)."""
+    if not publishers:  # before the heavy imports: a usage error must be instant
+        raise click.UsageError("give the run's authorised publisher(s) with --publisher PEER_ID")
     from rich.console import Console
     from rich.progress import (
         BarColumn,
@@ -303,8 +305,6 @@ def fetch(
 
     from node.broadcast.fetch import FetchProgress
 
-    if not publishers:
-        raise click.UsageError("give the run's authorised publisher(s) with --publisher PEER_ID")
     _setup_logging(verbose)
     console = Console(stderr=True)
     _sigterm_as_interrupt()

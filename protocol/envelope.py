@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from google.protobuf.message import DecodeError
 
 from protocol import hivenet_pb2 as pb
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_CLOCK_SKEW_S, MAX_ENVELOPE_BYTES
 from protocol.peer_keys import peer_id_from_private_key, public_key_from_peer_id
+from protocol.untrusted import capped_bytes, parse_untrusted
 from protocol.version import PROTOCOL_VERSION
 
 SIGNATURE_CONTEXT = b"hivenet-envelope-v1\x00"
@@ -68,18 +68,9 @@ def seal(
 
 
 def _parse(data: object) -> tuple[pb.SignedEnvelope, pb.EnvelopeBody]:
-    if not isinstance(data, bytes):
-        raise InvalidMessage(f"envelope must be bytes, got {type(data).__name__}")
-    if len(data) > MAX_ENVELOPE_BYTES:
-        raise InvalidMessage(f"envelope of {len(data)} bytes exceeds the {MAX_ENVELOPE_BYTES}-byte limit")
-    envelope = pb.SignedEnvelope()
-    body = pb.EnvelopeBody()
-    try:
-        envelope.ParseFromString(data)
-        body.ParseFromString(envelope.body)
-    except (DecodeError, RuntimeError, ValueError) as exc:
-        raise InvalidMessage(f"malformed envelope: {exc}") from None
-    return envelope, body
+    data = capped_bytes(data, MAX_ENVELOPE_BYTES, "envelope")
+    envelope = parse_untrusted(pb.SignedEnvelope, data, "envelope")
+    return envelope, parse_untrusted(pb.EnvelopeBody, envelope.body, "envelope body")
 
 
 def peek_domain(data: object) -> str:

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from google.protobuf.message import DecodeError
 from multiaddr import Multiaddr
 
 from protocol import broadcast_pb2 as bpb
@@ -42,6 +41,7 @@ from protocol.limits import (
     MIN_CHUNK_BYTES,
 )
 from protocol.peer_keys import peer_id_from_private_key, public_key_from_peer_id
+from protocol.untrusted import capped_bytes, parse_untrusted
 from protocol.version import PROTOCOL_VERSION
 
 MANIFEST_CONTEXT = b"hivenet-weights-manifest-v1\x00"
@@ -207,20 +207,12 @@ def parse_manifest(
     is malformed, badly signed, of another protocol version, run or version, or internally
     inconsistent; UnauthorizedPublisher if its signer is not in `authorized_publishers`.
     """
-    if not isinstance(data, bytes):
-        raise InvalidMessage(f"manifest must be bytes, got {type(data).__name__}")
-    if len(data) > MAX_MANIFEST_BYTES:
-        raise InvalidMessage(f"manifest of {len(data)} bytes exceeds the {MAX_MANIFEST_BYTES}-byte limit")
+    data = capped_bytes(data, MAX_MANIFEST_BYTES, "manifest")
     digest = sha256(data)
     if expected_sha256 is not None and digest != expected_sha256:
         raise InvalidMessage("manifest does not match the hash in its signed pointer")
-    signed = bpb.SignedManifest()
-    body = bpb.ManifestBody()
-    try:
-        signed.ParseFromString(data)
-        body.ParseFromString(signed.body)
-    except (DecodeError, RuntimeError, ValueError) as exc:
-        raise InvalidMessage(f"malformed manifest: {exc}") from None
+    signed = parse_untrusted(bpb.SignedManifest, data, "manifest")
+    body = parse_untrusted(bpb.ManifestBody, signed.body, "manifest body")
     try:
         public_key = public_key_from_peer_id(body.publisher)
         public_key.verify(signed.signature, MANIFEST_CONTEXT + signed.body)
@@ -303,11 +295,7 @@ class WeightsPointer:
     @classmethod
     def from_payload(cls, payload: bytes) -> WeightsPointer:
         """Parse and check an untrusted pointer payload; raise InvalidMessage if it is bad."""
-        message = bpb.WeightsPointer()
-        try:
-            message.ParseFromString(payload)
-        except (DecodeError, RuntimeError, ValueError) as exc:
-            raise InvalidMessage(f"malformed weights pointer: {exc}") from None
+        message = parse_untrusted(bpb.WeightsPointer, payload, "weights pointer")
         if len(message.manifest_sha256) != HASH_BYTES:
             raise InvalidMessage("weights pointer holds a malformed manifest hash")
         if not (0 < message.total_bytes <= MAX_WEIGHTS_BYTES) or message.version > _MAX_VERSION:
@@ -360,11 +348,7 @@ class HolderAnnouncement:
     @classmethod
     def from_payload(cls, payload: bytes) -> HolderAnnouncement:
         """Parse and check an untrusted announcement payload; raise InvalidMessage if it is bad."""
-        message = bpb.HolderAnnouncement()
-        try:
-            message.ParseFromString(payload)
-        except (DecodeError, RuntimeError, ValueError) as exc:
-            raise InvalidMessage(f"malformed holder announcement: {exc}") from None
+        message = parse_untrusted(bpb.HolderAnnouncement, payload, "holder announcement")
         if len(message.manifest_sha256) != HASH_BYTES or message.chunks_held > message.num_chunks:
             raise InvalidMessage("holder announcement is inconsistent")
         if message.version > _MAX_VERSION:

@@ -10,7 +10,6 @@ import enum
 import re
 from typing import Annotated
 
-from google.protobuf.message import DecodeError
 from multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -23,6 +22,7 @@ from protocol.limits import (
     MAX_ROLES,
     MAX_RUN_ID_CHARS,
 )
+from protocol.untrusted import parse_untrusted
 
 NODE_RECORD_DOMAIN = "node-record"
 
@@ -130,11 +130,7 @@ class NodeRecord(BaseModel):
     @classmethod
     def from_payload(cls, payload: bytes) -> NodeRecord:
         """Parse and validate an untrusted payload; raise InvalidMessage with the reason if it is bad."""
-        message = pb.NodeRecord()
-        try:
-            message.ParseFromString(payload)
-        except (DecodeError, RuntimeError, ValueError) as exc:
-            raise InvalidMessage(f"malformed node record: {exc}") from None
+        message = parse_untrusted(pb.NodeRecord, payload, "node record")
         try:
             return cls(
                 peer_id=message.peer_id,

@@ -21,8 +21,9 @@ import contextlib
 import logging
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
-from google.protobuf.message import DecodeError, Message
+from google.protobuf.message import Message
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
@@ -33,9 +34,12 @@ from node.broadcast.wire import RateLimiter, read_frame, write_frame, write_payl
 from protocol import broadcast_pb2 as bpb
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_BROADCAST_REQUEST_BYTES, MAX_HAVE_BATCH
+from protocol.untrusted import parse_untrusted
 from protocol.version import PROTOCOL_VERSION
 
 logger = logging.getLogger(__name__)
+
+M = TypeVar("M", bound=Message)
 
 PROTO_MANIFEST = f"/hivenet/{PROTOCOL_VERSION}/weights/manifest"
 PROTO_CHUNK = f"/hivenet/{PROTOCOL_VERSION}/weights/chunk"
@@ -47,14 +51,9 @@ _FETCHING = 1 << 62
 """Added to a chunk index in a watcher's queue: 'this node has requested that chunk' (a hint)."""
 
 
-def parse_request(data: bytes, message_type: type[Message]) -> Message:
+def parse_request(data: bytes, message_type: type[M]) -> M:
     """Parse an untrusted (already size-capped) request frame; InvalidMessage if malformed."""
-    message = message_type()
-    try:
-        message.ParseFromString(data)
-    except (DecodeError, RuntimeError, ValueError) as exc:
-        raise InvalidMessage(f"malformed {message_type.__name__}: {exc}") from None
-    return message
+    return parse_untrusted(message_type, data, message_type.__name__)
 
 
 async def send_header(
@@ -182,7 +181,6 @@ class BroadcastService:
         """Send the signed manifest of a version this node holds."""
         while (frame := await self._read_request(reader)) is not None:
             request = parse_request(frame, bpb.ManifestRequest)
-            assert isinstance(request, bpb.ManifestRequest)
             entry = self._lookup(request.run_id, request.version, request.manifest_sha256)
             if entry is None:
                 await send_header(writer, bpb.STATUS_NOT_FOUND)
@@ -198,7 +196,6 @@ class BroadcastService:
         """Send held chunks, one per request, for as long as the client keeps the stream open."""
         while (frame := await self._read_request(reader)) is not None:
             request = parse_request(frame, bpb.ChunkRequest)
-            assert isinstance(request, bpb.ChunkRequest)
             entry = self._lookup(request.run_id, request.version, request.manifest_sha256)
             if entry is None or not entry.has(request.index):
                 await send_header(writer, bpb.STATUS_NOT_FOUND)
@@ -221,7 +218,6 @@ class BroadcastService:
         if frame is None:
             return
         request = parse_request(frame, bpb.WatchRequest)
-        assert isinstance(request, bpb.WatchRequest)
         entry = self._lookup(request.run_id, request.version, request.manifest_sha256)
         if entry is None:
             await send_header(writer, bpb.STATUS_NOT_FOUND)
