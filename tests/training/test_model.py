@@ -10,14 +10,7 @@ from pydantic import ValidationError
 
 from training.model import ModelConfig, TinyGPT
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Small ops on a shared 2-core machine: one torch thread is fastest and least disruptive."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -10,14 +10,7 @@ import torch
 
 from training.sampling import SamplingParams, gumbel_noise, mass_before, sample_tokens, seeded_scores
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Small ops on a shared 2-core machine: one torch thread is fastest and least disruptive."""
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_noise_is_a_pure_function_of_seed_and_position():
