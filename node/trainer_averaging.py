@@ -5,10 +5,12 @@ pseudo-gradient. It implements `training.diloco.RoundAverager` and `StateSource`
 
 * **One all-reduce per outer step.** The result of the round is the group's mean
   pseudo-gradient, copied into the buffers; there is no second state-averaging round.
-* **Matchmaking ahead of time.** `prepare_round` starts matchmaking for outer step `t` when
-  the inner steps start, with the all-reduce scheduled for when they are expected to end;
-  `average` then only triggers it. Groups are keyed by the outer step (the group bits
-  encode `t`), so peers only ever average pseudo-gradients of the same step.
+* **Matchmaking once the pseudo-gradient is ready.** `start_average` looks for the group of
+  outer step `t` only when this peer's inner steps are done, so a group only ever holds
+  peers whose contributions are ready and its all-reduce starts at once (see `prepare_round`
+  for why nothing is matched ahead of time). Peers ready at different times still meet: the
+  first keeps looking for up to `averaging_timeout_s`. Groups are keyed by the outer step
+  (the group bits encode `t`), so peers only ever average pseudo-gradients of the same step.
 * **Equal weights, whatever peers claim.** `RobustAllReduceRunner` ignores the `weight`
   field of every message (each sender counts 1) and splits the vector in equal shares
   (ignoring claimed bandwidths). As a reducer it decodes and checks every part before it is
@@ -46,7 +48,7 @@ import torch
 from hivemind import DHT
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
-from hivemind.averaging.control import StepControl
+from hivemind.averaging.control import AveragingStage, StepControl
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.averaging.matchmaking import MatchmakingException
 from hivemind.averaging.partition import AllreduceException, BannedException
@@ -66,6 +68,7 @@ __all__ = ["DiLoCoAverager", "RobustAllReduceRunner", "averaging_prefix"]
 logger = logging.getLogger(__name__)
 
 _MAX_STATE_SLACK_BYTES = 1 << 20
+_PEER_POLL_S = 1.0
 
 
 def averaging_prefix(run_id: str) -> str:
@@ -281,8 +284,6 @@ class DiLoCoAverager(DecentralizedAverager):
         self._bytes_sent = mp.Value(ctypes.c_uint64, 0)
         self._bans: dict[PeerID, tuple[float, int]] = {}  # lives in the averager process
         self._state_provider: Any = None
-        self._control: StepControl | None = None
-        self._control_step = -1
         self._preferred_sources: list[PeerID] = []
         self._matchmaking_time_s = matchmaking_time_s
         self._peers_seen = False
@@ -528,52 +529,72 @@ class DiLoCoAverager(DecentralizedAverager):
         return int(self._bytes_sent.value)
 
     def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str = "") -> None:
-        """Start matchmaking for outer step `step` so that the group is ready when the inner steps end."""
-        self.cancel_round()
-        self.set_group_bits(bin(step)[2:], wait=False)  # the pipe keeps order: applied before the step
-        lead = max(self._matchmaking_time_s, 0.9 * expected_duration_s)
-        scheduled = get_dht_time() + lead
-        self._control = self.step(
-            gather={"step": step, "hash": outer_hash},
-            scheduled_time=scheduled,
-            timeout=lead + self.averaging_timeout_s,
-            require_trigger=True,
-            allow_retries=True,
-            wait=False,
-        )
-        self._control_step = step
+        """Nothing to do while the inner steps of `step` run: matchmaking starts in `start_average`.
 
-    def cancel_round(self) -> None:
-        """Abandon a prepared round (if any)."""
-        if self._control is not None and not self._control.done():
-            self._control.cancel()
-        self._control = None
+        Matching ahead of time (an all-reduce scheduled for when this peer expected its inner steps
+        to end) broke rounds between peers of unequal speed: hivemind assembles a group at its
+        leader's scheduled time, the earliest member's, and runs the all-reduce as soon as that
+        member triggers. A groupmate whose inner steps ran longer (a loaded machine) joined an
+        all-reduce that had begun without it and was dropped by the sender timeout: a partial
+        average that differed between the peers, though each reported a round of 2.
+        """
+        del step, expected_duration_s, outer_hash
 
     def start_average(
         self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str
     ) -> PendingAverage:
-        """Start averaging `pseudo_grads` with the group of `step` (alone if no peer is around)."""
-        if self._control is None or self._control_step != step:
-            self.prepare_round(step, 0.0, outer_hash)
-        control = self._control
-        assert control is not None
-        self._control = None
+        """Start averaging `pseudo_grads` with the group of `step` (alone if no peer is around).
+
+        Matchmaking starts now, with our contribution in place: the group can only hold peers that
+        are ready, and its all-reduce starts as soon as it is assembled. A peer waits up to
+        `averaging_timeout_s` for others to get ready, then steps alone.
+        """
         if not self._has_peers():
-            control.cancel()
             return DoneAverage(RoundOutcome(averaged=None, num_peers=1))
         with self.get_tensors() as tensors:
             for buffer, value in zip(tensors, pseudo_grads, strict=True):
                 buffer.copy_(value)
-        control.allow_allreduce()
+        self.set_group_bits(bin(step)[2:], wait=False)  # the pipe keeps order: applied before the step
+        control = self.step(
+            gather={"step": step, "hash": outer_hash},
+            scheduled_time=get_dht_time() + self._matchmaking_time_s,
+            timeout=self._matchmaking_time_s + self.averaging_timeout_s,
+            # A retry would look for peers under the group key hivemind re-bucketed when the failed
+            # group formed (not the step's), and average buffers the failed all-reduce overwrote.
+            allow_retries=False,
+            wait=False,
+        )
+        assert isinstance(control, StepControl)
         return _PendingRound(self, control, step, outer_hash)
 
     def average(self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str) -> RoundOutcome:
         """`start_average(...).result()`: average and wait."""
         return self.start_average(pseudo_grads, step=step, outer_hash=outer_hash).result()
 
+    def _wait_for_round(self, control: StepControl, step: int) -> Any:
+        """`control.result()`, but give up on a round that no live peer can join any more.
+
+        A peer that advertises a later outer step has left round `step`: it averaged without us or
+        gave up on it. Once every live peer has, waiting out the timeout would only put us a whole
+        matchmaking window behind them: each of our later rounds would start just as theirs timed
+        out, and no round would find a group again ("could not find a group" every round, seen
+        after one trainer stepped alone early). Stepping alone now lets us meet them at the next step.
+        """
+        deadline = time.monotonic() + control.get_timeout() + self.averaging_timeout_s
+        while True:
+            try:
+                return control.result(timeout=min(_PEER_POLL_S, max(0.0, deadline - time.monotonic())))
+            except TimeoutError:
+                if control.done() or time.monotonic() >= deadline:
+                    raise
+            if control.stage == AveragingStage.LOOKING_FOR_GROUP:
+                steps = self.peer_steps()
+                if steps and min(steps.values()) > step:
+                    raise MatchmakingException(f"every live peer has moved past outer step {step}")
+
     def _round_outcome(self, control: StepControl, step: int, outer_hash: str) -> RoundOutcome:
         try:
-            result = control.result(timeout=control.get_timeout() + self.averaging_timeout_s)
+            result = self._wait_for_round(control, step)
         except Exception as e:  # any failure of the round (no group, timeouts, peers gone): step alone
             logger.info("%s: outer step %d averaged alone (%r)", self.label, step, e)
             with contextlib.suppress(Exception):

@@ -1,6 +1,7 @@
 """DiLoCo through the command line: a `hivenet join --role trainer` node trains, checkpoints and
-leaves cleanly, and `hivenet simulate --trainers N` runs a whole multi-trainer run and prints
-the loss table (all trainers averaging together, identical states)."""
+leaves cleanly; two such nodes average every outer step together and end with the same state;
+and `hivenet simulate --trainers N` runs a whole multi-trainer run and prints the loss table
+(all trainers averaging together, identical states)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from node.swarm import LocalSwarm, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--outer-steps", "2", "--inner-steps", "5", "--seq-len", "32", "--batch-size", "4"]
+PROGRESS = re.compile(r"outer step +(\d+) \| \S+ \| loss [\d.]+ \| peers (\d+) \|")
+STATE = re.compile(r"outer step (\d+) loss \S+ peers \d+ hash (\w+)")
 
 
 def test_trainer_node_trains_checkpoints_and_leaves(tmp_path: Path) -> None:
@@ -31,6 +36,33 @@ def test_trainer_node_trains_checkpoints_and_leaves(tmp_path: Path) -> None:
         )  # 5 steps x 4 x 32 tokens per round
         assert "left." in log
         assert sorted(p.name for p in tmp_path.iterdir())[-1] == "outer-00000002.safetensors"
+
+
+@pytest.mark.timeout(900)
+def test_two_trainer_nodes_average_together(tmp_path: Path) -> None:
+    """Two `hivenet join --role trainer` processes keep meeting: however their speeds differ on a
+    loaded machine, outer steps after the first are averaged by both, and both end in one state."""
+    outer_steps = 4
+    args = [*TINY[2:], "--outer-steps", str(outer_steps), "--wait-for-trainers", "2"]
+    with LocalSwarm(run_id="cli-train-two", workdir=tmp_path) as swarm:
+        swarm.start_seed()
+        nodes = [swarm.nodes[swarm.add_node(roles=["trainer"], wait=False, extra_args=args)] for _ in "ab"]
+        # Bounded, not timed: each round waits at most about 30 s for its peer before stepping alone.
+        done = wait_until(lambda: not any(node.alive for node in nodes), timeout_s=720)
+        logs = [node.log_file.read_text(errors="replace") for node in nodes]
+        report = "\n\n".join(
+            f"--- {n.name}\n" + "\n".join(log.splitlines()[-60:]) for n, log in zip(nodes, logs, strict=True)
+        )
+        assert done, report
+    final_hashes = []
+    for node, log in zip(nodes, logs, strict=True):
+        assert node.process.returncode == 0, report
+        peers = {int(step): int(n) for step, n in PROGRESS.findall(log)}
+        assert sorted(peers) == list(range(1, outer_steps + 1)), report
+        assert any(peers[step] == 2 for step in range(2, outer_steps + 1)), report
+        hashes = dict(STATE.findall(log))
+        final_hashes.append(hashes.get(str(outer_steps)))
+    assert final_hashes[0] is not None and final_hashes[0] == final_hashes[1], report
 
 
 def test_simulate_trainers_prints_the_loss_per_outer_step() -> None:
