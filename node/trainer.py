@@ -246,10 +246,13 @@ class TrainerRuntime:
         try:
             trainer.run(stop_event, on_progress, on_outer_step=after_outer_step)
         finally:
+            self.averager.cancel_round()
             with contextlib.suppress(OSError):
                 self._checkpoint(trainer, force=True)
 
     def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.averager.cancel_round()
         if self.averager.is_alive():
             self.averager.shutdown()
 

@@ -5,12 +5,10 @@ pseudo-gradient. It implements `training.diloco.RoundAverager` and `StateSource`
 
 * **One all-reduce per outer step.** The result of the round is the group's mean
   pseudo-gradient, copied into the buffers; there is no second state-averaging round.
-* **Matchmaking once the pseudo-gradient is ready.** `start_average` looks for the group of
-  outer step `t` only when this peer's inner steps are done, so a group only ever holds
-  peers whose contributions are ready and its all-reduce starts at once (see `prepare_round`
-  for why nothing is matched ahead of time). Peers ready at different times still meet: the
-  first keeps looking for up to `averaging_timeout_s`. Groups are keyed by the outer step
-  (the group bits encode `t`), so peers only ever average pseudo-gradients of the same step.
+* **Matchmaking ahead of time.** `prepare_round` starts matchmaking for outer step `t` when
+  the inner steps start, with the all-reduce scheduled for when they are expected to end;
+  `average` then only triggers it. Groups are keyed by the outer step (the group bits
+  encode `t`), so peers only ever average pseudo-gradients of the same step.
 * **Equal weights, whatever peers claim.** `RobustAllReduceRunner` ignores the `weight`
   field of every message (each sender counts 1) and splits the vector in equal shares
   (ignoring claimed bandwidths). As a reducer it decodes and checks every part before it is
@@ -284,6 +282,8 @@ class DiLoCoAverager(DecentralizedAverager):
         self._bytes_sent = mp.Value(ctypes.c_uint64, 0)
         self._bans: dict[PeerID, tuple[float, int]] = {}  # lives in the averager process
         self._state_provider: Any = None
+        self._control: StepControl | None = None
+        self._control_step = -1
         self._preferred_sources: list[PeerID] = []
         self._matchmaking_time_s = matchmaking_time_s
         self._peers_seen = False
@@ -529,42 +529,43 @@ class DiLoCoAverager(DecentralizedAverager):
         return int(self._bytes_sent.value)
 
     def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str = "") -> None:
-        """Nothing to do while the inner steps of `step` run: matchmaking starts in `start_average`.
+        """Start matchmaking for outer step `step` so that the group is ready when the inner steps end."""
+        self.cancel_round()
+        self.set_group_bits(bin(step)[2:], wait=False)  # the pipe keeps order: applied before the step
+        lead = max(self._matchmaking_time_s, 0.9 * expected_duration_s)
+        scheduled = get_dht_time() + lead
+        self._control = self.step(
+            gather={"step": step, "hash": outer_hash},
+            scheduled_time=scheduled,
+            timeout=lead + self.averaging_timeout_s,
+            require_trigger=True,
+            allow_retries=True,
+            wait=False,
+        )
+        self._control_step = step
 
-        Matching ahead of time (an all-reduce scheduled for when this peer expected its inner steps
-        to end) broke rounds between peers of unequal speed: hivemind assembles a group at its
-        leader's scheduled time, the earliest member's, and runs the all-reduce as soon as that
-        member triggers. A groupmate whose inner steps ran longer (a loaded machine) joined an
-        all-reduce that had begun without it and was dropped by the sender timeout: a partial
-        average that differed between the peers, though each reported a round of 2.
-        """
-        del step, expected_duration_s, outer_hash
+    def cancel_round(self) -> None:
+        """Abandon a prepared round (if any)."""
+        if self._control is not None and not self._control.done():
+            self._control.cancel()
+        self._control = None
 
     def start_average(
         self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str
     ) -> PendingAverage:
-        """Start averaging `pseudo_grads` with the group of `step` (alone if no peer is around).
-
-        Matchmaking starts now, with our contribution in place: the group can only hold peers that
-        are ready, and its all-reduce starts as soon as it is assembled. A peer waits up to
-        `averaging_timeout_s` for others to get ready, then steps alone.
-        """
+        """Start averaging `pseudo_grads` with the group of `step` (alone if no peer is around)."""
+        if self._control is None or self._control_step != step:
+            self.prepare_round(step, 0.0, outer_hash)
+        control = self._control
+        assert control is not None
+        self._control = None
         if not self._has_peers():
+            control.cancel()
             return DoneAverage(RoundOutcome(averaged=None, num_peers=1))
         with self.get_tensors() as tensors:
             for buffer, value in zip(tensors, pseudo_grads, strict=True):
                 buffer.copy_(value)
-        self.set_group_bits(bin(step)[2:], wait=False)  # the pipe keeps order: applied before the step
-        control = self.step(
-            gather={"step": step, "hash": outer_hash},
-            scheduled_time=get_dht_time() + self._matchmaking_time_s,
-            timeout=self._matchmaking_time_s + self.averaging_timeout_s,
-            # A retry would look for peers under the group key hivemind re-bucketed when the failed
-            # group formed (not the step's), and average buffers the failed all-reduce overwrote.
-            allow_retries=False,
-            wait=False,
-        )
-        assert isinstance(control, StepControl)
+        control.allow_allreduce()
         return _PendingRound(self, control, step, outer_hash)
 
     def average(self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str) -> RoundOutcome:

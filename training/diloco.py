@@ -6,8 +6,7 @@ by `node.trainer`:
 * `RoundAverager.average(...)` averages this round's pseudo-gradient with the peers of the
   same run and outer step (one all-reduce per outer step; every peer's contribution counts
   equally, whatever it claims) and returns the group's average, identical on every member;
-  `prepare_round` announces the round when its inner steps start (a hint: `DiLoCoAverager`
-  only matches peers once their pseudo-gradients are ready).
+  `prepare_round` starts the matchmaking for that round while the inner steps run.
 * `StateSource.fetch_state()` downloads the current `OuterState` (outer parameters, outer
   momentum, step number) from peers, for late joiners and peers that fell out of sync.
 
@@ -223,7 +222,7 @@ class RoundAverager(Protocol):
     """Averages pseudo-gradients with the run's other trainers (implemented by `node.trainer_averaging`)."""
 
     def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str) -> None:
-        """The inner steps of outer step `step` start; its average is needed in about `expected_duration_s` s."""
+        """Start matchmaking for outer step `step`, needed in about `expected_duration_s` seconds."""
         ...
 
     def start_average(
