@@ -81,9 +81,7 @@ def test_a_few_steps_of_training_reduce_the_loss():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_incremental_decoding_matches_prefill_bit_for_bit(model, dtype):
-    m = TinyGPT(model.config)
-    m.load_state_dict(model.state_dict())
-    m = m.to(dtype).eval()
+    m = _copy_in(model, dtype)
     ids = torch.randint(0, 256, (1, 150), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
         full_logits, full_hidden = m.forward_with_hidden(ids)
@@ -104,9 +102,7 @@ def test_incremental_decoding_matches_prefill_bit_for_bit(model, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_is_really_half(model, dtype):
-    m = TinyGPT(model.config)
-    m.load_state_dict(model.state_dict())
-    m = m.to(dtype).eval()
+    m = _copy_in(model, dtype)
     ids = torch.randint(0, 256, (1, 40))
     with torch.inference_mode():
         lg, h = m.forward_with_hidden(ids)
@@ -150,6 +146,13 @@ def test_outputs_from_returns_the_tail_rows_unchanged(model):
         model.forward_with_hidden(ids, outputs_from=60)
 
 
+def _copy_in(model: TinyGPT, dtype: torch.dtype) -> TinyGPT:
+    """An independent copy of `model` in `dtype`, in eval mode."""
+    m = TinyGPT(model.config)
+    m.load_state_dict(model.state_dict())
+    return m.to(dtype).eval()
+
+
 def _fresh_forward(m: TinyGPT, ids: torch.Tensor) -> torch.Tensor:
     """Logits of a copy that has never run at inference (so holds no cached wide weights)."""
     clone = TinyGPT(m.config).to(m.dtype)
@@ -161,9 +164,7 @@ def _fresh_forward(m: TinyGPT, ids: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_inference_sees_in_place_weight_updates(model, dtype):
     """The float64 weight copies kept for inference follow optimizer steps and copies."""
-    m = TinyGPT(model.config)
-    m.load_state_dict(model.state_dict())
-    m = m.to(dtype).eval()
+    m = _copy_in(model, dtype)
     ids = torch.randint(0, 256, (1, 30), generator=torch.Generator().manual_seed(6))
     with torch.inference_mode():
         m(ids)  # fills the caches
