@@ -46,6 +46,7 @@ import asyncio
 import logging
 import os
 import secrets
+import statistics
 import sys
 import threading
 import time
@@ -122,7 +123,8 @@ def run_diloco(config: TrainerConfig) -> dict[str, float]:
 
     reports = simulate_diloco(NUM_TRAINERS, config, progress)
     wall = time.perf_counter() - start
-    final = {r.peer: r for r in reports if r.outer_step == config.diloco.max_outer_steps}
+    last_step = config.diloco.max_outer_steps or 0
+    final = {r.peer: r for r in reports if r.outer_step == last_step}
     if len(final) != NUM_TRAINERS:
         raise RuntimeError(f"only {len(final)} trainers finished")
     hashes = {r.outer_hash for r in final.values()}
@@ -139,6 +141,10 @@ def run_diloco(config: TrainerConfig) -> dict[str, float]:
         "identical_final": float(len(hashes) == 1),
         "agreeing_steps_frac": agreeing_steps / len(by_step),
         "full_rounds_frac": full_rounds / len(by_step),
+        # overlapped rounds: inner steps of the next round run before each average arrives
+        "steps_until_average": statistics.median(
+            r.extra.get("steps_until_average", 0.0) for r in reports if r.outer_step < last_step
+        ),
         "wall_s": wall,
     }
 
@@ -438,7 +444,8 @@ def main() -> None:
         )
     print(f"diloco: final parameters identical on all trainers: {bool(diloco['identical_final'])}; "
           f"steps with all hashes equal: {diloco['agreeing_steps_frac']:.2f}; "
-          f"rounds with all {NUM_TRAINERS} peers: {diloco['full_rounds_frac']:.2f}")  # fmt: skip
+          f"rounds with all {NUM_TRAINERS} peers: {diloco['full_rounds_frac']:.2f}; "
+          f"median inner steps overlapped before an average arrived: {diloco['steps_until_average']:.0f}")  # fmt: skip
     fields = {
         "loss_diloco": f"{diloco['loss']:.4f}",
         "loss_single": f"{single['loss']:.4f}",

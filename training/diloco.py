@@ -23,6 +23,15 @@ The global inner step is `outer step * inner_steps + h`, so every peer, a late j
 included, uses the same learning rate for the same round. (The AdamW moments stay local to
 each peer, as in DiLoCo; a peer that adopts a downloaded state restarts them.)
 
+With `overlap_communication` (the default) the next round's inner steps run while this
+round's all-reduce is in flight, and they start from the *eager* outer step: the update this
+peer's own pseudo-gradient alone would give (the "eager updates" of overlapped DiLoCo). When
+the group's average arrives a few inner steps later, only the difference between the group's
+outer step and the eager one is applied, keeping the inner progress made meanwhile. The
+steps taken before the average arrives thus start near where the synchronous schedule would
+have put them, not at the pre-update local parameters, and a lone trainer (whose average is
+its own pseudo-gradient) follows the synchronous trajectory exactly.
+
 Main names: `DiLoCoConfig`, `OuterState`, `pseudo_gradient`, `outer_update`, `state_hash`,
 `DiLoCoTrainer`, `OuterStepReport`, `RoundAverager`, `RoundOutcome`, `StateSource`.
 """
@@ -266,9 +275,11 @@ class _Pending:
     handle: PendingAverage
     state: OuterState
     delta: list[torch.Tensor]
-    sent_params: list[torch.Tensor]
+    start_params: list[torch.Tensor]
+    """Where the next round's inner steps started: the eager outer step from our own `delta`."""
     train_loss: float
     tokens: int
+    inner_steps_at_send: int
 
 
 class StateSource(Protocol):
@@ -443,12 +454,14 @@ class DiLoCoTrainer:
         new_state = outer_update(pending.state, averaged, self.config)
         with self._lock:
             self.state = new_state
-        # Keep the inner progress made since the pseudo-gradient was sent, on top of the new outer params.
+        # Keep the inner progress made since the eager start, on top of the group's outer step.
         with torch.no_grad():
-            for p, o, sent in zip(
-                self.model.parameters(), new_state.params, pending.sent_params, strict=True
+            for p, o, start in zip(
+                self.model.parameters(), new_state.params, pending.start_params, strict=True
             ):
-                p.copy_(o + (p.detach() - sent))
+                if not torch.equal(o, start):  # o + (p - o) can differ from p by rounding
+                    p.copy_(o + (p.detach() - start))
+        steps_until_average = self.inner_steps_done - pending.inner_steps_at_send
         resynced = False
         if not outcome.in_sync and self.state_source is not None:
             fetched = self.state_source.fetch_state(newer_than=pending.state.step)
@@ -471,15 +484,17 @@ class DiLoCoTrainer:
             wall_time_s=0.0,
             resynced=resynced,
             refused_peers=outcome.refused_peers,
+            extra={"steps_until_average": float(steps_until_average)},
         )
 
     def run_round(self, stop_event: threading.Event | None = None) -> list[OuterStepReport] | None:
         """H inner steps, then send the pseudo-gradient; return the outer steps completed meanwhile.
 
         Without `overlap_communication` the round waits for its average and applies the outer
-        step before returning. With it, the average of this round arrives while the next
-        round's inner steps run and is applied there (the inner progress made meanwhile is kept
-        on top of the new outer parameters). None if stopped during the inner steps.
+        step before returning. With it, the next round's inner steps start from the eager outer
+        step (our own pseudo-gradient's), the group's average arrives while they run and only
+        its difference from the eager step is applied (the inner progress made meanwhile is
+        kept). None if stopped during the inner steps.
         """
         reports: list[OuterStepReport] = []
         # This round averages for outer step `state.step` (+1 while the previous round is in flight).
@@ -513,7 +528,17 @@ class DiLoCoTrainer:
         params = [p.detach().clone() for p in self.model.parameters()]
         delta = pseudo_gradient(self.state.params, params)
         handle = self.averager.start_average(delta, step=self.state.step, outer_hash=self.state.hash())
-        self._pending = _Pending(handle, self.state, delta, params, sum(losses) / len(losses), self.tokens)
+        eager = outer_update(self.state, delta, self.config)
+        self._load_into_model(eager)
+        self._pending = _Pending(
+            handle,
+            self.state,
+            delta,
+            eager.params,
+            sum(losses) / len(losses),
+            self.tokens,
+            self.inner_steps_done,
+        )
         if not self.config.overlap_communication or self._last_round():
             report = self._finish_pending(wait=True)
             assert report is not None
