@@ -13,7 +13,9 @@ pseudo-gradient. It implements `training.diloco.RoundAverager` and `StateSource`
   field of every message (each sender counts 1) and splits the vector in equal shares
   (ignoring claimed bandwidths). As a reducer it decodes and checks every part before it is
   accumulated: wrong shape, non-finite values, or a norm above `max_norm_ratio` times the
-  reducer's own part (plus a small floor) gets the sender refused for the round and banned
+  reducer's own part (or, if larger, the group's last average, so that a reducer whose own
+  pseudo-gradient is small, e.g. after it resynced late in a round, does not refuse honest
+  peers; plus a small floor) gets the sender refused for the round and banned
   for `ban_base_s * 2**(offences-1)` seconds. A reducer's returned average is checked the
   same way; a bad one counts as a failed reducer (zero update for that slice) and a ban.
 * **Bit-identical results.** The reducer encodes each averaged part once and sends every
@@ -33,6 +35,7 @@ import asyncio
 import contextlib
 import ctypes
 import logging
+import math
 import multiprocessing as mp
 import random
 import statistics
@@ -85,6 +88,7 @@ class RobustAllReduceRunner(AllReduceRunner):
         codec: CompressionBase,
         max_norm_ratio: float,
         min_norm_per_value: float,
+        reference_norm: float = 0.0,
         pre_banned: Sequence[PeerID] = (),
         **kwargs: Any,
     ) -> None:
@@ -97,7 +101,10 @@ class RobustAllReduceRunner(AllReduceRunner):
         self.pre_banned = [p for p in pre_banned if p in self.sender_peer_ids and p != self.peer_id]
         self.refused: dict[PeerID, str] = {}
         local = kwargs["tensors"]
-        self._own_norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in local))) if local else 0.0
+        own_norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in local))) if local else 0.0
+        # The scale honest pseudo-gradients are expected at: our own, or the group's last average
+        # (`reference_norm`) when ours is smaller, e.g. after a resync left us few inner steps.
+        self._expected_norm = max(own_norm, reference_norm)
         self._own_numel = sum(t.numel() for t in local)
         self._encoded: dict[int, asyncio.Task[tuple[runtime_pb2.Tensor, torch.Tensor]]] = {}
 
@@ -233,12 +240,12 @@ class RobustAllReduceRunner(AllReduceRunner):
     def _bound_for(self, reference: torch.Tensor) -> float:
         """Largest acceptable norm for a part shaped like our `reference` part.
 
-        `max_norm_ratio` times the larger of: our own part's norm, our whole pseudo-gradient's
-        norm scaled to the part's share of values (a slice we barely trained is not held to
-        its own tiny norm), and a small absolute floor.
+        `max_norm_ratio` times the larger of: our own part's norm, the expected whole norm (ours
+        or the group's last average) scaled to the part's share of values (a slice we barely
+        trained is not held to its own tiny norm), and a small absolute floor.
         """
         numel = reference.numel()
-        spread = self._own_norm * (numel / max(1, self._own_numel)) ** 0.5
+        spread = self._expected_norm * (numel / max(1, self._own_numel)) ** 0.5
         floor = self.min_norm_per_value * numel**0.5
         return self.max_norm_ratio * max(float(reference.norm()), spread, floor)
 
@@ -280,6 +287,7 @@ class DiLoCoAverager(DecentralizedAverager):
         self.averaging_timeout_s = averaging_timeout_s
         self.label = name
         self._bytes_sent = mp.Value(ctypes.c_uint64, 0)
+        self._last_average_norm = mp.Value(ctypes.c_double, 0.0)  # set by the host, read by the runner
         self._bans: dict[PeerID, tuple[float, int]] = {}  # lives in the averager process
         self._state_provider: Any = None
         self._control: StepControl | None = None
@@ -386,6 +394,7 @@ class DiLoCoAverager(DecentralizedAverager):
             codec=codec_for(self.codec_name),
             max_norm_ratio=self.max_norm_ratio,
             min_norm_per_value=self.min_norm_per_value,
+            reference_norm=float(self._last_average_norm.value),
             pre_banned=[p for p in group_info.peer_ids if self._is_banned(p)],
             **kwargs,
         )
@@ -612,6 +621,9 @@ class DiLoCoAverager(DecentralizedAverager):
         ]
         with self.get_tensors() as tensors:
             averaged = [t.clone() for t in tensors]
+        norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in averaged)))
+        if math.isfinite(norm):
+            self._last_average_norm.value = norm
         if len(gathered) > 1:  # other trainers are alive: spare the next round's DHT read
             self._peers_seen, self._peers_checked_at = True, time.monotonic()
         return RoundOutcome(

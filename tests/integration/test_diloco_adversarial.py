@@ -86,8 +86,9 @@ def swarm() -> Iterator[list[DiLoCoAverager]]:
             d.shutdown()
 
 
-def _round(averagers: list[DiLoCoAverager], step: int) -> list[RoundOutcome]:
-    values = [1.0, 3.0, 5.0]
+def _round(
+    averagers: list[DiLoCoAverager], step: int, values: tuple[float, float, float] = (1.0, 3.0, 5.0)
+) -> list[RoundOutcome]:
     for a in averagers:
         a.prepare_round(step, 1.0, "same-hash")
     outcomes: list[RoundOutcome | None] = [None] * 3
@@ -127,3 +128,16 @@ def test_attacker_gets_at_most_its_fair_share(
         assert torch.equal(tensor, torch.full_like(tensor, expected))
     assert outcomes[0].refused_peers == refused and outcomes[1].refused_peers == refused
     assert outcomes[0].num_peers == 3 - refused
+
+
+def test_a_peer_with_a_small_pseudo_gradient_does_not_refuse_honest_ones(swarm: list[DiLoCoAverager]) -> None:
+    """Regression: a reducer held every part to 10x its *own* norm, so a peer that resynced late in a
+    round (few inner steps, a small pseudo-gradient) refused and banned the honest peers."""
+    ATTACK.value = NONE
+    _round(swarm, step=10)  # a normal round: the group's average (3 per value) becomes the reference
+    outcomes = _round(swarm, step=11, values=(0.01, 3.0, 5.0))
+    result = _honest_result(outcomes)
+    for tensor in result:
+        assert torch.allclose(tensor, torch.full_like(tensor, (0.01 + 3.0 + 5.0) / 3))
+    assert outcomes[0].refused_peers == 0 and outcomes[1].refused_peers == 0
+    assert outcomes[0].num_peers == 3
