@@ -79,6 +79,11 @@ def averaging_prefix(run_id: str) -> str:
     return "hivenet_diloco_" + validate_run_id(run_id).replace(".", "_")
 
 
+def _global_norm(tensors: Sequence[torch.Tensor]) -> float:
+    """The L2 norm of all `tensors` taken together (0.0 for none), accumulated in float64."""
+    return math.sqrt(sum(float((t.double() ** 2).sum()) for t in tensors))
+
+
 class RobustAllReduceRunner(AllReduceRunner):
     """An AllReduceRunner that weighs every sender equally, validates parts, and returns identical averages."""
 
@@ -101,7 +106,7 @@ class RobustAllReduceRunner(AllReduceRunner):
         self.pre_banned = [p for p in pre_banned if p in self.sender_peer_ids and p != self.peer_id]
         self.refused: dict[PeerID, str] = {}
         local = kwargs["tensors"]
-        own_norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in local))) if local else 0.0
+        own_norm = _global_norm(local)
         # The scale honest pseudo-gradients are expected at: our own, or the group's last average
         # (`reference_norm`) when ours is smaller, e.g. after a resync left us few inner steps.
         self._expected_norm = max(own_norm, reference_norm)
@@ -621,7 +626,7 @@ class DiLoCoAverager(DecentralizedAverager):
         ]
         with self.get_tensors() as tensors:
             averaged = [t.clone() for t in tensors]
-        norm = float(torch.sqrt(sum((t.double() ** 2).sum() for t in averaged)))
+        norm = _global_norm(averaged)
         if math.isfinite(norm):
             self._last_average_norm.value = norm
         if len(gathered) > 1:  # other trainers are alive: spare the next round's DHT read
