@@ -70,6 +70,7 @@ logger = logging.getLogger(__name__)
 
 _MAX_STATE_SLACK_BYTES = 1 << 20
 _PEER_POLL_S = 1.0
+_STATE_WAIT_S = 10.0  # how long a resync waits for a peer to hold the outer step it needs
 
 
 def averaging_prefix(run_id: str) -> str:
@@ -372,10 +373,14 @@ class DiLoCoAverager(DecentralizedAverager):
             kwargs.pop("weight", None)
             kwargs.pop("compression", None)
             async with enter_asynchronously(self.get_tensors()) as local_tensors:
-                refused = await self._run_allreduce_inplace_(
+                refused, complete = await self._run_allreduce_inplace_(
                     local_tensors, group_info, peer_fractions=peer_fractions, **kwargs
                 )
-            return {"gathered": {p.to_bytes(): v for p, v in user_gathered.items()}, "refused": refused}
+            return {
+                "gathered": {p.to_bytes(): v for p, v in user_gathered.items()},
+                "refused": refused,
+                "complete": complete,
+            }
         except BaseException as e:
             if isinstance(e, Exception):
                 logger.debug("all-reduce failed: %r", e)
@@ -387,7 +392,8 @@ class DiLoCoAverager(DecentralizedAverager):
         group_info: GroupInfo,
         group_id: bytes | None = None,
         **kwargs: Any,
-    ) -> int:
+    ) -> tuple[int, bool]:
+        """Run the all-reduce into `tensors`; return (senders refused, whether every reducer answered us)."""
         group_id = group_info.group_id if group_id is None else group_id
         runner = self.runner_class(
             p2p=self._p2p,
@@ -411,10 +417,12 @@ class DiLoCoAverager(DecentralizedAverager):
             for peer_id, reason in runner.refused.items():
                 if reason != "banned":
                     self._ban(peer_id, reason)
-        return len(runner.refused)
+        # A reducer that failed us (e.g. we were late and it left us out) leaves our own pseudo-gradient
+        # in its slice: our result is then a mixture nobody else holds.
+        return len(runner.refused), runner.tensor_part_container.failed_size == 0
 
     async def _download_state_from(
-        self, peer_ids: list[bytes], max_bytes: int, timeout: float, future: MPFuture
+        self, peer_ids: list[bytes], newer_than: int, max_bytes: int, timeout: float, future: MPFuture
     ) -> None:
         try:
             for raw in peer_ids:
@@ -426,9 +434,16 @@ class DiLoCoAverager(DecentralizedAverager):
                 except Exception as e:
                     logger.warning("%s: state download from %s failed: %r", self.label, peer, e)
                     continue
-                if result is not None:
-                    future.set_result((raw, *result))
-                    return
+                if result is None:
+                    continue
+                step = result[0].get("step") if isinstance(result[0], dict) else None
+                if not isinstance(step, int) or step <= newer_than:
+                    logger.debug(
+                        "%s: %s offers outer step %r, not above %d", self.label, peer, step, newer_than
+                    )
+                    continue
+                future.set_result((raw, *result))
+                return
         finally:
             if not future.done():
                 future.set_result(None)
@@ -502,8 +517,22 @@ class DiLoCoAverager(DecentralizedAverager):
             self._peers_checked_at = now
         return self._peers_seen
 
-    def fetch_state(self, *, newer_than: int, timeout_s: float = 60.0) -> OuterState | None:
-        """Download (params, momentum, step) from a peer at an outer step above `newer_than` (see module doc)."""
+    def fetch_state(
+        self, *, newer_than: int, timeout_s: float = 60.0, wait_s: float = _STATE_WAIT_S
+    ) -> OuterState | None:
+        """Download (params, momentum, step) from a peer at an outer step above `newer_than` (see module doc).
+
+        While no candidate has such a state yet (peers may still be applying the outer step that
+        made us resync), ask again for up to `wait_s` seconds.
+        """
+        deadline = time.monotonic() + wait_s
+        while True:
+            fetched = self._fetch_state_once(newer_than, timeout_s)
+            if fetched is not None or time.monotonic() >= deadline:
+                return fetched
+            time.sleep(_PEER_POLL_S / 2)
+
+    def _fetch_state_once(self, newer_than: int, timeout_s: float) -> OuterState | None:
         steps = self.peer_steps()
         candidates = [p.to_bytes() for p in self._preferred_sources]
         others = [k for k, s in steps.items() if s > newer_than and k not in candidates]
@@ -517,7 +546,8 @@ class DiLoCoAverager(DecentralizedAverager):
         max_bytes = 2 * 4 * total + _MAX_STATE_SLACK_BYTES
         future = MPFuture()
         self._outer_pipe.send(("_download_state_from", [], dict(
-            peer_ids=candidates, max_bytes=max_bytes, timeout=timeout_s, future=future)))  # fmt: skip
+            peer_ids=candidates, newer_than=newer_than, max_bytes=max_bytes, timeout=timeout_s,
+            future=future)))  # fmt: skip
         result = future.result(timeout=timeout_s * len(candidates) + 10)
         if result is None:
             return None
@@ -631,10 +661,13 @@ class DiLoCoAverager(DecentralizedAverager):
             self._last_average_norm.value = norm
         if len(gathered) > 1:  # other trainers are alive: spare the next round's DHT read
             self._peers_seen, self._peers_checked_at = True, time.monotonic()
+        complete = bool(result.get("complete", True))
+        if not complete:
+            logger.warning("%s: outer step %d got only part of the group's average", self.label, step)
         return RoundOutcome(
             averaged=averaged,
             num_peers=len(gathered) - int(result["refused"]),
-            in_sync=outer_hash == majority,
+            in_sync=outer_hash == majority and complete,
             refused_peers=int(result["refused"]),
         )
 

@@ -221,7 +221,8 @@ class RoundOutcome:
     """Peers whose contribution is in the average (1 if this peer averaged alone)."""
 
     in_sync: bool = True
-    """False if this peer's outer state hash disagreed with the majority of its group (it must resync)."""
+    """False if this peer's outer state hash disagreed with the majority of its group, or if it got only
+    part of the group's average (a reducer left it out): either way it must resync."""
 
     refused_peers: int = 0
     """Senders whose contributions were refused (non-finite, oversized or malformed) in this round."""

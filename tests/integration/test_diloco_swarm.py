@@ -1,13 +1,19 @@
 """A DiLoCo run on loopback: every peer holds bit-identical parameters after every outer step;
-a single trainer works; a restarted trainer resumes from its checkpoint."""
+a single trainer works; a restarted trainer resumes from its checkpoint; a peer left out of part of
+a round adopts the group's state at once."""
 
 from __future__ import annotations
 
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
+from node.swarm import wait_until
 from node.trainer import OuterStepReport, run_trainer, simulate_diloco
-from node.trainer_testing import loopback_dht, tiny_config
+from node.trainer_testing import TrainerHandle, harness, hashes_by_step, loopback_dht, tiny_config
 from training.checkpoint import latest_checkpoint, load_checkpoint
 
 
@@ -48,3 +54,36 @@ def test_single_trainer_runs_and_resumes_from_its_checkpoint(tmp_path: Path) -> 
         assert final is not None and load_checkpoint(final).hash() == second[-1].outer_hash
     finally:
         dht.shutdown()
+
+
+def _finished(trainer: TrainerHandle, steps: int) -> Callable[[], bool]:
+    return lambda: trainer.steps() >= steps or not trainer.thread.is_alive()
+
+
+def test_a_peer_left_out_of_part_of_a_round_resyncs_to_the_group_at_once() -> None:
+    """A trainer that triggers the all-reduce after the reducers' sender timeout gets only part of the
+    group's average (the other parts fall back to its own pseudo-gradient); it must not keep that
+    mixture but adopt the group's state in the same outer step (CI: a loaded machine did this)."""
+    config = tiny_config(2, target_group_size=3, sender_timeout_s=2.0)
+    with harness() as h:
+        handles = [h.prepare(config, name) for name in ("t0", "t1", "late")]
+        late = handles[2]
+        batches = late.runtime.sampler.next_batch
+        calls = [0]
+
+        def slow_last_inner_step(batch_size: int | None = None) -> torch.Tensor:
+            calls[0] += 1
+            if calls[0] == config.diloco.inner_steps:  # the last inner step of outer step 1
+                time.sleep(3.0)  # past the reducers' 2 s sender timeout, within their 4 s reducer timeout
+            return batches(batch_size)
+
+        late.runtime.sampler.next_batch = slow_last_inner_step  # type: ignore[method-assign]
+        for handle in handles:
+            handle.thread.start()
+        for handle in handles:
+            assert wait_until(_finished(handle, 2), timeout_s=180)
+            assert handle.error is None
+        by_peer = [hashes_by_step(t.reports) for t in handles]
+        assert by_peer[0][1] == by_peer[1][1] == by_peer[2][1], "the late peer kept a partial average"
+        assert late.reports[0].resynced
+        assert by_peer[0][2] == by_peer[1][2] == by_peer[2][2]
