@@ -98,6 +98,10 @@ def test_incremental_decoding_matches_prefill_bit_for_bit(model, dtype):
         _, _, cache = m.prefill_cache(ids[:, :50])
         lg, h = m.decode_step(ids[:, 50:80], cache)
         assert torch.equal(h, full_hidden[:, 50:80])
+        # ... also for more new tokens than one attention block holds (queries attend block by block).
+        _, _, cache = m.prefill_cache(ids[:, :20])
+        lg, h = m.decode_step(ids[:, 20:150], cache)
+        assert torch.equal(h, full_hidden[:, 20:150]) and torch.equal(lg, full_logits[:, 20:150])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
