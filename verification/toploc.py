@@ -236,12 +236,28 @@ def _check_hidden(hidden: object, chunk_tokens: int, topk: int) -> torch.Tensor:
     return hidden.detach().cpu().contiguous()
 
 
-def _chunk_topk(flat: torch.Tensor, topk: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k indices of |flat| (torch CPU tie-breaking, as the reference) and their bf16 bits."""
-    k = min(topk, flat.numel())
-    idx = flat.abs().topk(k).indices
-    bits = flat[idx].view(torch.int16).numpy().astype(_NP_INT) & 0xFFFF
-    return idx.numpy().astype(_NP_INT), bits
+def _chunks_topk(hidden: torch.Tensor, chunk_tokens: int, topk: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per chunk of `chunk_tokens` rows: top-k indices of |values| (flattened) and their bf16 bits.
+
+    Tie-breaking is torch CPU's `topk`, as in the reference. The full chunks go through one
+    batched `topk` over rows (same per-row algorithm as the reference's 1-D call, a test holds
+    it to that); a shorter last chunk gets its own call.
+    """
+    t, h = hidden.shape
+    full = t // chunk_tokens
+    pieces: list[torch.Tensor] = []
+    if full:
+        rows = hidden[: full * chunk_tokens].reshape(full, chunk_tokens * h)
+        pieces.extend(rows.abs().topk(min(topk, rows.shape[1]), dim=-1).indices)
+    if full * chunk_tokens < t:
+        last = hidden[full * chunk_tokens :].reshape(-1)
+        pieces.append(last.abs().topk(min(topk, last.numel())).indices)
+    out = []
+    for i, idx in enumerate(pieces):
+        flat = hidden[i * chunk_tokens : (i + 1) * chunk_tokens].reshape(-1)
+        bits = flat[idx].view(torch.int16).numpy().astype(_NP_INT) & 0xFFFF
+        out.append((idx.numpy().astype(_NP_INT), bits))
+    return out
 
 
 def build_proofs(hidden: torch.Tensor, chunk_tokens: int = CHUNK_TOKENS, topk: int = TOPK) -> list[bytes]:
@@ -253,8 +269,7 @@ def build_proofs(hidden: torch.Tensor, chunk_tokens: int = CHUNK_TOKENS, topk: i
     """
     hidden = _check_hidden(hidden, chunk_tokens, topk)
     proofs = []
-    for start in range(0, hidden.shape[0], chunk_tokens):
-        idx, bits = _chunk_topk(hidden[start : start + chunk_tokens].reshape(-1), topk)
+    for idx, bits in _chunks_topk(hidden, chunk_tokens, topk):
         modulus = _injective_modulus(idx)
         coeffs = _interpolate(idx % modulus, bits)
         out = np.empty(1 + coeffs.shape[0], dtype=">u2")
@@ -310,12 +325,9 @@ def verify_proofs(
         rows = min(chunk_tokens, t - i * chunk_tokens)
         parsed.append(_parse_proof(proof, proof_length(rows * h, topk), i))
 
-    # Recompute the top-k per chunk (1-D topk, the reference's tie-breaking), then evaluate
+    # Recompute the top-k per chunk (the reference's tie-breaking), then evaluate
     # every proof at once: chunks with the same k share one batched matrix product.
-    tops = [
-        _chunk_topk(hidden[i * chunk_tokens : (i + 1) * chunk_tokens].reshape(-1), topk)
-        for i in range(expected)
-    ]
+    tops = _chunks_topk(hidden, chunk_tokens, topk)
     claimed_by_chunk: list[np.ndarray] = [np.empty(0, dtype=_NP_INT)] * expected
     for k in {idx.shape[0] for idx, _ in tops}:
         group = [i for i in range(expected) if tops[i][0].shape[0] == k]

@@ -15,6 +15,7 @@ from verification.errors import InvalidProofError
 from verification.toploc import (
     FIELD_PRIME,
     NO_MATCH_ERROR,
+    _chunks_topk,
     _evaluate,
     _interpolate,
     build_proofs,
@@ -123,6 +124,20 @@ def test_batched_evaluation_matches_horner(n):
     for row in range(3):
         expected = [_horner(coeffs[row].tolist(), int(x) % FIELD_PRIME) for x in points[row]]
         assert values[row].tolist() == expected
+
+
+@pytest.mark.parametrize("levels", [1, 2, 7, 1000])
+def test_batched_topk_breaks_ties_like_the_references_one_chunk_calls(levels):
+    """Proofs pick the top-k of each chunk with one batched call; bf16 activations tie often, and
+    the reference calls `topk` on each flattened chunk alone: the indices must be the same."""
+    g = torch.Generator().manual_seed(levels)
+    hidden = (torch.randint(-levels, levels + 1, (200, 64), generator=g).float() / levels).to(torch.bfloat16)
+    tops = _chunks_topk(hidden, 32, 128)
+    assert len(tops) == 7  # six full chunks and a short one
+    for i, (idx, bits) in enumerate(tops):
+        flat = hidden[i * 32 : (i + 1) * 32].reshape(-1)
+        assert np.array_equal(idx, flat.abs().topk(128).indices.numpy())
+        assert np.array_equal(bits, flat[idx].view(torch.int16).numpy().astype(np.int64) & 0xFFFF)
 
 
 @pytest.mark.parametrize(("tokens", "hidden"), [(1, 128), (31, 64), (33, 96), (64, 128), (5, 8)])
