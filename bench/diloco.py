@@ -28,6 +28,14 @@ final loss between near-identical runs, are the run-to-run noise of this small m
 large as the margin to the 3% target: one run's ratio is not a precise figure. 16 sequences
 per trainer with H=63 (same tokens) widened the gap (data-parallel 1.836, DiLoCo 1.889).
 
+What 1000x fewer bytes per token than data-parallel takes: DiLoCo's bytes per token fall as
+1/H (one all-reduce per outer step, matchmaking included), and data-parallel sends an fp32
+gradient every step while DiLoCo sends int8 every H steps (~4H x). The full run measured
+481x at H=125, so 1000x needs H of about 260 at the same tokens (~48 outer steps; loss was
+insensitive to H between 50 and 100 in the tuning above, 260 is not measured), or H=125
+with a ~4-bit pseudo-gradient codec (half of int8's bytes; not built). The run prints the
+H it would take from its own measured reduction.
+
 Every mode uses the same inner learning-rate schedule, `DiLoCoConfig.inner_lr_at` (linear
 warmup, then by default a cosine decay to 10% of the peak at the run's last step; DiLoCo and
 data-parallel take the same number of optimizer steps, the single trainer stretches the
@@ -51,6 +59,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import secrets
 import statistics
@@ -453,6 +462,11 @@ def main() -> None:
           f"steps with all hashes equal: {diloco['agreeing_steps_frac']:.2f}; "
           f"rounds with all {NUM_TRAINERS} peers: {diloco['full_rounds_frac']:.2f}; "
           f"median inner steps overlapped before an average arrived: {diloco['steps_until_average']:.0f}")  # fmt: skip
+    if dp is not None:
+        reduction = dp["bytes_per_token"] / diloco["bytes_per_token"]
+        print(f"bytes per token: {reduction:.0f}x fewer than data-parallel; they fall as 1/H, so 1000x takes "
+              f"H of about {math.ceil(args.inner_steps * 1000 / reduction)} with int8, "
+              f"{math.ceil(args.inner_steps * 500 / reduction)} with a 4-bit codec")  # fmt: skip
     fields = {
         "loss_diloco": f"{diloco['loss']:.4f}",
         "loss_single": f"{single['loss']:.4f}",
