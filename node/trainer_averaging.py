@@ -20,7 +20,9 @@ pseudo-gradient. It implements `training.diloco.RoundAverager` and `StateSource`
   same way; a bad one counts as a failed reducer (zero update for that slice) and a ban.
 * **Bit-identical results.** The reducer encodes each averaged part once and sends every
   member the same bytes; it uses the decoded bytes itself too. Every member therefore ends
-  with the same averaged tensor and applies the same outer step.
+  with the same averaged tensor and applies the same outer step. A member that a reducer
+  failed (e.g. it triggered after the reducers' sender timeout and was left out) holds its
+  own values in that slice: it reports the round as out of sync and adopts a peer's state.
 * **State sharing.** Peers publish their outer step as their state-sharing priority; a late
   joiner or an out-of-sync peer downloads `(params, momentum, step)` with `fetch_state`,
   preferring peers whose hash was the majority of the last round and otherwise the median
