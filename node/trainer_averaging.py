@@ -529,21 +529,27 @@ class DiLoCoAverager(DecentralizedAverager):
         """
         deadline = time.monotonic() + wait_s
         while True:
-            fetched = self._fetch_state_once(newer_than, timeout_s)
+            candidates = self._state_sources(newer_than)
+            if not candidates:
+                return None
+            fetched = self._download_state(candidates, newer_than, timeout_s)
             if fetched is not None or time.monotonic() >= deadline:
                 return fetched
             time.sleep(_PEER_POLL_S / 2)
 
-    def _fetch_state_once(self, newer_than: int, timeout_s: float) -> OuterState | None:
+    def _state_sources(self, newer_than: int) -> list[bytes]:
+        """Peers to download the state from, best first: last round's majority, then the median step."""
         steps = self.peer_steps()
         candidates = [p.to_bytes() for p in self._preferred_sources]
         others = [k for k, s in steps.items() if s > newer_than and k not in candidates]
         if others:
             median = statistics.median_low([steps[k] for k in others])
             others.sort(key=lambda k: (abs(steps[k] - median), random.random()))
-        candidates.extend(others)
-        if not candidates:
-            return None
+        return candidates + others
+
+    def _download_state(
+        self, candidates: list[bytes], newer_than: int, timeout_s: float
+    ) -> OuterState | None:
         total = sum(t.numel() for t in self._averaged_tensors)
         max_bytes = 2 * 4 * total + _MAX_STATE_SLACK_BYTES
         future = MPFuture()
