@@ -611,7 +611,10 @@ class DiLoCoAverager(DecentralizedAverager):
         control = self._control
         assert control is not None
         self._control = None
-        if not self._has_peers():
+        # A group that is already assembled (matchmaking ran during the inner steps) proves that
+        # peers are there; only otherwise ask the DHT, whose latency would delay the all-reduce.
+        assembled = control.stage == AveragingStage.AWAITING_TRIGGER
+        if not assembled and not self._has_peers():
             control.cancel()
             return DoneAverage(RoundOutcome(averaged=None, num_peers=1))
         with self.get_tensors() as tensors:
