@@ -173,7 +173,7 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: i
 
     At inference a long prefill attends block by block of `_QUERY_BLOCK` queries, each over
     the keys it can see: CPU attention kernels otherwise work through the masked half of the
-    score matrix too (measured ~20% of a verifier's attention time at 290 tokens). In float64
+    score matrix too (a verifier's attention over 290 tokens: 12 -> 8.3 ms on one thread). In float64
     the split changes nothing once rounded to the model dtype (see the module docstring).
     """
     t = q.shape[2]
