@@ -100,6 +100,10 @@ class TrainerConfig(BaseModel):
     sender_timeout_s: float = Field(default=10.0, gt=0.0)
     """A group member that sends nothing for this long is left out of the round."""
 
+    reducer_timeout_s: float | None = Field(default=None, gt=0.0)
+    """How long a member waits for the average of a slice from the peer reducing it (None: twice
+    `sender_timeout_s`); a reducer that misses it leaves the member with a partial round."""
+
     target_group_size: int | None = Field(default=None, ge=2)
     """Start the all-reduce as soon as this many peers are in the group (None: wait for the schedule)."""
 
@@ -165,6 +169,7 @@ class TrainerRuntime:
             request_timeout_s=config.request_timeout_s,
             averaging_timeout_s=config.averaging_timeout_s,
             sender_timeout_s=config.sender_timeout_s,
+            reducer_timeout_s=config.reducer_timeout_s,
             target_group_size=config.target_group_size,
             name=name,
         )

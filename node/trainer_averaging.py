@@ -284,6 +284,7 @@ class DiLoCoAverager(DecentralizedAverager):
         request_timeout_s: float = 1.0,
         averaging_timeout_s: float = 30.0,
         sender_timeout_s: float = 10.0,
+        reducer_timeout_s: float | None = None,
         target_group_size: int | None = None,
         name: str = "trainer",
     ) -> None:
@@ -316,7 +317,7 @@ class DiLoCoAverager(DecentralizedAverager):
             min_matchmaking_time=matchmaking_time_s,
             request_timeout=request_timeout_s,
             sender_timeout=sender_timeout_s,
-            reducer_timeout=2 * sender_timeout_s,
+            reducer_timeout=reducer_timeout_s if reducer_timeout_s is not None else 2 * sender_timeout_s,
             allreduce_timeout=averaging_timeout_s,
             next_chunk_timeout=sender_timeout_s,
             compression=codec_for(compression),

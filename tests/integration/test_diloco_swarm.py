@@ -64,7 +64,11 @@ def test_a_peer_left_out_of_part_of_a_round_resyncs_to_the_group_at_once() -> No
     """A trainer that triggers the all-reduce after the reducers' sender timeout gets only part of the
     group's average (the other parts fall back to its own pseudo-gradient); it must not keep that
     mixture but adopt the group's state in the same outer step (CI: a loaded machine did this)."""
-    config = tiny_config(2, target_group_size=3, sender_timeout_s=3.0)
+    # The late peer must arrive after the others' sender timeout and long before their reducer
+    # timeout, whatever a loaded machine adds: 2 s < 8 s late << 40 s.
+    config = tiny_config(
+        2, target_group_size=3, sender_timeout_s=2.0, reducer_timeout_s=40.0, averaging_timeout_s=60.0
+    )
     with harness() as h:
         handles = [h.prepare(config, name) for name in ("t0", "t1", "late")]
         late = handles[2]
@@ -74,9 +78,9 @@ def test_a_peer_left_out_of_part_of_a_round_resyncs_to_the_group_at_once() -> No
         def slow_last_inner_step(batch_size: int | None = None) -> torch.Tensor:
             calls[0] += 1
             if calls[0] == config.diloco.inner_steps:  # the last inner step of outer step 1
-                # Past the others' 3 s sender timeout (they leave it out of their parts), within their
-                # 6 s reducer timeout (they still get its part's average): only this peer's result is partial.
-                time.sleep(4.5)
+                # Past the others' sender timeout (they leave it out of their parts), within their reducer
+                # timeout (they still get its part's average): only this peer's result is partial.
+                time.sleep(8.0)
             return batches(batch_size)
 
         late.runtime.sampler.next_batch = slow_last_inner_step  # type: ignore[method-assign]
