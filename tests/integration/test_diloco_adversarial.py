@@ -22,6 +22,7 @@ from hivemind.averaging.allreduce import AveragingMode
 from hivemind.compression import CompressionInfo
 from hivemind.proto import averaging_pb2
 
+from node.swarm import wait_until
 from node.trainer_averaging import DiLoCoAverager, RobustAllReduceRunner
 from training.codecs import codec_for, decode_tensor
 from training.diloco import RoundOutcome
@@ -78,6 +79,9 @@ def swarm() -> Iterator[list[DiLoCoAverager]]:
         averagers[2].mode = AveragingMode.CLIENT  # the attacker only sends; honest peers reduce everything
         for a in averagers:
             a.publish_step(0)
+        # Start once every averager finds the other two through the DHT: a round that begins while
+        # the swarm is still forming can fail to find a group (seen on a loaded machine).
+        assert wait_until(lambda: all(len(a.peer_steps()) == 2 for a in averagers), timeout_s=60)
         yield averagers
     finally:
         for a in averagers:

@@ -45,6 +45,7 @@ def pair() -> Iterator[list[DiLoCoAverager]]:
             )
         for a in averagers:
             a.publish_step(0)
+        assert wait_until(lambda: all(len(a.peer_steps()) == 1 for a in averagers), timeout_s=60)
         yield averagers
     finally:
         for a in averagers:
