@@ -1,6 +1,7 @@
 """A loopback harness of DiLoCo trainer threads and tiny configs, for tests and benchmarks.
 
-`tiny_config` gives a CPU-sized `TrainerConfig`; `harness()` yields a `Harness` with a
+`tiny_config` gives a CPU-sized `TrainerConfig`; `averager_swarm` yields bare averagers on
+loopback that already see each other; `harness()` yields a `Harness` with a
 bootstrap DHT on 127.0.0.1 where `start`/`start_many` launch trainers (each with its own
 DHT and averager) and `TrainerHandle.kill` makes one die without a goodbye. Closing the
 harness ends exactly the threads and processes it started.
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,10 @@ import psutil
 import torch
 from hivemind import DHT
 
+from node.swarm import wait_until
 from node.trainer import OuterStepReport, TrainerConfig, TrainerRuntime
+from node.trainer_averaging import DiLoCoAverager
+from protocol.errors import HivenetError
 from training.data import DataConfig
 from training.diloco import DiLoCoConfig
 from training.model import ModelConfig
@@ -47,6 +51,36 @@ def tiny_config(max_outer_steps: int, *, inner_steps: int = 8, **overrides: Any)
 
 def loopback_dht(initial_peers: list[str] | None = None) -> DHT:
     return DHT(start=True, initial_peers=initial_peers or [], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
+
+
+@contextlib.contextmanager
+def averager_swarm(
+    shapes: Sequence[torch.Size], classes: Sequence[type[DiLoCoAverager]], **kwargs: Any
+) -> Iterator[list[DiLoCoAverager]]:
+    """One averager of each class (named peer0, peer1, ...), each with its own DHT, on 127.0.0.1.
+
+    Yields once every averager sees all the others through the DHT: a round begun while the
+    swarm is still forming can fail to find a group on a loaded machine.
+    """
+    dhts: list[DHT] = []
+    averagers: list[DiLoCoAverager] = []
+    try:
+        dhts.append(loopback_dht())
+        peers = [str(a) for a in dhts[0].get_visible_maddrs()]
+        for i, cls in enumerate(classes):
+            dhts.append(loopback_dht(peers))
+            averagers.append(cls(shapes, dhts[-1], name=f"peer{i}", **kwargs))
+        for a in averagers:
+            a.publish_step(0)
+        others = len(averagers) - 1
+        if not wait_until(lambda: all(len(a.peer_steps()) == others for a in averagers), timeout_s=60):
+            raise HivenetError("the averagers did not find each other through the DHT within 60 s")
+        yield averagers
+    finally:
+        for a in averagers:
+            a.shutdown()
+        for d in reversed(dhts):
+            d.shutdown()
 
 
 @dataclass

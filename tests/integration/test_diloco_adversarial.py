@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 import torch
-from hivemind import DHT
 from hivemind.averaging.allreduce import AveragingMode
 from hivemind.compression import CompressionInfo
 from hivemind.proto import averaging_pb2
 
-from node.swarm import wait_until
 from node.trainer_averaging import DiLoCoAverager, RobustAllReduceRunner
+from node.trainer_testing import averager_swarm
 from training.codecs import codec_for, decode_tensor
 from training.diloco import RoundOutcome
 
@@ -57,37 +56,19 @@ class AttackAverager(DiLoCoAverager):
 @pytest.fixture(scope="module")
 def swarm() -> Iterator[list[DiLoCoAverager]]:
     torch.set_num_threads(1)
-    dhts: list[DHT] = []
-    averagers: list[DiLoCoAverager] = []
-    try:
-        dhts.append(DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
-        peers = [str(a) for a in dhts[0].get_visible_maddrs()]
-        kwargs: dict[str, Any] = dict(
-            prefix="advtest",
-            compression="fp32",
-            matchmaking_time_s=2.0,
-            request_timeout_s=0.5,
-            averaging_timeout_s=20.0,
-            sender_timeout_s=5.0,
-            target_group_size=3,
-            ban_base_s=0.01,  # bans expire at once so each scenario starts clean
-        )
-        for i, cls in enumerate([DiLoCoAverager, DiLoCoAverager, AttackAverager]):
-            dht = DHT(start=True, initial_peers=peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-            dhts.append(dht)
-            averagers.append(cls(SHAPES, dht, name=f"peer{i}", **kwargs))
+    kwargs: dict[str, Any] = dict(
+        prefix="advtest",
+        compression="fp32",
+        matchmaking_time_s=2.0,
+        request_timeout_s=0.5,
+        averaging_timeout_s=20.0,
+        sender_timeout_s=5.0,
+        target_group_size=3,
+        ban_base_s=0.01,  # bans expire at once so each scenario starts clean
+    )
+    with averager_swarm(SHAPES, [DiLoCoAverager, DiLoCoAverager, AttackAverager], **kwargs) as averagers:
         averagers[2].mode = AveragingMode.CLIENT  # the attacker only sends; honest peers reduce everything
-        for a in averagers:
-            a.publish_step(0)
-        # Start once every averager finds the other two through the DHT: a round that begins while
-        # the swarm is still forming can fail to find a group (seen on a loaded machine).
-        assert wait_until(lambda: all(len(a.peer_steps()) == 2 for a in averagers), timeout_s=60)
         yield averagers
-    finally:
-        for a in averagers:
-            a.shutdown()
-        for d in reversed(dhts):
-            d.shutdown()
 
 
 def _round(

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 import torch
-from hivemind import DHT
 from hivemind.averaging.control import AveragingStage
 
 from node.swarm import wait_until
 from node.trainer_averaging import DiLoCoAverager
+from node.trainer_testing import averager_swarm
 from training.diloco import RoundOutcome
 
 SHAPES = [torch.Size([64]), torch.Size([8, 8])]
@@ -21,37 +22,17 @@ SHAPES = [torch.Size([64]), torch.Size([8, 8])]
 @pytest.fixture()
 def pair() -> Iterator[list[DiLoCoAverager]]:
     torch.set_num_threads(1)
-    dhts: list[DHT] = []
-    averagers: list[DiLoCoAverager] = []
-    try:
-        dhts.append(DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"]))
-        peers = [str(a) for a in dhts[0].get_visible_maddrs()]
-        for i in range(2):
-            dht = DHT(start=True, initial_peers=peers, host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-            dhts.append(dht)
-            averagers.append(
-                DiLoCoAverager(
-                    SHAPES,
-                    dht,
-                    prefix="roundtest",
-                    compression="fp32",
-                    matchmaking_time_s=1.0,
-                    request_timeout_s=0.5,
-                    averaging_timeout_s=30.0,
-                    sender_timeout_s=10.0,
-                    target_group_size=2,
-                    name=f"peer{i}",
-                )
-            )
-        for a in averagers:
-            a.publish_step(0)
-        assert wait_until(lambda: all(len(a.peer_steps()) == 1 for a in averagers), timeout_s=60)
+    kwargs: dict[str, Any] = dict(
+        prefix="roundtest",
+        compression="fp32",
+        matchmaking_time_s=1.0,
+        request_timeout_s=0.5,
+        averaging_timeout_s=30.0,
+        sender_timeout_s=10.0,
+        target_group_size=2,
+    )
+    with averager_swarm(SHAPES, [DiLoCoAverager] * 2, **kwargs) as averagers:
         yield averagers
-    finally:
-        for a in averagers:
-            a.shutdown()
-        for d in reversed(dhts):
-            d.shutdown()
 
 
 def test_an_assembled_group_is_triggered_without_a_dht_lookup(pair: list[DiLoCoAverager]) -> None:
