@@ -91,6 +91,21 @@ def start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool = Fal
     )
 
 
+def start_loopback_dht(initial_peers: list[str] | None = None, *, client_mode: bool = False) -> hivemind.DHT:
+    """A DHT on 127.0.0.1 with an ephemeral identity and the production record validator.
+
+    For local swarms (simulations, tests, benchmarks): the records it accepts are checked exactly
+    as a public node checks them.
+    """
+    return hivemind.DHT(
+        start=True,
+        initial_peers=initial_peers or [],
+        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        client_mode=client_mode,
+        record_validators=[SignedRecordValidator()],
+    )
+
+
 def start_ephemeral_dht(config: NodeConfig, *, client_mode: bool) -> tuple[hivemind.DHT, Identity]:
     """Start a DHT with a throwaway identity (for `peers`, `doctor`, ...): nothing is left on disk.
 

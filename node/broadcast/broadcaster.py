@@ -29,7 +29,7 @@ import hivemind
 from hivemind.p2p import P2P, PeerID
 from multiaddr import Multiaddr
 
-from node.broadcast.bans import BanList
+from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.errors import StoreError, WeightsUnavailable
 from node.broadcast.fetch import FetchProgress, NotHeld, VersionFetch, request_frame

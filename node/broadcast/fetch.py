@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 from hivemind.p2p import P2P, PeerID
 
-from node.broadcast.bans import BanList
+from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.errors import DiskFull, StoreError
 from node.broadcast.service import PROTO_CHUNK, PROTO_WATCH, parse_request

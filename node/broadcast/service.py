@@ -27,7 +27,7 @@ from google.protobuf.message import Message
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
-from node.broadcast.bans import BanList
+from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
 from node.broadcast.wire import RateLimiter, read_frame, write_frame, write_payload

@@ -137,7 +137,7 @@ def test_frames_and_payloads_are_capped_before_buffering() -> None:
 def test_bans_grow_with_each_offence() -> None:
     from hivemind.p2p import PeerID
 
-    from node.broadcast.bans import BanList
+    from node.bans import BanList
 
     bans = BanList(base_s=10.0, max_s=25.0)
     peer = PeerID(b"\x00\x24" + bytes(36))
