@@ -1,4 +1,4 @@
-"""Tests for verification.toploc: byte identity with the reference vectors, and strictness."""
+"""Tests for protocol.toploc: byte identity with the reference vectors, and strictness."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from verification.errors import InvalidProofError
-from verification.toploc import (
+from protocol.errors import InvalidProofError
+from protocol.toploc import (
     FIELD_PRIME,
     NO_MATCH_ERROR,
     _chunks_topk,

@@ -6,6 +6,10 @@ generated tokens, as a polynomial over GF(65497) through the points
 is `m` (2 bytes big-endian) followed by k coefficients (lowest degree first, 2 bytes
 big-endian each): 258 bytes for k = 128.
 
+The format is shared by inference workers (who build proofs, `training.generation`) and
+validators (who check them, `verification.verdict`), so it lives here as pure tensor math
+with no I/O; the reference vectors pin its bytes.
+
 * `build_proofs(hidden)` -> one `bytes` per chunk (what an inference worker sends).
 * `verify_proofs(hidden, proofs)` -> one `ChunkCheck` per chunk with the reference's three
   figures (exponent mismatches, mean and upper-median mantissa error) plus the number of
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from verification.errors import InvalidProofError
+from protocol.errors import InvalidProofError
 
 __all__ = [
     "CHUNK_TOKENS",
