@@ -12,5 +12,5 @@
 - `record_validator`: `SignedRecordValidator`, the hivemind DHT validator; `register_domain`.
 - `broadcast.proto` / `manifest`: weight manifests, pointers and chunk messages.
 - `toploc`: `build_proofs`, `verify_proofs`, `ChunkCheck`: TOPLOC proofs (byte-compatible with the
-  reference `toploc` 0.1.6, stricter on malformed input, plus a sign check).
+  reference `toploc` 0.1.6, stricter on malformed input, plus a sign check); spec in `docs/toploc-spec.md`.
 """

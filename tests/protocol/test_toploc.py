@@ -22,12 +22,12 @@ from protocol.toploc import (
     verify_proofs,
 )
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "toploc" / "golden.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "toploc" / "golden.json"
 
 
 def _load_golden() -> list[dict]:
     # the reference vectors are required: a missing file must fail the suite, not skip it
-    assert GOLDEN.exists(), f"reference vectors not found at {GOLDEN}; shared/ must sit beside the repository"
+    assert GOLDEN.exists(), f"reference vectors not found at {GOLDEN}"
     return json.loads(GOLDEN.read_text())["cases"]
 
 
