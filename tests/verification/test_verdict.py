@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from protocol.toploc import build_proofs
+from tests.helpers.scenarios import HONEST_KINDS, KINDS, TAMPERED_KINDS, Lab
 from training.generation import generate
 from training.sampling import SamplingParams
 from verification.rollout import RolloutClaim
-from verification.scenarios import HONEST_KINDS, KINDS, TAMPERED_KINDS, Lab
 from verification.verdict import RejectReason, RolloutVerifier, judge, recompute, summarize
 
 TOPLOC_REASONS = {
