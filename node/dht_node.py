@@ -8,6 +8,7 @@ deadline. A node that reaches no seed at all raises PeerUnreachable.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hivemind
+import psutil
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
@@ -67,7 +69,13 @@ class _IsolatedDHT(hivemind.DHT):
             os.killpg(os.getpgrp(), signal.SIGKILL)
 
         threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
-        super().run()
+        try:
+            super().run()
+        finally:
+            # daemons started inside the DHT process (e.g. the dial-back probe) end with it
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
 
 
 def start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool = False) -> hivemind.DHT:

@@ -125,6 +125,9 @@ def test_dial_back_service_answers_truthfully(swarm: LocalSwarm, observer: Hiven
     assert not again and "RATE_LIMITED" in detail
     bad, detail = _dial_back(observer, [swarm.seed_multiaddr], ["/ip4/1.2.3.4/udp/1"])
     assert not bad and "BAD_REQUEST" in detail
+    # the seed dials only the address the request came from, never a third party
+    third, detail = _dial_back(observer, [swarm.seed_multiaddr], [f"/ip4/127.0.0.2/tcp/{_free_port()}"])
+    assert not third and "BAD_REQUEST" in detail and "not the address this request came from" in detail
 
 
 def test_clean_leave_withdraws_the_record_at_once(swarm: LocalSwarm, observer: HivenetNode) -> None:
