@@ -10,7 +10,8 @@
 - `shutdown`: `StopRequest` (first Ctrl-C asks loops to finish; a second one forces).
 - `logs`: `configure_logging` (short PeerID on every line).
 - `swarm`: `LocalSwarm` (seed + N real node processes on 127.0.0.1 with add/kill/stop), `wait_until`.
-- `trainer`, `trainer_averaging`: `TrainerConfig`, `TrainerRuntime`, `run_trainer`, `simulate_diloco`,
-  `DiLoCoAverager` (one all-reduce per outer step with equal weights and refusal of bad parts).
+- `trainer`: `TrainerConfig`, `TrainerRuntime`, `run_trainer`, `simulate_diloco`.
+- `averaging/`: DiLoCo's averaging transport, `DiLoCoAverager` (one all-reduce per outer step with
+  equal weights and refusal of bad parts, state sharing; see its own map).
 - `broadcast/`: the weight broadcast (see its own map).
 """

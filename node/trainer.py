@@ -8,7 +8,7 @@
   plus trainer thread per trainer on 127.0.0.1, runs the whole run and tears everything
   down (also on exceptions and KeyboardInterrupt). It returns every outer-step report.
 
-The network side of a round lives in `node.trainer_averaging.DiLoCoAverager`; the training
+The network side of a round lives in `node.averaging.averager.DiLoCoAverager`; the training
 loop is `training.diloco.DiLoCoTrainer`, which sees the network only through it.
 """
 
@@ -28,8 +28,9 @@ import torch
 from hivemind import DHT
 from pydantic import BaseModel, ConfigDict, Field
 
+from node.averaging.outer_state import OuterState
 from node.identity import Identity
-from protocol.dht_keys import validate_run_id
+from protocol.dht_keys import averaging_prefix, validate_run_id
 from protocol.errors import HivenetError
 from training.checkpoint import (
     CheckpointError,
@@ -39,7 +40,7 @@ from training.checkpoint import (
     save_checkpoint,
 )
 from training.data import DataConfig, load_corpus
-from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterState, OuterStepReport
+from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterStepReport
 from training.model import ModelConfig, TinyGPT
 
 __all__ = ["OuterStepReport", "TrainerConfig", "TrainerRuntime", "run_trainer", "simulate_diloco"]
@@ -140,7 +141,7 @@ class TrainerRuntime:
     """
 
     def __init__(self, config: TrainerConfig, dht: DHT, name: str) -> None:
-        from node.trainer_averaging import DiLoCoAverager, averaging_prefix
+        from node.averaging.averager import DiLoCoAverager
 
         validate_run_id(config.run_id)
         self.config = config

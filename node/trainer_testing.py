@@ -20,9 +20,9 @@ import psutil
 import torch
 from hivemind import DHT
 
+from node.averaging.averager import DiLoCoAverager
 from node.swarm import wait_until
 from node.trainer import OuterStepReport, TrainerConfig, TrainerRuntime
-from node.trainer_averaging import DiLoCoAverager
 from protocol.errors import HivenetError
 from training.data import DataConfig
 from training.diloco import DiLoCoConfig

@@ -7,9 +7,8 @@ passes in.
   `loss`, `prefill_cache`, `decode_step`; decode and prefill agree bit for bit at inference).
 - `data`: `DataConfig`, `Corpus`, `load_corpus`, `prefetch_shakespeare` (shakespeare plays,
   stdlib fallback, or the user's files; seeded held-out split and disjoint shards).
-- `diloco`: `DiLoCoConfig`, `DiLoCoTrainer`, `OuterState`, `OuterStepReport` (inner AdamW,
-  pseudo-gradients, outer Nesterov step, state hashes).
-- `codecs`: fp16 and blockwise int8 tensor codecs registered with hivemind.
+- `diloco`: `DiLoCoConfig`, `DiLoCoTrainer`, `OuterStepReport` (inner AdamW, pseudo-gradients,
+  outer Nesterov step); the outer state and round types come from `node.averaging`.
 - `checkpoint`: safetensors checkpoints (`save_checkpoint`, `load_checkpoint`, `latest_checkpoint`).
 - `sampling`: seeded Gumbel-max sampling (`SamplingParams`, `sample_tokens`).
 - `generation`: `generate`, which samples and builds TOPLOC proofs every 32 tokens.
