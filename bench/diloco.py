@@ -83,10 +83,11 @@ from hivemind.utils.asyncio import achain, aiter_with_timeout, anext, as_aiter  
 from node.averaging.codecs import codec_for  # noqa: E402
 from node.averaging.runner import RobustAllReduceRunner  # noqa: E402
 from node.averaging.traffic import count_sent_bytes  # noqa: E402
-from node.trainer import TrainerConfig, simulate_diloco  # noqa: E402
 from training.data import DataConfig, load_corpus  # noqa: E402
 from training.diloco import DiLoCoConfig, OuterStepReport  # noqa: E402
 from training.model import ModelConfig, TinyGPT  # noqa: E402
+from training.simulation import simulate_diloco  # noqa: E402
+from training.trainer import TrainerConfig  # noqa: E402
 
 NUM_TRAINERS = 4
 

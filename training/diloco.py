@@ -1,7 +1,7 @@
 """The DiLoCo optimizer and trainer loop: H inner AdamW steps, then one averaged outer Nesterov step.
 
 Plain synchronous torch code. The network is reached only through two interfaces passed in
-by `node.trainer` (both implemented by `node.averaging.averager.DiLoCoAverager`):
+by `training.trainer` (both implemented by `node.averaging.averager.DiLoCoAverager`):
 
 * `RoundAverager.average(...)` averages this round's pseudo-gradient with the peers of the
   same run and outer step (one all-reduce per outer step; every peer's contribution counts

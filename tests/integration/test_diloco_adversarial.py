@@ -25,7 +25,7 @@ from node.averaging.averager import DiLoCoAverager
 from node.averaging.codecs import codec_for, decode_tensor
 from node.averaging.rounds import RoundOutcome
 from node.averaging.runner import RobustAllReduceRunner
-from node.trainer_testing import averager_swarm
+from tests.helpers.trainers import averager_swarm
 
 SHAPES = [torch.Size([1000]), torch.Size([10, 10])]
 ATTACK = mp.Value(ctypes.c_int, 0)  # shared with the attacker's (forked) averager process
