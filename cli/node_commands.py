@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,11 +12,11 @@ import click
 
 from cli.errors import friendly_errors
 from cli.train import build_trainer_config, describe_report, trainer_options
-from protocol.errors import HivenetError
 from protocol.node_record import Role
 
 if TYPE_CHECKING:
     from node.node import HivenetNode
+    from training.trainer_thread import TrainerThread
 
 ROLES_WITHOUT_WORK_YET = {
     Role.INFERENCE: "the inference worker arrives with the verified-inference work",
@@ -95,10 +93,17 @@ def _run_until_interrupted(
             click.echo(address)
         sys.stdout.flush()
         if trainer_config is not None and _wait_for_trainers(node, wait_for_trainers, stop, console):
+            from training.trainer import TrainerRuntime
+            from training.trainer_thread import TrainerThread
+
+            assert (
+                node.dht is not None
+            )  # built here in the main thread: the averager installs signal handlers
             trainer = TrainerThread(
-                node, trainer_config, on_line=console.print, wait_for_trainers=wait_for_trainers,
-                should_stop=lambda: stop.requested,
-            )  # fmt: skip
+                TrainerRuntime(trainer_config, node.dht, node.short_id),
+                on_progress=lambda report: console.print(describe_report(report), highlight=False, soft_wrap=True),
+                wait_for_peers=wait_for_trainers - 1, should_stop=lambda: stop.requested,
+            ).start()  # fmt: skip
         with Live(console=console, refresh_per_second=1, transient=True) as live:
             while not stop.requested and (trainer is None or trainer.alive):
                 node.refresh_view()
@@ -128,86 +133,6 @@ def _wait_for_trainers(node: HivenetNode, count: int, stop: Any, console: Any) -
                 return True
             stop.wait(1.0)
     return False
-
-
-class TrainerThread:
-    """Runs a DiLoCo trainer beside the node's main loop and keeps its latest report.
-
-    The trainer (and its hivemind averager, which installs signal handlers) is built here in
-    the main thread; only the training loop runs in the background thread.
-    """
-
-    def __init__(
-        self,
-        node: HivenetNode,
-        config: Any,
-        on_line: Any,
-        wait_for_trainers: int = 1,
-        should_stop: Callable[[], bool] = lambda: False,
-    ):
-        import threading
-
-        import torch
-
-        from node.trainer import TrainerRuntime
-
-        assert node.dht is not None
-        if config.torch_threads is not None:
-            torch.set_num_threads(config.torch_threads)
-        self._runtime = TrainerRuntime(config, node.dht, node.short_id)
-        self._stop = threading.Event()
-        self.last_report: Any = None
-        self.error: BaseException | None = None
-
-        def on_progress(report: Any) -> None:
-            self.last_report = report
-            on_line(describe_report(report), highlight=False, soft_wrap=True)
-
-        def work() -> None:
-            try:
-                if wait_for_trainers > 1:
-                    self._wait_for_averagers(wait_for_trainers - 1, should_stop)
-                self._runtime.train(self._stop, on_progress)
-            except BaseException as exc:
-                self.error = exc
-                logging.getLogger(__name__).exception("trainer stopped")
-
-        self._thread = threading.Thread(target=work, name="trainer", daemon=True)
-        self._thread.start()
-
-    def _wait_for_averagers(self, others: int, should_stop: Callable[[], bool]) -> None:
-        """Hold the first inner step until `others` trainers' averagers are up as well.
-
-        A node record appears before its trainer can average; a trainer that reached its first
-        outer step while the others were still loading would step alone. Advertising step 0
-        here is harmless: training re-advertises the real step before its first round.
-        """
-        averager = self._runtime.averager
-        averager.publish_step(0)
-        while not self._stop.is_set() and not should_stop() and len(averager.peer_steps()) < others:
-            self._stop.wait(0.5)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def summary(self) -> str:
-        report = self.last_report
-        if report is None:
-            return "training: preparing (loading data, joining the run)"
-        return f"outer step {report.outer_step} loss {report.train_loss:.3f} peers {report.num_peers}"
-
-    def stop(self) -> None:
-        """Let the round in flight finish, write the final checkpoint, release the averager."""
-        self._stop.set()
-        self._thread.join(timeout=300)
-        self._runtime.close()
-        if isinstance(self.error, HivenetError):
-            error, self.error = self.error, None
-            raise error
-        if self.error is not None:
-            self.error = None
-            raise SystemExit(1)
 
 
 @click.command()

@@ -1,4 +1,4 @@
-"""The running peer: identity, config, DHT membership, P2P services, trainer wiring, local swarm.
+"""The running peer: identity, config, DHT membership, P2P services, DiLoCo averaging, local swarm.
 
 - `identity`: `Identity`, `load_or_create_identity` (Ed25519 key file in libp2p format, 0600, lock).
 - `config`: `NodeConfig`, `load_config` (flags > TOML file > defaults; unknown keys are errors).
@@ -10,7 +10,7 @@
 - `shutdown`: `StopRequest` (first Ctrl-C asks loops to finish; a second one forces).
 - `logs`: `configure_logging` (short PeerID on every line).
 - `swarm`: `LocalSwarm` (seed + N real node processes on 127.0.0.1 with add/kill/stop), `wait_until`.
-- `trainer`, `trainer_averaging`: `TrainerConfig`, `TrainerRuntime`, `run_trainer`, `simulate_diloco`,
-  `DiLoCoAverager` (one all-reduce per outer step with equal weights and refusal of bad parts).
+- `averaging/`: DiLoCo's averaging transport, `DiLoCoAverager` (one all-reduce per outer step with
+  equal weights and refusal of bad parts, state sharing; see its own map).
 - `broadcast/`: the weight broadcast (see its own map).
 """
