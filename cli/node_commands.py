@@ -38,6 +38,11 @@ def _node_options(func: Any) -> Any:
     options = [
         click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable)."),
         click.option("--identity", "identity_path", type=click.Path(path_type=Path), help="Key file."),
+        click.option(
+            "--weights-dir",
+            type=click.Path(path_type=Path),
+            help="Chunk store for the weights this node serves.",
+        ),
         click.option("--public-name", help="Name shown to others."),
         click.option("--run", "run_id", help="Run id to join."),
         click.option("--host", help="IP to listen on (default 0.0.0.0)."),
@@ -93,17 +98,13 @@ def _run_until_interrupted(
             click.echo(address)
         sys.stdout.flush()
         if trainer_config is not None and _wait_for_trainers(node, wait_for_trainers, stop, console):
-            from training.trainer import TrainerRuntime
-            from training.trainer_thread import TrainerThread
+            from training.trainer_node import start_trainer
 
-            assert (
-                node.dht is not None
-            )  # built here in the main thread: the averager installs signal handlers
-            trainer = TrainerThread(
-                TrainerRuntime(trainer_config, node.dht, node.short_id),
+            trainer, _ = start_trainer(
+                node, trainer_config,
                 on_progress=lambda report: console.print(describe_report(report), highlight=False, soft_wrap=True),
                 wait_for_peers=wait_for_trainers - 1, should_stop=lambda: stop.requested,
-            ).start()  # fmt: skip
+            )  # fmt: skip
         with Live(console=console, refresh_per_second=1, transient=True) as live:
             while not stop.requested and (trainer is None or trainer.alive):
                 node.refresh_view()

@@ -144,8 +144,18 @@ class TrainerRuntime:
     then trained in any thread. `dht` stays the caller's: `close` does not shut it down.
     """
 
-    def __init__(self, config: TrainerConfig, dht: DHT, name: str) -> None:
+    def __init__(
+        self,
+        config: TrainerConfig,
+        dht: DHT,
+        name: str,
+        *,
+        on_outer_state: Callable[[OuterState], None] | None = None,
+    ) -> None:
+        """`on_outer_state(state)` is called in the training thread after every outer step (and its
+        checkpoint), e.g. to publish the new weights."""
         validate_run_id(config.run_id)
+        self.on_outer_state = on_outer_state
         if config.torch_threads is not None:
             torch.set_num_threads(config.torch_threads)
         self.config = config
@@ -182,6 +192,11 @@ class TrainerRuntime:
         logger.info(
             "%s: trainer ready (run %s, shard %d of %d)", name, config.run_id, shard, config.num_shards
         )
+
+    def state_dict(self, state: OuterState) -> dict[str, torch.Tensor]:
+        """The outer parameters of `state` under the model's parameter names (what gets published)."""
+        names = [name for name, _ in self.model.named_parameters()]
+        return dict(zip(names, state.params, strict=True))
 
     def _resume_state(self) -> OuterState:
         state = OuterState.from_model(self.model)
@@ -253,6 +268,8 @@ class TrainerRuntime:
         def after_outer_step(t: DiLoCoTrainer) -> None:
             self.averager.publish_step(t.state.step)
             self._checkpoint(t)
+            if self.on_outer_state is not None:
+                self.on_outer_state(t.state)
 
         try:
             trainer.run(stop_event, on_progress, on_outer_step=after_outer_step)
