@@ -46,7 +46,7 @@ def _node_options(func: Any) -> Any:
         click.option("--public-name", help="Name shown to others."),
         click.option("--run", "run_id", help="Run id to join."),
         click.option("--host", help="IP to listen on (default 0.0.0.0)."),
-        click.option("--port", type=int, help="TCP port to listen on (default: any free port)."),
+        click.option("--port", type=int, help="TCP port to listen on (join: any free port; seed: 31337)."),
         click.option(
             "--announce", "announce_addresses", multiple=True, help="Multiaddr to announce (repeatable)."
         ),
@@ -167,9 +167,18 @@ def identity(identity_path: Path | None, create: bool) -> None:
     "--wait-for-trainers", type=click.IntRange(1, 1024), default=1, show_default=True,
     help="With --role trainer: start training once this many trainers (this one included) are ready in the run.",
 )  # fmt: skip
+@click.option(
+    "--new-swarm", is_flag=True,
+    help="Start a new swarm when no --initial-peers are given (otherwise that is an error).",
+)  # fmt: skip
 @friendly_errors
 def join(
-    roles: tuple[str, ...], config_file: Path | None, verbose: bool, wait_for_trainers: int, **flags: Any
+    roles: tuple[str, ...],
+    config_file: Path | None,
+    verbose: bool,
+    wait_for_trainers: int,
+    new_swarm: bool,
+    **flags: Any,
 ) -> None:
     """Join a swarm and stay until Ctrl-C, then leave cleanly.
 
@@ -181,9 +190,14 @@ def join(
     for role in config.roles:
         if role in ROLES_WITHOUT_WORK_YET:
             raise click.UsageError(
-                f"role {role!r} is not available yet: {ROLES_WITHOUT_WORK_YET[role]}. "
+                f"role {role.value!r} is not available yet: {ROLES_WITHOUT_WORK_YET[role]}. "
                 "Join as validator or relay meanwhile."
             )
+    if not config.initial_peers and not new_swarm:
+        raise click.UsageError(
+            "no --initial-peers: give the multiaddr of a seed of the swarm to join (a seed prints its own), "
+            "or pass --new-swarm to start a new, empty swarm on purpose"
+        )
     _setup_logging(verbose)
     from node.node import HivenetNode
 
@@ -356,8 +370,13 @@ def simulate(
         return
     from cli.simulate import run_simulation
 
-    role_list = [Role(part.strip()) for part in roles.split(",") if part.strip()]
-    for role in role_list:
-        if role in ROLES_WITHOUT_WORK_YET or role == Role.SEED:
-            raise click.UsageError(f"role {role!r} cannot be simulated yet; use validator or relay")
+    simulated = [role.value for role in Role if role not in ROLES_WITHOUT_WORK_YET and role != Role.SEED]
+    names = [part.strip() for part in roles.split(",") if part.strip()]
+    unknown = [name for name in names if name not in simulated]
+    if unknown or not names:
+        raise click.UsageError(
+            f"--roles {roles!r}: {', '.join(unknown) or 'no role'} cannot be simulated; "
+            f"choose from {', '.join(simulated)}"
+        )
+    role_list = [Role(name) for name in names]
     run_simulation(num_nodes=num_nodes, roles=role_list, duration_s=duration_s, run_id=run_id)

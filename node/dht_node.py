@@ -40,6 +40,10 @@ _FIRST_BACKOFF_S = 0.5
 _MAX_BACKOFF_S = 8.0
 
 
+class BootstrapStopped(Exception):
+    """`should_stop` turned true while the seeds were being dialled."""
+
+
 @dataclass
 class SeedStatus:
     """Outcome of dialling one initial peer."""
@@ -159,7 +163,7 @@ async def bootstrap(
 
     Returns the status of each seed. Raises PeerUnreachable naming every seed if none was
     reached in time (and there was at least one to reach). `should_stop` is polled between
-    tries; once it is true, bootstrap gives up with KeyboardInterrupt.
+    tries; once it is true, bootstrap gives up with BootstrapStopped.
     """
     pending = {address: "not tried yet" for address in initial_peers}
     reached: list[str] = []
@@ -175,7 +179,7 @@ async def bootstrap(
             if remaining <= 0:
                 break
             if stopping():
-                raise KeyboardInterrupt("stopped while dialling the initial peers")
+                raise BootstrapStopped("stopped while dialling the initial peers")
             try:
                 error = await asyncio.wait_for(
                     in_dht(dht, _dial_seed, address=address), timeout=min(remaining, 2 * _PING_TIMEOUT_S)
@@ -193,7 +197,7 @@ async def bootstrap(
         wake = time.monotonic() + backoff
         while time.monotonic() < wake:
             if stopping():
-                raise KeyboardInterrupt("stopped while dialling the initial peers")
+                raise BootstrapStopped("stopped while dialling the initial peers")
             await asyncio.sleep(0.1)
         backoff = min(backoff * 2, _MAX_BACKOFF_S)
 

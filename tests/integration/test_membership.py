@@ -135,6 +135,8 @@ def test_clean_leave_withdraws_the_record_at_once(swarm: LocalSwarm, observer: H
     peer_id = swarm.nodes[name].peer_id
     assert wait_until(lambda: peer_id in _live_ids(observer), timeout_s=30)
     swarm.stop_node(name)
+    final = swarm.nodes[name].status()
+    assert final is not None and final.state == "stopped"  # not left at "leaving" after exit
     records = {
         node.peer_id.to_base58(): node
         for node in observer.call(fetch_run_records(observer.dht, RUN)).values()
@@ -267,3 +269,29 @@ def test_seed_restart_keeps_its_multiaddr_and_serves_health(tmp_path: Path) -> N
         status_file.unlink()
     assert addresses[0] == addresses[1]
     assert addresses[0][0].startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/12D3KooW")
+
+
+def test_ctrl_c_while_dialling_seeds_stops_at_once(tmp_path: Path) -> None:
+    """The stop request reaches the bootstrap loop: Ctrl-C does not wait out the bootstrap timeout."""
+    import signal
+
+    dead_seed = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/12D3KooWJUW8TJkrraxJRkC9EqBfTAGLumGNHJczTAy783LYjpkV"
+    status_file = tmp_path / "status.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "join", "--initial-peers", dead_seed, "--identity", str(tmp_path / "k"),
+         "--host", "127.0.0.1", "--bootstrap-timeout", "600", "--status-file", str(status_file)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        # the node writes no status until it has joined, so wait for the DHT's first failed dial instead
+        assert wait_until(lambda: (tmp_path / "k").exists(), timeout_s=60)
+        time.sleep(3)  # let it get into the retry loop
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=120)  # far below the 600 s bootstrap timeout
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.stderr is not None
+    stderr = process.stderr.read()
+    assert process.returncode != 0 and "Traceback" not in stderr, stderr
