@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from node.config import load_config
@@ -283,9 +284,16 @@ def test_ctrl_c_while_dialling_seeds_stops_at_once(tmp_path: Path) -> None:
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        # the node writes no status until it has joined, so wait for the DHT's first failed dial instead
-        assert wait_until(lambda: (tmp_path / "k").exists(), timeout_s=60)
-        time.sleep(3)  # let it get into the retry loop
+        # the node writes no status until it has joined: wait for its p2pd, after which it dials the seed
+        def dialling() -> bool:
+            try:
+                return any(
+                    "p2pd" in child.name() for child in psutil.Process(process.pid).children(recursive=True)
+                )
+            except psutil.Error:
+                return False
+
+        assert wait_until(dialling, timeout_s=60)
         process.send_signal(signal.SIGINT)
         process.wait(timeout=120)  # far below the 600 s bootstrap timeout
     finally:
