@@ -26,6 +26,7 @@ from hivemind.dht.node import DHTNode
 from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
 
+from node import dht_guard
 from node.config import NodeConfig
 from node.identity import Identity, create_identity
 from node.runtime import in_dht
@@ -73,6 +74,7 @@ class _IsolatedDHT(hivemind.DHT):
             os.killpg(os.getpgrp(), signal.SIGKILL)
 
         threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
+        dht_guard.install()
         try:
             super().run()
         finally:
@@ -110,7 +112,7 @@ def start_loopback_dht(initial_peers: list[str] | None = None, *, client_mode: b
     For local swarms (simulations, tests, benchmarks): the records it accepts are checked exactly
     as a public node checks them.
     """
-    return hivemind.DHT(
+    return _IsolatedDHT(
         start=True,
         initial_peers=initial_peers or [],
         host_maddrs=["/ip4/127.0.0.1/tcp/0"],
