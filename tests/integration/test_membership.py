@@ -120,7 +120,7 @@ def test_doctor_reports_reachable_seed_and_insecure_key(swarm: LocalSwarm, tmp_p
 def test_dial_back_service_answers_truthfully(swarm: LocalSwarm, observer: HivenetNode) -> None:
     dead = f"/ip4/127.0.0.1/tcp/{_free_port()}"
     reachable, detail = _dial_back(observer, [swarm.seed_multiaddr], [dead])
-    assert not reachable and "DIAL_BACK_UNREACHABLE" in detail
+    assert not reachable and "DIAL_BACK_UNREACHABLE" in detail, (dead, detail)
     # the same requester asking again at once is rate-limited, and a malformed request is refused
     again, detail = _dial_back(observer, [swarm.seed_multiaddr], [dead])
     assert not again and "RATE_LIMITED" in detail
