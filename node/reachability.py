@@ -177,14 +177,31 @@ class DialBackService:
 
     async def _dial(self, requester: PeerID, targets: list[Multiaddr]) -> pb.DialBackResponse:
         probe = await self._probe_daemon()
+        with contextlib.suppress(Exception):  # a connection left from an earlier probe must not count
+            await probe._client.disconnect(requester)
         try:
             await asyncio.wait_for(probe._client.connect(requester, targets), DIAL_BACK_TIMEOUT_S)
+            used = [
+                address
+                for peer in await probe._client.list_peers()
+                if peer.peer_id == requester
+                for address in peer.addrs
+            ]
         except Exception as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return pb.DialBackResponse(code=pb.DIAL_BACK_UNREACHABLE, detail=reason[:200])
         finally:
             with contextlib.suppress(Exception):
                 await probe._client.disconnect(requester)
+        # only a connection to one of the requested addresses proves them reachable (libp2p may
+        # also dial addresses it learnt elsewhere)
+        if not any(address in targets for address in used):
+            return pb.DialBackResponse(
+                code=pb.DIAL_BACK_UNREACHABLE,
+                detail=f"not reachable at the requested address (connected via {', '.join(map(str, used)) or '-'})"[
+                    :200
+                ],
+            )
         return pb.DialBackResponse(code=pb.DIAL_BACK_REACHABLE, detail="reached from a separate connection")
 
 
