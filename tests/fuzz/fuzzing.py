@@ -9,6 +9,7 @@ written into the repository. The 1 s deadline makes a parser that hangs on some 
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -40,6 +41,10 @@ def fuzz_variants(
     fast = FAST(given(*strategies)(prop))
     slow = pytest.mark.slow(SLOW(given(*strategies)(prop)))
     return fast, slow
+
+
+EDGE_FLOATS = st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0])
+"""Floats that break naive range checks (every comparison with NaN is False); drawn often on purpose."""
 
 
 def run_bounded(coro: Coroutine[Any, Any, Any]) -> Any:

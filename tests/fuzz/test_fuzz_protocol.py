@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 from types import SimpleNamespace
 from unittest import mock
 
@@ -28,7 +29,7 @@ from protocol import record_validator
 from protocol.dht_keys import node_records_key, signed_subkey
 from protocol.envelope import open_envelope, peek_domain, seal
 from protocol.errors import InvalidMessage, InvalidProofError
-from protocol.limits import MAX_ENVELOPE_BYTES, MAX_MANIFEST_BYTES
+from protocol.limits import MAX_CLOCK_SKEW_S, MAX_ENVELOPE_BYTES, MAX_MANIFEST_BYTES, MAX_UNSIGNED_TTL_S
 from protocol.manifest import (
     HolderAnnouncement,
     TensorInfo,
@@ -42,7 +43,7 @@ from protocol.peer_keys import peer_id_from_private_key
 from protocol.record_validator import SignedRecordValidator
 from protocol.toploc import build_proofs, verify_proofs
 from protocol.untrusted import capped_bytes, parse_untrusted
-from tests.fuzz.fuzzing import arbitrary_or_mutated, fuzz_variants
+from tests.fuzz.fuzzing import EDGE_FLOATS, arbitrary_or_mutated, fuzz_variants
 
 RUN = "fuzz-run"
 KEY = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"fuzz signer").digest())
@@ -109,6 +110,23 @@ def _envelope_property(data: bytes) -> None:
 
 test_envelope_fast, test_envelope_slow = fuzz_variants(
     _envelope_property, arbitrary_or_mutated(ENVELOPE, max_size=MAX_ENVELOPE_BYTES)
+)
+
+
+def _envelope_expiry_property(expires_at: float, max_ttl_s: float) -> None:
+    data = seal(KEY, domain=NODE_RECORD_DOMAIN, run_id=RUN, payload=b"", expires_at=expires_at, seq=1)
+    try:
+        open_envelope(data, domain=NODE_RECORD_DOMAIN, max_ttl_s=max_ttl_s, now=NOW)
+    except InvalidMessage:
+        return
+    # a signer chooses its own expiry, but an accepted one always lies within the allowed window
+    assert NOW - MAX_CLOCK_SKEW_S <= expires_at <= NOW + max_ttl_s + MAX_CLOCK_SKEW_S
+
+
+test_envelope_expiry_fast, test_envelope_expiry_slow = fuzz_variants(
+    _envelope_expiry_property,
+    st.one_of(EDGE_FLOATS, st.floats(), st.floats(NOW - 100, NOW + 1000)),
+    st.sampled_from([60.0, 300.0, 3600.0]),
 )
 
 
@@ -271,9 +289,16 @@ def _validate_at_now(record: DHTRecord) -> bool:
         return SignedRecordValidator().validate(record)
 
 
+_LONGEST_TTL_S = max(
+    [MAX_UNSIGNED_TTL_S, *(rule.max_ttl_s for rule in record_validator.DOMAIN_RULES.values())]
+)
+
+
 def _validator_property(key: bytes, subkey: bytes, value: bytes, expiration: float) -> None:
     record = DHTRecord(key=key, subkey=subkey, value=value, expiration_time=expiration)
-    assert _validate_at_now(record) in (True, False)
+    if _validate_at_now(record):
+        # an accepted record must expire, and within the longest TTL any record may have
+        assert record.expiration_time <= NOW + _LONGEST_TTL_S + MAX_CLOCK_SKEW_S
 
 
 test_record_validator_fast, test_record_validator_slow = fuzz_variants(
@@ -281,7 +306,24 @@ test_record_validator_fast, test_record_validator_slow = fuzz_variants(
     st.one_of(st.just(_VALID_KEY), st.binary(max_size=40)),
     st.one_of(st.just(_VALID_SUBKEY), arbitrary_or_mutated(_VALID_SUBKEY, max_size=80)),
     st.one_of(st.just(_VALID_VALUE), arbitrary_or_mutated(_VALID_VALUE, max_size=MAX_ENVELOPE_BYTES + 64)),
-    st.one_of(st.floats(allow_nan=True), st.just(_LIVE_EXPIRY)),
+    st.one_of(EDGE_FLOATS, st.floats(), st.just(_LIVE_EXPIRY)),
+)
+
+
+_UNSIGNED_SUBKEYS = st.binary(min_size=32, max_size=32).map(
+    lambda h: MSGPackSerializer.dumps(b"\x12\x20" + h)
+)
+_UNSIGNED_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), 1 << 63), st.floats()).map(
+    MSGPackSerializer.dumps
+)
+
+# hivemind averager declarations: the one shape accepted outside the signed namespace
+test_record_validator_unsigned_fast, test_record_validator_unsigned_slow = fuzz_variants(
+    _validator_property,
+    st.binary(min_size=20, max_size=20),
+    st.one_of(_UNSIGNED_SUBKEYS, arbitrary_or_mutated(MSGPackSerializer.dumps(b"\x12\x20" + bytes(32)))),
+    st.one_of(_UNSIGNED_VALUES, st.binary(max_size=20)),
+    st.one_of(EDGE_FLOATS, st.floats(), st.floats(NOW - 100, NOW + 2 * MAX_UNSIGNED_TTL_S)),
 )
 
 
@@ -326,3 +368,31 @@ def test_toploc_seed_proofs_verify_exactly() -> None:
 def test_toploc_oversized_proof_is_refused_before_evaluating() -> None:
     with pytest.raises(InvalidProofError, match="bytes, expected"):
         verify_proofs(_HIDDEN, [_PROOFS[0] + bytes(1 << 20), _PROOFS[1]], chunk_tokens=32, topk=8)
+
+
+# --- regressions: the failing examples fuzzing found, kept as explicit tests ----------------------
+
+
+def test_envelope_with_nan_expiry_is_refused() -> None:
+    # a NaN expiry passed both range checks (every comparison with NaN is False): never expired
+    data = seal(KEY, domain=NODE_RECORD_DOMAIN, run_id=RUN, payload=b"", expires_at=math.nan, seq=1)
+    with pytest.raises(InvalidMessage, match="expired"):
+        open_envelope(data, domain=NODE_RECORD_DOMAIN, now=NOW)
+    with pytest.raises(InvalidMessage):
+        open_envelope(data, domain=NODE_RECORD_DOMAIN, max_ttl_s=60.0, now=NOW)
+
+
+def test_replayed_signed_record_with_nan_expiration_is_refused() -> None:
+    # anyone could re-store a peer's valid signed record with a NaN DHT expiration: hivemind's storage
+    # never expires it and never replaces it (`old < new` is False), hiding the peer's later updates
+    replay = DHTRecord(_VALID_KEY, _VALID_SUBKEY, _VALID_VALUE, math.nan)
+    assert not _validate_at_now(replay)
+    with pytest.raises(InvalidMessage, match="ahead"):
+        record_validator.check_signed_record(replay, now=NOW)
+
+
+def test_unsigned_record_with_nan_expiration_is_refused() -> None:
+    record = DHTRecord(bytes(20), MSGPackSerializer.dumps(b"\x12\x20" + bytes(32)), b"\xc0", math.nan)
+    assert not _validate_at_now(record)
+    with pytest.raises(InvalidMessage, match="expires more than"):
+        record_validator.check_unsigned_record(record, now=NOW)
