@@ -115,9 +115,10 @@ def open_envelope(
         raise InvalidMessage("envelope signature does not verify") from None
 
     now = time.time() if now is None else now
-    if body.expires_at < now - MAX_CLOCK_SKEW_S:
+    # written as `not (in range)` so that a NaN expiry, for which every comparison is False, is refused
+    if not body.expires_at >= now - MAX_CLOCK_SKEW_S:
         raise InvalidMessage("envelope has expired")
-    if max_ttl_s is not None and body.expires_at > now + max_ttl_s + MAX_CLOCK_SKEW_S:
+    if max_ttl_s is not None and not body.expires_at <= now + max_ttl_s + MAX_CLOCK_SKEW_S:
         raise InvalidMessage(f"envelope claims validity beyond the {max_ttl_s:.0f} s maximum")
     return Envelope(
         domain=body.domain,

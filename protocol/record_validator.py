@@ -88,9 +88,10 @@ def check_signed_record(record: DHTRecord, now: float | None = None) -> None:
     envelope = open_envelope(value, domain=domain, signer=claimed_peer, max_ttl_s=rule.max_ttl_s, now=now)
     if DHTID.generate(source=envelope.dht_key).to_bytes() != record.key:
         raise InvalidMessage("envelope was signed for another DHT key")
-    if record.expiration_time > now + rule.max_ttl_s + MAX_CLOCK_SKEW_S:
+    # `not <=`: a NaN expiration (never expires in hivemind's storage, never replaced) is refused too
+    if not record.expiration_time <= now + rule.max_ttl_s + MAX_CLOCK_SKEW_S:
         raise InvalidMessage(f"expiration is more than {rule.max_ttl_s:.0f} s ahead")
-    if record.expiration_time > envelope.expires_at:
+    if not record.expiration_time <= envelope.expires_at:
         raise InvalidMessage("DHT expiration outlives the signed expiry")
     rule.check_payload(envelope.payload, envelope.signer)
 
@@ -123,7 +124,7 @@ def check_unsigned_record(record: DHTRecord, now: float | None = None) -> None:
     value = MSGPackSerializer.loads(record.value)
     if not (value is None or isinstance(value, bool | int | float)):
         raise InvalidMessage(f"unsigned value must be a scalar, got {type(value).__name__}")
-    if record.expiration_time > now + MAX_UNSIGNED_TTL_S + MAX_CLOCK_SKEW_S:
+    if not record.expiration_time <= now + MAX_UNSIGNED_TTL_S + MAX_CLOCK_SKEW_S:  # NaN too
         raise InvalidMessage(f"unsigned record expires more than {MAX_UNSIGNED_TTL_S:.0f} s ahead")
 
 
