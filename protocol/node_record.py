@@ -83,7 +83,7 @@ class NodeRecord(BaseModel):
         max_length=MAX_ADDRESSES
     )
     """Multiaddrs the node can be reached at."""
-    started_at: float = Field(ge=0)
+    started_at: float = Field(ge=0, allow_inf_nan=False)
     """Unix time at which the node process started."""
     instance_id: bytes = Field(min_length=8, max_length=32)
     """Random per process; two processes with one identity have different ones."""

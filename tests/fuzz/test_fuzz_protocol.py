@@ -396,3 +396,25 @@ def test_unsigned_record_with_nan_expiration_is_refused() -> None:
     assert not _validate_at_now(record)
     with pytest.raises(InvalidMessage, match="expires more than"):
         record_validator.check_unsigned_record(record, now=NOW)
+
+
+def test_node_record_with_infinite_start_time_is_refused() -> None:
+    """Found by fuzzing: started_at=inf was accepted and shown as an age of -inf."""
+    import math
+
+    from protocol.node_record import Capabilities, NodeRecord, Role
+
+    fields: dict = dict(
+        peer_id=b"\x00\x24" + b"\x01" * 36,
+        roles=(Role.VALIDATOR,),
+        public_name="n",
+        run_id="r",
+        software_version="0.1.0",
+        protocol_version=1,
+        capabilities=Capabilities(cpu_count=1, memory_bytes=1 << 30),
+        addresses=("/ip4/127.0.0.1/tcp/1",),
+        instance_id=b"\x00" * 16,
+    )
+    NodeRecord(**fields, started_at=5.0)  # the same record with a finite start time is valid
+    with pytest.raises(ValueError, match="started_at"):
+        NodeRecord(**fields, started_at=math.inf)
