@@ -107,7 +107,8 @@ def run_worker(args: argparse.Namespace) -> None:
             request_timeout_s=30.0,
             **{k: v for k, v in tuning.items() if v is not None},
         )
-        broadcast = await WeightBroadcast.create(dht=dht, identity=identity, config=config)
+        broadcast = WeightBroadcast(dht=dht, identity=identity, config=config)
+        await broadcast.start()
         _reply(
             event="ready",
             peer_id=identity.peer_id.to_base58(),
@@ -159,7 +160,7 @@ def run_worker(args: argparse.Namespace) -> None:
                 _reply(event="dropped")
             elif kind == "quit":
                 break
-        await broadcast.shutdown()
+        await broadcast.stop()
 
     try:
         asyncio.run(main())

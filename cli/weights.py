@@ -125,11 +125,12 @@ async def _with_broadcast(
 ) -> Any:
     from node.broadcast.broadcaster import WeightBroadcast
 
-    broadcast = await WeightBroadcast.create(dht=dht, identity=identity, config=config)
+    broadcast = WeightBroadcast(dht=dht, identity=identity, config=config)
+    await broadcast.start()
     try:
         return await body(broadcast)
     finally:
-        await broadcast.shutdown()
+        await broadcast.stop()
 
 
 def _human(num_bytes: float) -> str:

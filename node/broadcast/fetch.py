@@ -38,6 +38,7 @@ from node.broadcast.errors import DiskFull, StoreError
 from node.broadcast.service import PROTO_CHUNK, PROTO_WATCH, parse_request
 from node.broadcast.store import VersionEntry
 from node.broadcast.wire import read_frame, read_payload, write_frame
+from node.runtime import offload
 from protocol import broadcast_pb2 as bpb
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_RESPONSE_HEADER_BYTES
@@ -346,7 +347,7 @@ class VersionFetch:
     async def _store(self, source: _Source, index: int, data: bytes, elapsed_s: float) -> None:
         key = source.peer_id.to_bytes()
         try:
-            written = await asyncio.to_thread(self.entry.write_chunk, index, data)
+            written = await offload(self.entry.write_chunk, index, data)
         except InvalidMessage as exc:
             self.bad_chunks += 1
             self._drop_source(source, reason=f"bad chunk: {exc}", ban=True)

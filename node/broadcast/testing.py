@@ -122,4 +122,6 @@ async def start_broadcast(
         retry_after_failure_s=1.0,
         **overrides,
     )
-    return await WeightBroadcast.create(dht=node.dht, identity=node.identity, config=config)
+    broadcast = WeightBroadcast(dht=node.dht, identity=node.identity, config=config)
+    await broadcast.start()
+    return broadcast
