@@ -79,11 +79,10 @@ def _check_resources(directory: Path) -> list[Check]:
 
 
 def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: int) -> list[Check]:
-    from functools import partial
-
     from node.config import load_config
-    from node.dht_node import bootstrap, start_ephemeral_dht
+    from node.node import HivenetNode
     from node.reachability import call_dial_back
+    from node.runtime import in_dht
     from protocol.errors import HivenetError
 
     if not initial_peers:
@@ -99,14 +98,15 @@ def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: 
         )
     except HivenetError as exc:
         return [Check("seeds", False, "malformed address", str(exc))]
-    dht, _ = start_ephemeral_dht(config, client_mode=False)  # a server, so that it can be dialled back
+    # a server (not a client), so that the seeds can dial it back
+    probe = HivenetNode(config, announce=False, ephemeral_identity=True)
     checks = []
     try:
         try:
-            statuses = bootstrap(dht, config.initial_peers, timeout_s)
+            probe.start()
         except HivenetError as exc:
             return [Check("seeds", False, "none reachable", str(exc))]
-        for status in statuses:
+        for status in probe.seed_statuses:
             checks.append(
                 Check(
                     f"seed {status.address[-16:]}",
@@ -115,11 +115,12 @@ def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: 
                     "check the address, that the seed runs, and your outgoing firewall",
                 )
             )
-        reached = [s.address for s in statuses if s.reached]
-        own = [str(addr).split("/p2p/")[0] for addr in dht.get_visible_maddrs()]
-        dialled, detail = dht.run_coroutine(
-            partial(call_dial_back, seeds=reached, addresses=own), return_future=True
-        ).result(timeout=120)
+        assert probe.dht is not None
+        reached = [s.address for s in probe.seed_statuses if s.reached]
+        own = [address.split("/p2p/")[0] for address in probe.multiaddrs()]
+        dialled, detail = probe.call(
+            in_dht(probe.dht, call_dial_back, seeds=reached, addresses=own), timeout_s=120
+        )
         checks.append(
             Check(
                 "dial-back",
@@ -130,7 +131,7 @@ def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: 
             )
         )
     finally:
-        dht.shutdown()
+        probe.stop()
     return checks
 
 

@@ -122,12 +122,9 @@ def _run_until_interrupted(
 
 def _wait_for_trainers(node: HivenetNode, count: int, stop: Any, console: Any) -> bool:
     """Wait until `count` trainers are live in the run; False if a stop was requested first."""
-    from node.membership import discover
-
-    assert node.dht is not None
     with console.status(f"waiting for {count} trainers in run {node.config.run_id!r}..."):
         while not stop.requested:
-            if len(discover(node.dht, node.config.run_id, Role.TRAINER)) >= count:
+            if len(node.discover(Role.TRAINER)) >= count:
                 return True
             stop.wait(1.0)
     return False
@@ -299,10 +296,10 @@ def seed(announce_ip: str | None, config_file: Path | None, verbose: bool, **fla
     _run_until_interrupted(HivenetNode(config, dht_only=True), "seed")
 
 
-def _ephemeral_client(initial_peers: tuple[str, ...], run_id: str, timeout_s: float) -> Any:
-    """A throwaway, unannounced node with a temporary identity, bootstrapped from `initial_peers`."""
+def _ephemeral_client(initial_peers: tuple[str, ...], run_id: str, timeout_s: float) -> HivenetNode:
+    """A started, unannounced client node with a throwaway identity, bootstrapped from `initial_peers`."""
     from node.config import load_config
-    from node.dht_node import bootstrap, start_ephemeral_dht
+    from node.node import HivenetNode
 
     if not initial_peers:
         raise click.UsageError("give at least one --initial-peers address (a seed prints its own)")
@@ -312,13 +309,9 @@ def _ephemeral_client(initial_peers: tuple[str, ...], run_id: str, timeout_s: fl
         host="127.0.0.1",
         bootstrap_timeout_s=timeout_s,
     )
-    dht, _ = start_ephemeral_dht(config, client_mode=True)
-    try:
-        bootstrap(dht, config.initial_peers, timeout_s)
-    except BaseException:
-        dht.shutdown()
-        raise
-    return dht
+    client = HivenetNode(config, announce=False, ephemeral_identity=True, client_mode=True)
+    client.start()
+    return client
 
 
 @click.command()
@@ -337,13 +330,11 @@ def peers(
     from rich.console import Console
     from rich.table import Table
 
-    from node.membership import discover
-
-    dht = _ephemeral_client(initial_peers, run_id, timeout_s)
+    client = _ephemeral_client(initial_peers, run_id, timeout_s)
     try:
-        nodes = discover(dht, run_id, Role(role) if role else None)
+        nodes = client.discover(Role(role) if role else None)
     finally:
-        dht.shutdown()
+        client.stop()
     now = time.time()
     if as_json:
         click.echo(

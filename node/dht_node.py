@@ -7,6 +7,7 @@ deadline. A node that reaches no seed at all raises PeerUnreachable.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
@@ -16,7 +17,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 
 import hivemind
@@ -26,6 +26,7 @@ from multiaddr import Multiaddr
 
 from node.config import NodeConfig
 from node.identity import Identity, create_identity
+from node.runtime import in_dht
 from protocol.errors import PeerUnreachable
 from protocol.record_validator import SignedRecordValidator
 
@@ -140,29 +141,36 @@ async def _dial_seed(_dht: hivemind.DHT, node: DHTNode, address: str) -> str:
     return ""
 
 
-def bootstrap(
+async def bootstrap(
     dht: hivemind.DHT,
     initial_peers: list[str],
     timeout_s: float,
     should_stop: Callable[[], bool] | None = None,
 ) -> list[SeedStatus]:
-    """Dial every initial peer, retrying failures with backoff until `timeout_s`.
+    """Dial every initial peer, retrying failures with backoff until `timeout_s` (on the node's loop).
 
     Returns the status of each seed. Raises PeerUnreachable naming every seed if none was
-    reached in time (and there was at least one to reach).
+    reached in time (and there was at least one to reach). `should_stop` is polled between
+    tries; once it is true, bootstrap gives up with KeyboardInterrupt.
     """
     pending = {address: "not tried yet" for address in initial_peers}
     reached: list[str] = []
     deadline = time.monotonic() + timeout_s
     backoff = _FIRST_BACKOFF_S
+
+    def stopping() -> bool:
+        return should_stop is not None and should_stop()
+
     while pending:
         for address in list(pending):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 break
+            if stopping():
+                raise KeyboardInterrupt("stopped while dialling the initial peers")
             try:
-                error = dht.run_coroutine(partial(_dial_seed, address=address), return_future=True).result(
-                    timeout=min(remaining, 2 * _PING_TIMEOUT_S)
+                error = await asyncio.wait_for(
+                    in_dht(dht, _dial_seed, address=address), timeout=min(remaining, 2 * _PING_TIMEOUT_S)
                 )
             except Exception as exc:
                 error = f"no answer ({type(exc).__name__})"
@@ -176,9 +184,9 @@ def bootstrap(
             break
         wake = time.monotonic() + backoff
         while time.monotonic() < wake:
-            if should_stop is not None and should_stop():
+            if stopping():
                 raise KeyboardInterrupt("stopped while dialling the initial peers")
-            time.sleep(0.1)
+            await asyncio.sleep(0.1)
         backoff = min(backoff * 2, _MAX_BACKOFF_S)
 
     statuses = [SeedStatus(address, True) for address in reached]

@@ -1,27 +1,28 @@
 """DHT membership: publishing this node's signed record, refreshing it, leaving, and discovery.
 
 Each node stores its record under the run's node-records key, in its own `hn:<PeerID>`
-subkey, signed by its identity and expiring after `record_ttl_s`. A refresher thread
-re-publishes it; a clean leave publishes a LEFT record that discovery drops at once; a
+subkey, signed by its identity and expiring after `record_ttl_s`. `Membership` is a runtime
+service: a task on the node's loop re-publishes the record; a clean leave publishes a LEFT record that discovery drops at once; a
 killed node's record simply expires, so it vanishes from discovery within one TTL.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import secrets
-import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
-import hivemind
 import psutil
 from hivemind.p2p import PeerID
 
 from node.identity import Identity
-from protocol.dht_keys import SIGNED_SUBKEY_PREFIX, node_records_key, signed_subkey
-from protocol.envelope import open_envelope, seal
+from node.signed_records import SignedRecords, verified_values
+from protocol.dht_keys import node_records_key
 from protocol.errors import IdentityError, InvalidMessage
 from protocol.limits import MAX_NODE_RECORD_TTL_S
 from protocol.node_record import NODE_RECORD_DOMAIN, Capabilities, NodeRecord, NodeStatus, Role
@@ -57,58 +58,42 @@ def local_capabilities() -> Capabilities:
     )
 
 
-def fetch_run_records(dht: hivemind.DHT, run_id: str, now: float | None = None) -> dict[bytes, LiveNode]:
-    """Every verified record under the run's node-records key, by PeerID, including LEFT ones.
-
-    Values were already checked by the DHT's record validator; they are verified again here
-    because a local cache or a future validator change must never let a forged record through.
-    """
+async def fetch_run_records(dht: Any, run_id: str, now: float | None = None) -> dict[bytes, LiveNode]:
+    """Every verified record under the run's node-records key, by PeerID, including LEFT ones."""
     key = node_records_key(run_id)
-    found = dht.get(key, latest=True)
-    now = time.time() if now is None else now
+    found = await dht.get(key, latest=True, return_future=True)
     records: dict[bytes, LiveNode] = {}
-    if found is None or not isinstance(found.value, dict):
-        return records
-    for subkey, item in found.value.items():
-        if not (isinstance(subkey, str) and subkey.startswith(SIGNED_SUBKEY_PREFIX)):
-            continue
+    for value in verified_values(
+        found, key=key, domain=NODE_RECORD_DOMAIN, run_id=run_id, max_ttl_s=MAX_NODE_RECORD_TTL_S, now=now
+    ):
         try:
-            signer = PeerID.from_base58(subkey[len(SIGNED_SUBKEY_PREFIX) :]).to_bytes()
-            envelope = open_envelope(
-                item.value,
-                domain=NODE_RECORD_DOMAIN,
-                run_id=run_id,
-                dht_key=key,
-                signer=signer,
-                max_ttl_s=MAX_NODE_RECORD_TTL_S,
-                now=now,
-            )
-            record = NodeRecord.from_payload(envelope.payload)
+            record = NodeRecord.from_payload(value.payload)
         except (InvalidMessage, ValueError) as exc:
-            logger.info("ignoring invalid node record under %s: %s", subkey, exc)
+            logger.info("ignoring invalid node record of %s: %s", PeerID(value.signer).to_base58(), exc)
             continue
-        if record.peer_id != signer or envelope.expires_at < now:
-            continue
-        records[signer] = LiveNode(record=record, expires_at=envelope.expires_at, seq=envelope.seq)
+        if record.peer_id == value.signer:
+            records[value.signer] = LiveNode(record=record, expires_at=value.expires_at, seq=value.seq)
     return records
 
 
-def discover(dht: hivemind.DHT, run_id: str, role: Role | None = None) -> list[LiveNode]:
+async def discover(dht: Any, run_id: str, role: Role | None = None) -> list[LiveNode]:
     """The live nodes of `run_id` (optionally only those with `role`), oldest first."""
     nodes = [
         node
-        for node in fetch_run_records(dht, run_id).values()
+        for node in (await fetch_run_records(dht, run_id)).values()
         if node.record.status == NodeStatus.ONLINE and (role is None or role in node.record.roles)
     ]
     return sorted(nodes, key=lambda node: node.record.started_at)
 
 
 class Membership:
-    """Publishes and refreshes this node's record in a background thread; `leave` withdraws it."""
+    """This node's record in the run: published at `start`, refreshed by a task, withdrawn at `stop`."""
+
+    name = "membership"
 
     def __init__(
         self,
-        dht: hivemind.DHT,
+        dht: Any,
         identity: Identity,
         *,
         run_id: str,
@@ -119,12 +104,14 @@ class Membership:
         refresh_interval_s: float,
         software_version: str,
         protocol_version: int,
+        check_identity: bool = True,
     ):
         self.dht = dht
         self.identity = identity
         self.run_id = run_id
         self.record_ttl_s = record_ttl_s
         self.refresh_interval_s = refresh_interval_s
+        self.check_identity = check_identity
         self.record = NodeRecord(
             peer_id=identity.peer_id_bytes,
             roles=tuple(roles),
@@ -137,27 +124,45 @@ class Membership:
             started_at=time.time(),
             instance_id=secrets.token_bytes(16),
         )
-        self._seq = time.time_ns()  # strictly increasing across restarts too
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._records = SignedRecords(dht, identity)
+        self._refresher: asyncio.Task[None] | None = None
         self.last_publish_ok = False
 
-    def check_identity_free(self) -> None:
+    async def start(self) -> None:
+        """Refuse a live duplicate of this identity, publish the record and keep refreshing it."""
+        if self.check_identity:
+            await self.check_identity_free()
+        await self.publish()
+        self._refresher = asyncio.create_task(self._refresh_loop(), name="membership-refresh")
+
+    async def stop(self) -> None:
+        """Stop refreshing and publish a LEFT record so that discovery drops this node at once."""
+        if self._refresher is not None:
+            self._refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._refresher
+            self._refresher = None
+        try:
+            await self.publish(NodeStatus.LEFT)
+        except Exception as exc:
+            logger.warning("could not withdraw node record: %r", exc)
+
+    async def check_identity_free(self) -> None:
         """Refuse to run if another live process (anywhere) publishes records with this identity.
 
         A record from another instance may be the stale leftover of a crashed process, so we
         wait one refresh interval and only refuse if that instance refreshed it meanwhile.
         """
         me = self.identity.peer_id_bytes
-        first = fetch_run_records(self.dht, self.run_id).get(me)
+        first = (await fetch_run_records(self.dht, self.run_id)).get(me)
         if first is None or first.record.instance_id == self.record.instance_id:
             return
         if first.record.status == NodeStatus.LEFT:
             return
         deadline = time.monotonic() + self.refresh_interval_s * 1.5 + 1.0
         while time.monotonic() < deadline:
-            time.sleep(min(1.0, self.refresh_interval_s / 4))
-            later = fetch_run_records(self.dht, self.run_id).get(me)
+            await asyncio.sleep(min(1.0, self.refresh_interval_s / 4))
+            later = (await fetch_run_records(self.dht, self.run_id)).get(me)
             if (
                 later is not None
                 and later.record.instance_id == first.record.instance_id
@@ -172,48 +177,26 @@ class Membership:
                     "--identity PATH"
                 )
 
-    def publish(self, status: NodeStatus = NodeStatus.ONLINE) -> bool:
+    async def publish(self, status: NodeStatus = NodeStatus.ONLINE) -> bool:
         """Sign and store the current record; return whether at least one DHT peer accepted it."""
-        self._seq = max(self._seq + 1, time.time_ns())
         if status != self.record.status:
             self.record = self.record.model_copy(update={"status": status})
-        key = node_records_key(self.run_id)
-        expires_at = time.time() + self.record_ttl_s
-        value = seal(
-            self.identity.private_key,
+        ok = await self._records.store(
+            node_records_key(self.run_id),
             domain=NODE_RECORD_DOMAIN,
             run_id=self.run_id,
-            dht_key=key,
-            expires_at=expires_at,
-            seq=self._seq,
             payload=self.record.to_payload(),
+            ttl_s=self.record_ttl_s,
         )
-        subkey = signed_subkey(self.identity.peer_id.to_base58())
-        ok = bool(self.dht.store(key, value, expiration_time=expires_at, subkey=subkey))
         self.last_publish_ok = ok
         if not ok:
             logger.warning("node record was not stored by any DHT peer; will retry")
         return ok
 
-    def start(self) -> None:
-        """Publish now and keep refreshing in the background."""
-        self.publish()
-        self._thread = threading.Thread(target=self._refresh_loop, name="membership-refresh", daemon=True)
-        self._thread.start()
-
-    def _refresh_loop(self) -> None:
-        while not self._stop.wait(self.refresh_interval_s if self.last_publish_ok else 1.0):
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.refresh_interval_s if self.last_publish_ok else 1.0)
             try:
-                self.publish()
+                await self.publish()
             except Exception as exc:  # the DHT may be shutting down; keep the node alive regardless
                 logger.warning("refreshing node record failed: %r", exc)
-
-    def leave(self) -> None:
-        """Stop refreshing and publish a LEFT record so that discovery drops this node at once."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        try:
-            self.publish(NodeStatus.LEFT)
-        except Exception as exc:
-            logger.warning("could not withdraw node record: %r", exc)

@@ -1,31 +1,43 @@
-"""The running peer: wires identity, DHT, bootstrap, membership and status together.
+"""The running peer: one runtime hosting identity, DHT, bootstrap, membership, status and services.
 
-`HivenetNode.start()` claims the identity, starts the DHT, dials the seeds, refuses to run
-if the identity is live elsewhere, and publishes the node record; `stop()` leaves cleanly.
-Role-specific work (training, inference) is attached by the CLI on top of a started node.
+`HivenetNode.start()` starts the node's event loop (`node.runtime.NodeRuntime`), claims the
+identity, starts the DHT, dials the seeds, refuses to run if the identity is live elsewhere
+and publishes the node record; `add_service` hosts more components on the same loop (the
+weight broadcast, averaging, ...); `stop()` stops them in reverse order and leaves cleanly.
+Role-specific work (training, inference) is attached on top of a started node.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable
-from functools import partial
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
 
 import hivemind
 from hivemind.dht.node import DHTNode
 
 from node.config import NodeConfig
 from node.dht_node import SeedStatus, bootstrap, start_dht
-from node.identity import Identity, load_or_create_identity
+from node.identity import Identity, create_identity, load_or_create_identity
 from node.logs import set_log_peer
 from node.membership import LiveNode, Membership, discover
 from node.reachability import serve_dial_back
+from node.runtime import NodeRuntime, Service, in_dht
 from node.status import NodeStatusSnapshot, StatusServer, write_status_file
+from protocol.node_record import Role
 from protocol.version import PROTOCOL_VERSION, SOFTWARE_VERSION
 
 logger = logging.getLogger(__name__)
+
+S = TypeVar("S", bound=Service)
+T = TypeVar("T")
+
+_PEER_COUNT_TIMEOUT_S = 5.0
 
 
 async def _routing_table_size(_dht: hivemind.DHT, node: DHTNode) -> int:
@@ -33,13 +45,33 @@ async def _routing_table_size(_dht: hivemind.DHT, node: DHTNode) -> int:
 
 
 class HivenetNode:
-    """One hivenet peer in this process (its DHT and p2pd run in child processes)."""
+    """One hivenet peer in this process (its DHT and p2pd run in child processes).
 
-    def __init__(self, config: NodeConfig, *, dht_only: bool = False):
+    `announce=False` makes a client that publishes no node record (`hivenet peers`, `weights`);
+    `ephemeral_identity=True` uses a throwaway key that is deleted once p2pd has read it.
+    """
+
+    def __init__(
+        self,
+        config: NodeConfig,
+        *,
+        dht_only: bool = False,
+        announce: bool = True,
+        ephemeral_identity: bool = False,
+        client_mode: bool = False,
+    ):
         self.config = config
         self.dht_only = dht_only
-        self.identity: Identity = load_or_create_identity(config.identity_path)
+        self.announce = announce
+        self.client_mode = client_mode
+        self._ephemeral_dir: Path | None = None
+        if ephemeral_identity:
+            self._ephemeral_dir = Path(tempfile.mkdtemp(prefix="hivenet-ephemeral-"))
+            self.identity: Identity = create_identity(self._ephemeral_dir / "ephemeral.key")
+        else:
+            self.identity = load_or_create_identity(config.identity_path)
         set_log_peer(self.identity.short_id)
+        self.runtime = NodeRuntime(f"node-{self.identity.short_id}")
         self.dht: hivemind.DHT | None = None
         self.membership: Membership | None = None
         self.seed_statuses: list[SeedStatus] = []
@@ -52,40 +84,57 @@ class HivenetNode:
     def short_id(self) -> str:
         return self.identity.short_id
 
+    def call(self, coro: Coroutine[Any, Any, T], *, timeout_s: float | None = None) -> T:
+        """Run `coro` on this node's event loop and wait for its result."""
+        return self.runtime.call(coro, timeout_s=timeout_s)
+
+    def add_service(self, service: S) -> S:
+        """Start `service` on this node's loop; it is stopped (in reverse order) when the node stops."""
+        self.runtime.add_service(service)
+        return service
+
     def start(self, should_stop: Callable[[], bool] | None = None) -> None:
         """Join the swarm; raises IdentityError / PeerUnreachable with a fix on failure.
 
         `should_stop` is polled while seeds are retried; if it turns true, start gives up
         with KeyboardInterrupt after releasing everything it took.
         """
-        self.identity.lock()
+        if self._ephemeral_dir is None:
+            self.identity.lock()
         try:
-            self.dht = start_dht(self.config, self.identity)
-            self.seed_statuses = bootstrap(
-                self.dht, self.config.initial_peers, self.config.bootstrap_timeout_s
+            self.runtime.start()
+            if self._status_server is not None:
+                self.add_service(self._status_server)
+            self.dht = start_dht(self.config, self.identity, client_mode=self.client_mode)
+            if self._ephemeral_dir is not None:  # p2pd has read the key; nothing stays on disk
+                shutil.rmtree(self._ephemeral_dir, ignore_errors=True)
+            self.seed_statuses = self.call(
+                bootstrap(self.dht, self.config.initial_peers, self.config.bootstrap_timeout_s, should_stop)
             )
-            self.membership = Membership(
-                self.dht,
-                self.identity,
-                run_id=self.config.run_id,
-                roles=list(self.config.roles),
-                public_name=self.config.public_name,
-                addresses=self.multiaddrs(),
-                record_ttl_s=self.config.record_ttl_s,
-                refresh_interval_s=self.config.refresh_interval_s,
-                software_version=SOFTWARE_VERSION,
-                protocol_version=PROTOCOL_VERSION,
-            )
-            if self.config.initial_peers:
-                self.membership.check_identity_free()
             if self.dht_only:
-                self.dht.run_coroutine(serve_dial_back)
-            self.membership.start()
+                self.call(in_dht(self.dht, serve_dial_back))
+            if self.announce:
+                self.membership = self.add_service(
+                    Membership(
+                        self.dht,
+                        self.identity,
+                        run_id=self.config.run_id,
+                        roles=list(self.config.roles),
+                        public_name=self.config.public_name,
+                        addresses=self.multiaddrs(),
+                        record_ttl_s=self.config.record_ttl_s,
+                        refresh_interval_s=self.config.refresh_interval_s,
+                        software_version=SOFTWARE_VERSION,
+                        protocol_version=PROTOCOL_VERSION,
+                        check_identity=bool(self.config.initial_peers),
+                    )
+                )
         except BaseException:
             self.shutdown()
             raise
         self.state = "running"
-        logger.info("joined run %r as %s", self.config.run_id, ",".join(self.config.roles))
+        if self.announce:
+            logger.info("joined run %r as %s", self.config.run_id, ",".join(self.config.roles))
         self.refresh_view()
 
     def multiaddrs(self) -> list[str]:
@@ -93,11 +142,16 @@ class HivenetNode:
         assert self.dht is not None
         return [str(addr) for addr in self.dht.get_visible_maddrs()]
 
+    def discover(self, role: Role | None = None, run_id: str | None = None) -> list[LiveNode]:
+        """The live nodes of this node's run (or `run_id`), optionally only those with `role`."""
+        assert self.dht is not None
+        return self.call(discover(self.dht, run_id or self.config.run_id, role))
+
     def refresh_view(self) -> None:
         """Re-read who is live and publish the status snapshot."""
-        if self.dht is not None and self.state == "running":
+        if self.dht is not None and self.state == "running" and self.announce:
             try:
-                self.live_nodes = discover(self.dht, self.config.run_id)
+                self.live_nodes = self.discover()
             except Exception as exc:
                 logger.warning("discovery failed: %r", exc)
         self._write_status()
@@ -106,9 +160,7 @@ class HivenetNode:
         if self.dht is None:
             return 0
         try:
-            return int(
-                self.dht.run_coroutine(partial(_routing_table_size), return_future=True).result(timeout=5)
-            )
+            return int(self.call(in_dht(self.dht, _routing_table_size), timeout_s=_PEER_COUNT_TIMEOUT_S))
         except Exception:
             return 0
 
@@ -137,21 +189,24 @@ class HivenetNode:
             self._status_server.update(snapshot)
 
     def stop(self) -> None:
-        """Leave cleanly: withdraw the node record, then shut the DHT down."""
+        """Leave cleanly: stop the services (the membership service withdraws the record), then the DHT."""
         if self.state == "running":
             self.state = "leaving"
             self._write_status()
-            if self.membership is not None:
-                self.membership.leave()
         self.shutdown()
 
     def shutdown(self) -> None:
-        """Release everything this node holds, without announcing anything."""
+        """Release everything this node holds: services (last started first), the loop, the DHT."""
+        self.runtime.close()
+        self.membership = None
         if self.dht is not None:
             self.dht.shutdown()
             self.dht = None
-        if self._status_server is not None:
-            self._status_server.close()
-            self._status_server = None
-        self.identity.unlock()
+        if self._ephemeral_dir is not None:
+            shutil.rmtree(self._ephemeral_dir, ignore_errors=True)
+        else:
+            self.identity.unlock()
+        was_leaving = self.state == "leaving"
         self.state = "stopped"
+        if was_leaving and self.config.status_file is not None:
+            write_status_file(self.config.status_file, self.snapshot())

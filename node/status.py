@@ -14,6 +14,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from node.runtime import offload
+
 
 class NodeStatusSnapshot(BaseModel):
     """What a running node reports about itself."""
@@ -60,10 +62,17 @@ def read_status_file(path: Path) -> NodeStatusSnapshot | None:
 
 
 class StatusServer:
-    """Serves the latest snapshot as JSON at http://127.0.0.1:PORT/status (and /health)."""
+    """Serves the latest snapshot as JSON at http://127.0.0.1:PORT/status (and /health); a runtime service."""
+
+    name = "status"
 
     def __init__(self, port: int):
+        self.requested_port = port
+        self.port: int | None = None
         self._snapshot: NodeStatusSnapshot | None = None
+        self._server: ThreadingHTTPServer | None = None
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -82,14 +91,18 @@ class StatusServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        self._server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        return Handler
+
+    async def start(self) -> None:
+        self._server = ThreadingHTTPServer(("127.0.0.1", self.requested_port), self._handler())
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True)
-        self._thread.start()
+        threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True).start()
 
     def update(self, snapshot: NodeStatusSnapshot) -> None:
         self._snapshot = snapshot
 
-    def close(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+    async def stop(self) -> None:
+        if self._server is not None:
+            server, self._server = self._server, None
+            await offload(server.shutdown)
+            server.server_close()

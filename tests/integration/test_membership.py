@@ -14,17 +14,16 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
-from functools import partial
 from pathlib import Path
 
-import hivemind
 import pytest
 
 from node.config import load_config
-from node.dht_node import bootstrap, start_dht
 from node.identity import create_identity
-from node.membership import discover, fetch_run_records
+from node.membership import fetch_run_records
+from node.node import HivenetNode
 from node.reachability import call_dial_back
+from node.runtime import in_dht
 from node.status import read_status_file
 from node.swarm import LocalSwarm, wait_until
 from protocol.node_record import NodeStatus, Role
@@ -49,24 +48,33 @@ def swarm() -> Iterator[LocalSwarm]:
 
 
 @pytest.fixture(scope="module")
-def observer(swarm: LocalSwarm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[hivemind.DHT]:
-    """A client-mode DHT in the test process, to look at the swarm from outside."""
+def observer(swarm: LocalSwarm, tmp_path_factory: pytest.TempPathFactory) -> Iterator[HivenetNode]:
+    """An unannounced client node in the test process, to look at the swarm from outside."""
     tmp = tmp_path_factory.mktemp("observer")
     config = load_config(
-        identity_path=tmp / "obs.key", host="127.0.0.1", initial_peers=[swarm.seed_multiaddr]
+        identity_path=tmp / "obs.key",
+        host="127.0.0.1",
+        initial_peers=[swarm.seed_multiaddr],
+        run_id=RUN,
+        bootstrap_timeout_s=20,
     )
-    dht = start_dht(config, create_identity(config.identity_path), client_mode=True)
-    bootstrap(dht, config.initial_peers, timeout_s=20)
-    yield dht
-    dht.shutdown()
+    client = HivenetNode(config, announce=False, client_mode=True)
+    client.start()
+    yield client
+    client.stop()
 
 
-def _live_ids(dht: hivemind.DHT) -> set[str]:
-    return {node.peer_id.to_base58() for node in discover(dht, RUN)}
+def _live_ids(observer: HivenetNode) -> set[str]:
+    return {node.peer_id.to_base58() for node in observer.discover()}
+
+
+def _dial_back(observer: HivenetNode, seeds: list[str], addresses: list[str]) -> tuple[bool, str]:
+    assert observer.dht is not None
+    return observer.call(in_dht(observer.dht, call_dial_back, seeds=seeds, addresses=addresses), timeout_s=60)
 
 
 def test_seed_and_three_nodes_discover_each_other_with_roles(
-    swarm: LocalSwarm, observer: hivemind.DHT
+    swarm: LocalSwarm, observer: HivenetNode
 ) -> None:
     assert swarm.seed is not None
     expected = {node.peer_id for node in swarm.nodes.values()} | {swarm.seed.peer_id}
@@ -74,10 +82,10 @@ def test_seed_and_three_nodes_discover_each_other_with_roles(
         status = node.status()
         assert status is not None and set(status.live_nodes) == expected
     assert wait_until(lambda: _live_ids(observer) == expected, timeout_s=30)
-    roles = {node.peer_id.to_base58(): node.record.roles for node in discover(observer, RUN)}
+    roles = {node.peer_id.to_base58(): node.record.roles for node in observer.discover()}
     assert roles[swarm.nodes["node2"].peer_id] == (Role.RELAY,)
     assert roles[swarm.seed.peer_id] == (Role.SEED,)
-    relays = discover(observer, RUN, role=Role.RELAY)
+    relays = observer.discover(Role.RELAY)
     assert [n.peer_id.to_base58() for n in relays] == [swarm.nodes["node2"].peer_id]
     record = relays[0].record
     assert record.public_name == "node2" and record.software_version and record.capabilities.cpu_count >= 1
@@ -108,35 +116,31 @@ def test_doctor_reports_reachable_seed_and_insecure_key(swarm: LocalSwarm, tmp_p
     assert any(line.startswith("ok") and "dial-back" in line for line in result.stdout.splitlines())
 
 
-def test_dial_back_service_answers_truthfully(swarm: LocalSwarm, observer: hivemind.DHT) -> None:
+def test_dial_back_service_answers_truthfully(swarm: LocalSwarm, observer: HivenetNode) -> None:
     dead = f"/ip4/127.0.0.1/tcp/{_free_port()}"
-    reachable, detail = observer.run_coroutine(
-        partial(call_dial_back, seeds=[swarm.seed_multiaddr], addresses=[dead]), return_future=True
-    ).result(timeout=60)
+    reachable, detail = _dial_back(observer, [swarm.seed_multiaddr], [dead])
     assert not reachable and "DIAL_BACK_UNREACHABLE" in detail
     # the same requester asking again at once is rate-limited, and a malformed request is refused
-    again, detail = observer.run_coroutine(
-        partial(call_dial_back, seeds=[swarm.seed_multiaddr], addresses=[dead]), return_future=True
-    ).result(timeout=60)
+    again, detail = _dial_back(observer, [swarm.seed_multiaddr], [dead])
     assert not again and "RATE_LIMITED" in detail
-    bad, detail = observer.run_coroutine(
-        partial(call_dial_back, seeds=[swarm.seed_multiaddr], addresses=["/ip4/1.2.3.4/udp/1"]),
-        return_future=True,
-    ).result(timeout=60)
+    bad, detail = _dial_back(observer, [swarm.seed_multiaddr], ["/ip4/1.2.3.4/udp/1"])
     assert not bad and "BAD_REQUEST" in detail
 
 
-def test_clean_leave_withdraws_the_record_at_once(swarm: LocalSwarm, observer: hivemind.DHT) -> None:
+def test_clean_leave_withdraws_the_record_at_once(swarm: LocalSwarm, observer: HivenetNode) -> None:
     name = swarm.add_node(roles=["validator"])
     peer_id = swarm.nodes[name].peer_id
     assert wait_until(lambda: peer_id in _live_ids(observer), timeout_s=30)
     swarm.stop_node(name)
-    records = {node.peer_id.to_base58(): node for node in fetch_run_records(observer, RUN).values()}
+    records = {
+        node.peer_id.to_base58(): node
+        for node in observer.call(fetch_run_records(observer.dht, RUN)).values()
+    }
     assert records[peer_id].record.status == NodeStatus.LEFT  # not merely waiting for expiry
     assert peer_id not in _live_ids(observer)
 
 
-def test_killed_node_disappears_within_one_ttl(swarm: LocalSwarm, observer: hivemind.DHT) -> None:
+def test_killed_node_disappears_within_one_ttl(swarm: LocalSwarm, observer: HivenetNode) -> None:
     name = swarm.add_node(roles=["relay"])
     peer_id = swarm.nodes[name].peer_id
     assert wait_until(lambda: peer_id in _live_ids(observer), timeout_s=30)
