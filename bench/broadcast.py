@@ -74,23 +74,14 @@ def run_worker(args: argparse.Namespace) -> None:
     import asyncio
     import logging
 
-    import hivemind
-
     from node.broadcast.broadcaster import WeightBroadcast
     from node.broadcast.config import BroadcastConfig
+    from node.dht_node import start_loopback_dht
     from node.identity import load_or_create_identity
-    from protocol.record_validator import SignedRecordValidator
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     identity = load_or_create_identity(Path(args.identity))
-    dht = hivemind.DHT(
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-        initial_peers=args.initial_peers or None,
-        record_validators=[SignedRecordValidator()],
-        identity_path=str(identity.path),
-        check_if_identity_free=False,
-        start=True,
-    )
+    dht = start_loopback_dht(args.initial_peers, identity=identity)
 
     tuning = {"upload_slots": args.upload_slots, "max_inflight_per_peer": args.max_inflight_per_peer}
 

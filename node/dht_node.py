@@ -92,11 +92,14 @@ def start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool = Fal
     )
 
 
-def start_loopback_dht(initial_peers: list[str] | None = None, *, client_mode: bool = False) -> hivemind.DHT:
-    """A DHT on 127.0.0.1 with an ephemeral identity and the production record validator.
+def start_loopback_dht(
+    initial_peers: list[str] | None = None, *, client_mode: bool = False, identity: Identity | None = None
+) -> hivemind.DHT:
+    """A DHT on 127.0.0.1 with the production record validator, as `identity` (else an ephemeral one).
 
     For local swarms (simulations, tests, benchmarks): the records it accepts are checked exactly
-    as a public node checks them.
+    as a public node checks them. Give `identity` when the node also signs records or serves
+    streams as that PeerID (the weight broadcast does both).
     """
     return hivemind.DHT(
         start=True,
@@ -104,6 +107,8 @@ def start_loopback_dht(initial_peers: list[str] | None = None, *, client_mode: b
         host_maddrs=["/ip4/127.0.0.1/tcp/0"],
         client_mode=client_mode,
         record_validators=[SignedRecordValidator()],
+        identity_path=str(identity.path) if identity is not None else None,
+        check_if_identity_free=False,  # hivemind's check assumes RSA keys
     )
 
 

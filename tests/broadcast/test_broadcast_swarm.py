@@ -11,7 +11,8 @@ import pytest
 
 from node.broadcast.errors import WeightsUnavailable
 from node.broadcast.service import PROTO_CHUNK
-from node.broadcast.testing import (
+from protocol.manifest import build_manifest
+from tests.helpers.broadcast import (
     Swarm,
     assert_state_dicts_equal,
     async_wait_until,
@@ -19,7 +20,6 @@ from node.broadcast.testing import (
     open_swarm,
     start_broadcast,
 )
-from protocol.manifest import build_manifest
 
 
 @pytest.fixture(scope="module")
