@@ -68,6 +68,7 @@ import threading
 import time
 import typing
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +80,14 @@ from hivemind.p2p import P2P, P2PContext, ServicerBase  # noqa: E402
 from hivemind.proto import averaging_pb2  # noqa: E402
 from hivemind.utils.asyncio import achain, aiter_with_timeout, anext, as_aiter  # noqa: E402
 
-from node.trainer import TrainerConfig, simulate_diloco  # noqa: E402
-from node.trainer_averaging import RobustAllReduceRunner  # noqa: E402
+from node.averaging.codecs import codec_for  # noqa: E402
+from node.averaging.runner import RobustAllReduceRunner  # noqa: E402
+from node.averaging.traffic import count_sent_bytes  # noqa: E402
 from training.data import DataConfig, load_corpus  # noqa: E402
 from training.diloco import DiLoCoConfig, OuterStepReport  # noqa: E402
 from training.model import ModelConfig, TinyGPT  # noqa: E402
+from training.simulation import simulate_diloco  # noqa: E402
+from training.trainer import TrainerConfig  # noqa: E402
 
 NUM_TRAINERS = 4
 
@@ -175,23 +179,22 @@ class _ByteCounter:
 
     def __init__(self) -> None:
         self.by_socket: dict[str, int] = defaultdict(int)
-        self._original = P2P.send_raw_data
+        self._undo: Callable[[], None] | None = None
+
+    def _count(self, num_bytes: int, writer: asyncio.StreamWriter) -> None:
+        for key in ("peername", "sockname"):
+            name = writer.get_extra_info(key)
+            if isinstance(name, str) and name:
+                self.by_socket[name] += num_bytes
+                break
 
     def install(self) -> None:
-        original, by_socket = self._original, self.by_socket
-
-        async def counted(data: bytes, writer: asyncio.StreamWriter, *, chunk_size: int = 2**16) -> None:
-            for key in ("peername", "sockname"):
-                name = writer.get_extra_info(key)
-                if isinstance(name, str) and name:
-                    by_socket[name] += len(data) + P2P.HEADER_LEN
-                    break
-            await original(data, writer, chunk_size=chunk_size)
-
-        P2P.send_raw_data = staticmethod(counted)  # type: ignore[method-assign]
+        self._undo = count_sent_bytes(self._count)
 
     def uninstall(self) -> None:
-        P2P.send_raw_data = self._original  # type: ignore[method-assign]
+        if self._undo is not None:
+            self._undo()
+            self._undo = None
 
     def bytes_of(self, p2p: P2P) -> int:
         paths = {p2p._daemon_listen_maddr["unix"], p2p._client_listen_maddr["unix"]}
@@ -259,7 +262,7 @@ class DataParallelGroup:
                 tensors=grads,
                 ordered_peer_ids=peer_ids,
                 peer_fractions=tuple(1.0 for _ in peer_ids),
-                codec=_fp32(),
+                codec=codec_for("fp32"),
                 # Per-batch gradients are much noisier than pseudo-gradients: a much looser bound.
                 max_norm_ratio=1000.0,
                 min_norm_per_value=1e-6,
@@ -292,12 +295,6 @@ class DataParallelGroup:
             self.counter.uninstall()
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(timeout=10)
-
-
-def _fp32() -> Any:
-    from training.codecs import codec_for
-
-    return codec_for("fp32")
 
 
 def run_data_parallel(config: TrainerConfig, steps: int) -> dict[str, float]:

@@ -49,11 +49,11 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from protocol.toploc import build_proofs, verify_proofs  # noqa: E402
 from training.generation import generate  # noqa: E402
 from training.model import ModelConfig, TinyGPT  # noqa: E402
 from training.sampling import SamplingParams  # noqa: E402
 from verification.rollout import RolloutClaim  # noqa: E402
-from verification.toploc import build_proofs, verify_proofs  # noqa: E402
 from verification.verdict import RolloutVerifier  # noqa: E402
 
 REFERENCE_SCRIPT = r"""
@@ -222,10 +222,10 @@ def bench_reference(python: str, reps: int) -> dict[str, float] | None:
 
 
 def calibrate(cases: int, completion: int) -> None:
+    from protocol.errors import InvalidProofError
+    from tests.helpers.scenarios import KINDS, Lab
     from verification.rollout import CLAIM_DTYPES
     from verification.sampling_check import check_sampling
-    from verification.scenarios import KINDS, Lab
-    from verification.toploc import InvalidProofError
     from verification.verdict import recompute
 
     lab = Lab(completion_tokens=completion)

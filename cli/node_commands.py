@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,11 +12,11 @@ import click
 
 from cli.errors import friendly_errors
 from cli.train import build_trainer_config, describe_report, trainer_options
-from protocol.errors import HivenetError
 from protocol.node_record import Role
 
 if TYPE_CHECKING:
     from node.node import HivenetNode
+    from training.trainer_thread import TrainerThread
 
 ROLES_WITHOUT_WORK_YET = {
     Role.INFERENCE: "the inference worker arrives with the verified-inference work",
@@ -40,10 +38,15 @@ def _node_options(func: Any) -> Any:
     options = [
         click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable)."),
         click.option("--identity", "identity_path", type=click.Path(path_type=Path), help="Key file."),
+        click.option(
+            "--weights-dir",
+            type=click.Path(path_type=Path),
+            help="Chunk store for the weights this node serves.",
+        ),
         click.option("--public-name", help="Name shown to others."),
         click.option("--run", "run_id", help="Run id to join."),
         click.option("--host", help="IP to listen on (default 0.0.0.0)."),
-        click.option("--port", type=int, help="TCP port to listen on (default: any free port)."),
+        click.option("--port", type=int, help="TCP port to listen on (join: any free port; seed: 31337)."),
         click.option(
             "--announce", "announce_addresses", multiple=True, help="Multiaddr to announce (repeatable)."
         ),
@@ -95,9 +98,12 @@ def _run_until_interrupted(
             click.echo(address)
         sys.stdout.flush()
         if trainer_config is not None and _wait_for_trainers(node, wait_for_trainers, stop, console):
-            trainer = TrainerThread(
-                node, trainer_config, on_line=console.print, wait_for_trainers=wait_for_trainers,
-                should_stop=lambda: stop.requested,
+            from training.trainer_node import start_trainer
+
+            trainer, _ = start_trainer(
+                node, trainer_config,
+                on_progress=lambda report: console.print(describe_report(report), highlight=False, soft_wrap=True),
+                wait_for_peers=wait_for_trainers - 1, should_stop=lambda: stop.requested,
             )  # fmt: skip
         with Live(console=console, refresh_per_second=1, transient=True) as live:
             while not stop.requested and (trainer is None or trainer.alive):
@@ -128,86 +134,6 @@ def _wait_for_trainers(node: HivenetNode, count: int, stop: Any, console: Any) -
                 return True
             stop.wait(1.0)
     return False
-
-
-class TrainerThread:
-    """Runs a DiLoCo trainer beside the node's main loop and keeps its latest report.
-
-    The trainer (and its hivemind averager, which installs signal handlers) is built here in
-    the main thread; only the training loop runs in the background thread.
-    """
-
-    def __init__(
-        self,
-        node: HivenetNode,
-        config: Any,
-        on_line: Any,
-        wait_for_trainers: int = 1,
-        should_stop: Callable[[], bool] = lambda: False,
-    ):
-        import threading
-
-        import torch
-
-        from node.trainer import TrainerRuntime
-
-        assert node.dht is not None
-        if config.torch_threads is not None:
-            torch.set_num_threads(config.torch_threads)
-        self._runtime = TrainerRuntime(config, node.dht, node.short_id)
-        self._stop = threading.Event()
-        self.last_report: Any = None
-        self.error: BaseException | None = None
-
-        def on_progress(report: Any) -> None:
-            self.last_report = report
-            on_line(describe_report(report), highlight=False, soft_wrap=True)
-
-        def work() -> None:
-            try:
-                if wait_for_trainers > 1:
-                    self._wait_for_averagers(wait_for_trainers - 1, should_stop)
-                self._runtime.train(self._stop, on_progress)
-            except BaseException as exc:
-                self.error = exc
-                logging.getLogger(__name__).exception("trainer stopped")
-
-        self._thread = threading.Thread(target=work, name="trainer", daemon=True)
-        self._thread.start()
-
-    def _wait_for_averagers(self, others: int, should_stop: Callable[[], bool]) -> None:
-        """Hold the first inner step until `others` trainers' averagers are up as well.
-
-        A node record appears before its trainer can average; a trainer that reached its first
-        outer step while the others were still loading would step alone. Advertising step 0
-        here is harmless: training re-advertises the real step before its first round.
-        """
-        averager = self._runtime.averager
-        averager.publish_step(0)
-        while not self._stop.is_set() and not should_stop() and len(averager.peer_steps()) < others:
-            self._stop.wait(0.5)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread.is_alive()
-
-    def summary(self) -> str:
-        report = self.last_report
-        if report is None:
-            return "training: preparing (loading data, joining the run)"
-        return f"outer step {report.outer_step} loss {report.train_loss:.3f} peers {report.num_peers}"
-
-    def stop(self) -> None:
-        """Let the round in flight finish, write the final checkpoint, release the averager."""
-        self._stop.set()
-        self._thread.join(timeout=300)
-        self._runtime.close()
-        if isinstance(self.error, HivenetError):
-            error, self.error = self.error, None
-            raise error
-        if self.error is not None:
-            self.error = None
-            raise SystemExit(1)
 
 
 @click.command()
@@ -241,9 +167,18 @@ def identity(identity_path: Path | None, create: bool) -> None:
     "--wait-for-trainers", type=click.IntRange(1, 1024), default=1, show_default=True,
     help="With --role trainer: start training once this many trainers (this one included) are ready in the run.",
 )  # fmt: skip
+@click.option(
+    "--new-swarm", is_flag=True,
+    help="Start a new swarm when no --initial-peers are given (otherwise that is an error).",
+)  # fmt: skip
 @friendly_errors
 def join(
-    roles: tuple[str, ...], config_file: Path | None, verbose: bool, wait_for_trainers: int, **flags: Any
+    roles: tuple[str, ...],
+    config_file: Path | None,
+    verbose: bool,
+    wait_for_trainers: int,
+    new_swarm: bool,
+    **flags: Any,
 ) -> None:
     """Join a swarm and stay until Ctrl-C, then leave cleanly.
 
@@ -255,9 +190,14 @@ def join(
     for role in config.roles:
         if role in ROLES_WITHOUT_WORK_YET:
             raise click.UsageError(
-                f"role {role!r} is not available yet: {ROLES_WITHOUT_WORK_YET[role]}. "
+                f"role {role.value!r} is not available yet: {ROLES_WITHOUT_WORK_YET[role]}. "
                 "Join as validator or relay meanwhile."
             )
+    if not config.initial_peers and not new_swarm:
+        raise click.UsageError(
+            "no --initial-peers: give the multiaddr of a seed of the swarm to join (a seed prints its own), "
+            "or pass --new-swarm to start a new, empty swarm on purpose"
+        )
     _setup_logging(verbose)
     from node.node import HivenetNode
 
@@ -430,8 +370,13 @@ def simulate(
         return
     from cli.simulate import run_simulation
 
-    role_list = [Role(part.strip()) for part in roles.split(",") if part.strip()]
-    for role in role_list:
-        if role in ROLES_WITHOUT_WORK_YET or role == Role.SEED:
-            raise click.UsageError(f"role {role!r} cannot be simulated yet; use validator or relay")
+    simulated = [role.value for role in Role if role not in ROLES_WITHOUT_WORK_YET and role != Role.SEED]
+    names = [part.strip() for part in roles.split(",") if part.strip()]
+    unknown = [name for name in names if name not in simulated]
+    if unknown or not names:
+        raise click.UsageError(
+            f"--roles {roles!r}: {', '.join(unknown) or 'no role'} cannot be simulated; "
+            f"choose from {', '.join(simulated)}"
+        )
+    role_list = [Role(name) for name in names]
     run_simulation(num_nodes=num_nodes, roles=role_list, duration_s=duration_s, run_id=run_id)

@@ -63,7 +63,7 @@ def run_training_simulation(num_trainers: int, config: Any) -> None:
     import threading
 
     from cli.train import describe_report
-    from node.trainer import simulate_diloco
+    from training.simulation import simulate_diloco
 
     console = Console()
     stop = threading.Event()

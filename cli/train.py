@@ -44,9 +44,9 @@ def build_trainer_config(run_id: str, **options: Any) -> Any:
     """A TrainerConfig from the CLI's trainer options (None means: keep the default)."""
     from pydantic import ValidationError
 
-    from node.trainer import TrainerConfig
     from training.data import DataConfig
     from training.diloco import DiLoCoConfig
+    from training.trainer import TrainerConfig
 
     diloco = {
         key: options[key]

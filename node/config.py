@@ -27,6 +27,11 @@ def default_identity_path() -> Path:
     return Path(platformdirs.user_data_dir("hivenet")) / "identity.key"
 
 
+def default_weights_dir() -> Path:
+    """Where a node keeps the weight versions it publishes or holds unless told otherwise."""
+    return Path(platformdirs.user_data_dir("hivenet")) / "weights"
+
+
 def parse_initial_peer(text: str) -> str:
     """Check that `text` is a dialable multiaddr ending in /p2p/<PeerID>; raise ConfigError with the expected form."""
     try:
@@ -52,6 +57,8 @@ class NodeConfig(BaseModel):
 
     identity_path: Path = Field(default_factory=default_identity_path)
     """Ed25519 key file (created on first start, mode 0600)."""
+    weights_dir: Path = Field(default_factory=default_weights_dir)
+    """Chunk store of the weight broadcast: the versions this node publishes (a trainer) or holds."""
     initial_peers: list[str] = Field(default_factory=list)
     """Multiaddrs of seed nodes (or any live node) to bootstrap from."""
     roles: list[Role] = Field(default_factory=lambda: [Role.VALIDATOR], min_length=1)

@@ -8,6 +8,7 @@ deadline. A node that reaches no seed at all raises PeerUnreachable.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import shutil
@@ -20,10 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import hivemind
+import psutil
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
 
+from node import dht_guard
 from node.config import NodeConfig
 from node.identity import Identity, create_identity
 from node.runtime import in_dht
@@ -36,6 +39,10 @@ _PING_TIMEOUT_S = 5.0
 _WATCHDOG_PERIOD_S = 0.5
 _FIRST_BACKOFF_S = 0.5
 _MAX_BACKOFF_S = 8.0
+
+
+class BootstrapStopped(Exception):
+    """`should_stop` turned true while the seeds were being dialled."""
 
 
 @dataclass
@@ -67,7 +74,14 @@ class _IsolatedDHT(hivemind.DHT):
             os.killpg(os.getpgrp(), signal.SIGKILL)
 
         threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
-        super().run()
+        dht_guard.install()
+        try:
+            super().run()
+        finally:
+            # daemons started inside the DHT process (e.g. the dial-back probe) end with it
+            for child in psutil.Process().children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    child.kill()
 
 
 def start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool = False) -> hivemind.DHT:
@@ -101,7 +115,7 @@ def start_loopback_dht(
     as a public node checks them. Give `identity` when the node also signs records or serves
     streams as that PeerID (the weight broadcast does both).
     """
-    return hivemind.DHT(
+    return _IsolatedDHT(
         start=True,
         initial_peers=initial_peers or [],
         host_maddrs=["/ip4/127.0.0.1/tcp/0"],
@@ -156,7 +170,7 @@ async def bootstrap(
 
     Returns the status of each seed. Raises PeerUnreachable naming every seed if none was
     reached in time (and there was at least one to reach). `should_stop` is polled between
-    tries; once it is true, bootstrap gives up with KeyboardInterrupt.
+    tries; once it is true, bootstrap gives up with BootstrapStopped.
     """
     pending = {address: "not tried yet" for address in initial_peers}
     reached: list[str] = []
@@ -172,7 +186,7 @@ async def bootstrap(
             if remaining <= 0:
                 break
             if stopping():
-                raise KeyboardInterrupt("stopped while dialling the initial peers")
+                raise BootstrapStopped("stopped while dialling the initial peers")
             try:
                 error = await asyncio.wait_for(
                     in_dht(dht, _dial_seed, address=address), timeout=min(remaining, 2 * _PING_TIMEOUT_S)
@@ -190,7 +204,7 @@ async def bootstrap(
         wake = time.monotonic() + backoff
         while time.monotonic() < wake:
             if stopping():
-                raise KeyboardInterrupt("stopped while dialling the initial peers")
+                raise BootstrapStopped("stopped while dialling the initial peers")
             await asyncio.sleep(0.1)
         backoff = min(backoff * 2, _MAX_BACKOFF_S)
 

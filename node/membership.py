@@ -194,9 +194,14 @@ class Membership:
         return ok
 
     async def _refresh_loop(self) -> None:
+        # Fixed rate, measured from the start of each publish: a store that is slow under load
+        # must not push the next refresh back, or the record expires between refreshes.
+        next_at = time.monotonic()
         while True:
-            await asyncio.sleep(self.refresh_interval_s if self.last_publish_ok else 1.0)
+            next_at += self.refresh_interval_s if self.last_publish_ok else 1.0
+            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+            next_at = max(next_at, time.monotonic() - self.refresh_interval_s)
             try:
-                await self.publish()
+                await asyncio.wait_for(self.publish(), timeout=self.refresh_interval_s * 2)
             except Exception as exc:  # the DHT may be shutting down; keep the node alive regardless
                 logger.warning("refreshing node record failed: %r", exc)

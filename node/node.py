@@ -22,7 +22,7 @@ import hivemind
 from hivemind.dht.node import DHTNode
 
 from node.config import NodeConfig
-from node.dht_node import SeedStatus, bootstrap, start_dht
+from node.dht_node import BootstrapStopped, SeedStatus, bootstrap, start_dht
 from node.identity import Identity, create_identity, load_or_create_identity
 from node.logs import set_log_peer
 from node.membership import LiveNode, Membership, discover
@@ -108,9 +108,14 @@ class HivenetNode:
             self.dht = start_dht(self.config, self.identity, client_mode=self.client_mode)
             if self._ephemeral_dir is not None:  # p2pd has read the key; nothing stays on disk
                 shutil.rmtree(self._ephemeral_dir, ignore_errors=True)
-            self.seed_statuses = self.call(
-                bootstrap(self.dht, self.config.initial_peers, self.config.bootstrap_timeout_s, should_stop)
-            )
+            try:
+                self.seed_statuses = self.call(
+                    bootstrap(
+                        self.dht, self.config.initial_peers, self.config.bootstrap_timeout_s, should_stop
+                    )
+                )
+            except BootstrapStopped:
+                raise KeyboardInterrupt("stopped while dialling the initial peers") from None
             if self.dht_only:
                 self.call(in_dht(self.dht, serve_dial_back))
             if self.announce:

@@ -1,38 +1,86 @@
 """Dial-back: can peers reach this node? Seeds serve the check, `hivenet doctor` asks for it.
 
-The seed dials the requester from a brand-new p2pd (fresh identity, no shared connection),
-so a success really means a stranger can open a connection to the requester's addresses.
-The dial is authenticated by libp2p against the requester's own PeerID, so the service
-cannot be used to probe third parties; it runs one probe at a time and at most once per
-requester per cooldown period.
+The requester names the TCP ports it listens on; the seed dials them **only at the IP address
+it observes the request coming from**, so the service cannot be aimed at a third party. The
+dial comes from a separate probe daemon of the seed's (no connection shared with the requester,
+disconnected after every probe), and libp2p authenticates it against the requester's PeerID.
+
+Limits: the request is one size-capped frame read under a timeout; loopback, private and
+link-local IPs are refused unless the seed itself only listens on loopback (a local test
+swarm); each source IP gets one probe per cooldown period (PeerIDs are free to mint, IPs are
+not); a few probes run at once, so one slow probe does not lock everyone else out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
+import logging
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 import hivemind
 from hivemind.dht.node import DHTNode
-from hivemind.p2p import P2P, P2PContext, PeerID
+from hivemind.p2p import P2P, PeerID
 from multiaddr import Multiaddr
 
+from node.broadcast.wire import read_frame, write_frame
 from protocol import hivenet_pb2 as pb
+from protocol.errors import InvalidMessage
 from protocol.limits import MAX_ADDRESS_CHARS
+from protocol.untrusted import parse_untrusted
+
+logger = logging.getLogger(__name__)
 
 DIAL_BACK_PROTOCOL = "hivenet.v1.dial_back"
 MAX_DIAL_BACK_ADDRESSES = 8
+MAX_DIAL_BACK_REQUEST_BYTES = MAX_DIAL_BACK_ADDRESSES * (MAX_ADDRESS_CHARS + 8)
+MAX_DIAL_BACK_RESPONSE_BYTES = 1024
 DIAL_BACK_TIMEOUT_S = 10.0
+DIAL_BACK_REQUEST_TIMEOUT_S = 5.0
 DIAL_BACK_COOLDOWN_S = 30.0
-_MAX_REMEMBERED_REQUESTERS = 4096
+MAX_CONCURRENT_PROBES = 4
+_MAX_REMEMBERED_SOURCES = 4096
+_IP_PROTOCOLS = ("ip4", "ip6")
 
 
-def _dialable(addresses: list[str]) -> list[Multiaddr] | str:
-    """Parse requested addresses; return them, or the reason the request is bad."""
+def observed_ip(addr: Multiaddr) -> str | None:
+    """The IP a stream arrived from, or None if it came through a relay or without an IP."""
+    names = [proto.name for proto in addr.protocols()]
+    if "p2p-circuit" in names:
+        return None
+    for name in _IP_PROTOCOLS:
+        if name in names:
+            return str(addr.value_for_protocol(name))
+    return None
+
+
+def is_public_ip(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    return not (
+        address.is_private
+        or address.is_loopback
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_reserved
+        or address.is_unspecified
+    )
+
+
+def dial_targets(addresses: list[str], ip: str, *, allow_private: bool) -> list[Multiaddr] | str:
+    """The multiaddrs to dial for a request: the requested TCP ports at the observed `ip`.
+
+    Returns the reason instead if the request is malformed, names another host, or `ip` is not
+    public while `allow_private` is off.
+    """
     if not 0 < len(addresses) <= MAX_DIAL_BACK_ADDRESSES:
         return f"give 1-{MAX_DIAL_BACK_ADDRESSES} addresses"
-    parsed = []
+    if not allow_private and not is_public_ip(ip):
+        return f"{ip} is not a public address; a seed dials back only public addresses"
+    kind = "ip6" if ":" in ip else "ip4"
+    targets: list[Multiaddr] = []
     for address in addresses:
         if len(address) > MAX_ADDRESS_CHARS:
             return "address too long"
@@ -41,56 +89,112 @@ def _dialable(addresses: list[str]) -> list[Multiaddr] | str:
             names = [proto.name for proto in maddr.protocols()]
         except Exception:
             return f"malformed multiaddr {address[:80]!r}"
-        if "p2p" in names or "tcp" not in names or not ({"ip4", "ip6", "dns", "dns4", "dns6"} & set(names)):
-            return (
-                f"{address[:80]!r} must be a host and TCP port without /p2p, e.g. /ip4/203.0.113.5/tcp/31337"
-            )
-        parsed.append(maddr)
-    return parsed
+        if names != [kind, "tcp"]:
+            return f"{address[:80]!r} must be /{kind}/<your address>/tcp/<port>, e.g. /{kind}/{ip}/tcp/31337"
+        if str(maddr.value_for_protocol(kind)) != ip:
+            return f"{address[:80]!r} is not the address this request came from ({ip}); a seed dials only you"
+        target = Multiaddr(f"/{kind}/{ip}/tcp/{maddr.value_for_protocol('tcp')}")
+        if target not in targets:
+            targets.append(target)
+    return targets
+
+
+@dataclass
+class _SourceLimiter:
+    """One probe per source per cooldown; remembers a bounded number of sources."""
+
+    cooldown_s: float
+    seen: OrderedDict[str, float]
+
+    def allow(self, source: str) -> bool:
+        now = time.monotonic()
+        last = self.seen.get(source)
+        if last is not None and now - last < self.cooldown_s:
+            return False
+        self.seen[source] = now
+        self.seen.move_to_end(source)
+        while len(self.seen) > _MAX_REMEMBERED_SOURCES:
+            self.seen.popitem(last=False)
+        return True
 
 
 class DialBackService:
-    """The seed side: dials requesters back from a fresh daemon, one at a time, rate-limited."""
+    """The seed side: dials requesters back at their observed IP, from one reused probe daemon."""
 
-    def __init__(self) -> None:
-        self._lock = asyncio.Lock()
-        self._last_request: OrderedDict[PeerID, float] = OrderedDict()
+    def __init__(self, *, allow_private: bool, cooldown_s: float = DIAL_BACK_COOLDOWN_S) -> None:
+        self.allow_private = allow_private
+        self._limiter = _SourceLimiter(cooldown_s, OrderedDict())
+        self._slots = asyncio.Semaphore(MAX_CONCURRENT_PROBES)
+        self._probe: P2P | None = None
+        self._probe_lock = asyncio.Lock()
 
-    async def rpc_dial_back(self, request: pb.DialBackRequest, context: P2PContext) -> pb.DialBackResponse:
-        addresses = _dialable(list(request.addresses))
-        if isinstance(addresses, str):
-            return pb.DialBackResponse(code=pb.DIAL_BACK_BAD_REQUEST, detail=addresses)
-        requester = context.remote_id
-        now = time.monotonic()
-        last = self._last_request.get(requester)
-        if (last is not None and now - last < DIAL_BACK_COOLDOWN_S) or self._lock.locked():
-            return pb.DialBackResponse(code=pb.DIAL_BACK_RATE_LIMITED, detail="try again in a minute")
-        self._last_request[requester] = now
-        self._last_request.move_to_end(requester)
-        while len(self._last_request) > _MAX_REMEMBERED_REQUESTERS:
-            self._last_request.popitem(last=False)
-        async with self._lock:
-            return await self._probe(requester, addresses)
-
-    @staticmethod
-    async def _probe(requester: PeerID, addresses: list[Multiaddr]) -> pb.DialBackResponse:
-        probe = await P2P.create(
-            host_maddrs=[], no_listen=True, use_relay=False, auto_nat=False, nat_port_map=False
-        )
+    async def handle_stream(
+        self, stream_info: object, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Serve one request: a capped frame in (under a timeout), one response frame out."""
         try:
-            await asyncio.wait_for(probe._client.connect(requester, addresses), DIAL_BACK_TIMEOUT_S)
+            response = await self._answer(stream_info, reader)
+            await asyncio.wait_for(
+                write_frame(writer, response.SerializeToString()), DIAL_BACK_REQUEST_TIMEOUT_S
+            )
+        except Exception as exc:
+            logger.debug("dial-back stream failed: %r", exc)
+        finally:
+            writer.close()
+
+    async def _answer(self, stream_info: object, reader: asyncio.StreamReader) -> pb.DialBackResponse:
+        try:
+            raw = await asyncio.wait_for(
+                read_frame(reader, MAX_DIAL_BACK_REQUEST_BYTES), DIAL_BACK_REQUEST_TIMEOUT_S
+            )
+            request = parse_untrusted(pb.DialBackRequest, raw or b"", "dial-back request")
+        except (InvalidMessage, TimeoutError) as exc:
+            return pb.DialBackResponse(
+                code=pb.DIAL_BACK_BAD_REQUEST, detail=f"unreadable request: {exc}"[:200]
+            )
+        ip = observed_ip(stream_info.addr)  # type: ignore[attr-defined]
+        if ip is None:
+            return pb.DialBackResponse(
+                code=pb.DIAL_BACK_BAD_REQUEST, detail="connect to the seed directly (not through a relay)"
+            )
+        targets = dial_targets(list(request.addresses), ip, allow_private=self.allow_private)
+        if isinstance(targets, str):
+            return pb.DialBackResponse(code=pb.DIAL_BACK_BAD_REQUEST, detail=targets)
+        # in a local swarm every node shares the loopback IP, so there the source is the PeerID too
+        source = f"{ip}/{stream_info.peer_id}" if self.allow_private else ip  # type: ignore[attr-defined]
+        if self._slots.locked() or not self._limiter.allow(source):
+            return pb.DialBackResponse(code=pb.DIAL_BACK_RATE_LIMITED, detail="try again in a minute")
+        async with self._slots:
+            return await self._dial(stream_info.peer_id, targets)  # type: ignore[attr-defined]
+
+    async def _probe_daemon(self) -> P2P:
+        async with self._probe_lock:
+            if self._probe is None:
+                self._probe = await P2P.create(
+                    host_maddrs=[], no_listen=True, use_relay=False, auto_nat=False, nat_port_map=False
+                )
+            return self._probe
+
+    async def _dial(self, requester: PeerID, targets: list[Multiaddr]) -> pb.DialBackResponse:
+        probe = await self._probe_daemon()
+        try:
+            await asyncio.wait_for(probe._client.connect(requester, targets), DIAL_BACK_TIMEOUT_S)
         except Exception as exc:
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return pb.DialBackResponse(code=pb.DIAL_BACK_UNREACHABLE, detail=reason[:200])
         finally:
-            await probe.shutdown()
-        return pb.DialBackResponse(code=pb.DIAL_BACK_REACHABLE, detail="reached from a fresh connection")
+            with contextlib.suppress(Exception):
+                await probe._client.disconnect(requester)
+        return pb.DialBackResponse(code=pb.DIAL_BACK_REACHABLE, detail="reached from a separate connection")
 
 
 async def serve_dial_back(_dht: hivemind.DHT, node: DHTNode) -> None:
-    """Register the dial-back service on a running DHT's p2pd (run via `dht.run_coroutine`)."""
-    service = DialBackService()
-    await node.p2p.add_protobuf_handler(DIAL_BACK_PROTOCOL, service.rpc_dial_back, pb.DialBackRequest)
+    """Register the dial-back service on a running DHT's p2pd (run via `node.runtime.in_dht`)."""
+    maddrs = await node.p2p.get_visible_maddrs()
+    ips = [observed_ip(Multiaddr(str(addr))) for addr in maddrs]
+    local_swarm = bool(ips) and all(ip is not None and ipaddress.ip_address(ip).is_loopback for ip in ips)
+    service = DialBackService(allow_private=local_swarm)
+    await node.p2p.add_binary_stream_handler(DIAL_BACK_PROTOCOL, service.handle_stream)
 
 
 async def call_dial_back(
@@ -102,15 +206,22 @@ async def call_dial_back(
         peer_id = PeerID.from_base58(Multiaddr(seed)["p2p"])
         try:
             response = await asyncio.wait_for(
-                node.p2p.call_protobuf_handler(
-                    peer_id, DIAL_BACK_PROTOCOL, pb.DialBackRequest(addresses=addresses), pb.DialBackResponse
-                ),
-                DIAL_BACK_TIMEOUT_S * 2,
+                _request(node.p2p, peer_id, pb.DialBackRequest(addresses=addresses)), DIAL_BACK_TIMEOUT_S * 2
             )
         except Exception as exc:
             details.append(f"{seed[-12:]}: no dial-back service ({type(exc).__name__})")
             continue
         if response.code == pb.DIAL_BACK_REACHABLE:
-            return True, f"seed {peer_id.to_base58()[-8:]} reached this node from a fresh connection"
+            return True, f"seed {peer_id.to_base58()[-8:]} reached this node from a separate connection"
         details.append(f"{peer_id.to_base58()[-8:]}: {pb.DialBackCode.Name(response.code)} {response.detail}")
     return False, "; ".join(details) or "no seed to ask"
+
+
+async def _request(p2p: P2P, peer_id: PeerID, request: pb.DialBackRequest) -> pb.DialBackResponse:
+    _, reader, writer = await p2p.call_binary_stream_handler(peer_id, DIAL_BACK_PROTOCOL)
+    try:
+        await write_frame(writer, request.SerializeToString())
+        raw = await read_frame(reader, MAX_DIAL_BACK_RESPONSE_BYTES)
+        return parse_untrusted(pb.DialBackResponse, raw or b"", "dial-back response")
+    finally:
+        writer.close()

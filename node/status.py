@@ -61,6 +61,14 @@ def read_status_file(path: Path) -> NodeStatusSnapshot | None:
         return None
 
 
+STATUS_CONNECTION_TIMEOUT_S = 5.0
+_LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
+
+
+def _is_local_host(host: str, port: int | None) -> bool:
+    return any(host in (name, f"{name}:{port}") for name in _LOCAL_HOSTS)
+
+
 class StatusServer:
     """Serves the latest snapshot as JSON at http://127.0.0.1:PORT/status (and /health); a runtime service."""
 
@@ -76,7 +84,15 @@ class StatusServer:
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = STATUS_CONNECTION_TIMEOUT_S  # an idle or slow client cannot hold a thread for long
+
             def do_GET(self) -> None:
+                # a page on another site that rebinds its DNS name to 127.0.0.1 sends its own Host
+                if not _is_local_host(self.headers.get("Host", ""), owner.port):
+                    self.send_error(
+                        403, "status is served to local clients only (Host must be 127.0.0.1 or localhost)"
+                    )
+                    return
                 if self.path not in ("/status", "/health"):
                     self.send_error(404, "try /status or /health")
                     return

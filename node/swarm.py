@@ -191,6 +191,8 @@ class LocalSwarm:
             "20",
             "--status-file",
             str(status_file),
+            "--weights-dir",
+            str(self.workdir / f"{name}.weights"),
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
         with open(log_file, "wb") as log:

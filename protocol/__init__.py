@@ -1,6 +1,7 @@
 """Wire formats and pure rules, no I/O. Everything that crosses the network is defined here.
 
-- `errors`: `HivenetError` and its subclasses (`ConfigError`, `IdentityError`, `InvalidMessage`, `PeerUnreachable`).
+- `errors`: `HivenetError` and its subclasses (`ConfigError`, `IdentityError`, `InvalidMessage`,
+  `InvalidProofError`, `PeerUnreachable`).
 - `version`: `SOFTWARE_VERSION`, `PROTOCOL_VERSION`.
 - `hivenet.proto` / `hivenet_pb2`: envelopes and node records (regenerate with `scripts/gen_proto.sh`).
 - `envelope`: `seal` / `open_envelope`: Ed25519-signed messages bound to domain, version, run, key, expiry.
@@ -10,4 +11,6 @@
 - `node_record`: `NodeRecord`, `Role`, `Capabilities`: strict typed node records.
 - `record_validator`: `SignedRecordValidator`, the hivemind DHT validator; `register_domain`.
 - `broadcast.proto` / `manifest`: weight manifests, pointers and chunk messages.
+- `toploc`: `build_proofs`, `verify_proofs`, `ChunkCheck`: TOPLOC proofs (byte-compatible with the
+  reference `toploc` 0.1.6, stricter on malformed input, plus a sign check); spec in `docs/toploc-spec.md`.
 """

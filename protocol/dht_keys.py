@@ -55,3 +55,23 @@ def weights_version_key(run_id: str, version: int) -> str:
 def weights_holders_key(run_id: str, version: int) -> str:
     """Where holders of a version announce themselves (one short-lived subkey per holder)."""
     return f"hivenet/v{PROTOCOL_VERSION}/{validate_run_id(run_id)}/weights/{int(version)}/holders"
+
+
+# --- DiLoCo averaging (node.averaging) ---
+
+
+def averaging_prefix(run_id: str) -> str:
+    """The hivemind averaging prefix of `run_id`'s trainers: the namespace of their matchmaking keys.
+
+    hivemind appends `.<suffix>` to the prefix to build its keys, so the prefix holds no dots.
+    """
+    return "hivenet_diloco_" + validate_run_id(run_id).replace(".", "_")
+
+
+def all_averagers_key(prefix: str) -> str:
+    """Where every averager under `prefix` declares itself as a state source (one subkey per PeerID).
+
+    hivemind's `DecentralizedAverager` stores this key itself (value: its state-sharing priority,
+    which hivenet sets to the trainer's outer step); the spelling here must match hivemind's.
+    """
+    return f"{prefix}.all_averagers"

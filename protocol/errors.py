@@ -24,3 +24,13 @@ class InvalidMessage(HivenetError, ValueError):
 
 class PeerUnreachable(HivenetError):
     """One or more peers (typically seeds) could not be reached in the allotted time."""
+
+
+class InvalidProofError(HivenetError, ValueError):
+    """A TOPLOC proof (or the activations it is checked against) is malformed.
+
+    Raised for a wrong proof length, a modulus of 0 or above 65497, a coefficient outside the
+    field, a number of proofs that does not match the number of 32-token chunks, or
+    activations that are not a 2-D bfloat16 tensor. The rollout carrying such a proof must be
+    rejected; the message says which check failed.
+    """

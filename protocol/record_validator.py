@@ -3,8 +3,14 @@
 A record whose subkey is `hn:<PeerID>` must hold a signed envelope (see protocol.envelope)
 that was signed by that PeerID, for exactly this DHT key, in a known domain, whose payload
 parses for that domain, and whose DHT expiration lies no further ahead than the domain's
-maximum TTL. Anything else under such a subkey is dropped: never stored, never returned.
-Records without the prefix are hivemind's own (e.g. averager matchmaking) and pass through.
+maximum TTL, and never beyond the signed expiry. Anything else under such a subkey is
+dropped: never stored, never returned.
+
+Outside the signed namespace only hivemind's averager declarations are accepted (matchmaking
+and state-sharing records): a subkey that is a PeerID, a value that is one tiny msgpack scalar
+and an expiry at most `MAX_UNSIGNED_TTL_S` ahead. Plain values without a subkey are refused
+under every key: a regular value with a later expiry would replace a key's whole dictionary of
+signed records (one unsigned write could hide a run's nodes or its weights pointer).
 """
 
 from __future__ import annotations
@@ -22,7 +28,13 @@ from hivemind.utils.serializer import MSGPackSerializer
 from protocol.dht_keys import SIGNED_SUBKEY_PREFIX
 from protocol.envelope import open_envelope, peek_domain
 from protocol.errors import InvalidMessage
-from protocol.limits import MAX_CLOCK_SKEW_S, MAX_ENVELOPE_BYTES, MAX_NODE_RECORD_TTL_S
+from protocol.limits import (
+    MAX_CLOCK_SKEW_S,
+    MAX_ENVELOPE_BYTES,
+    MAX_NODE_RECORD_TTL_S,
+    MAX_UNSIGNED_TTL_S,
+    MAX_UNSIGNED_VALUE_BYTES,
+)
 from protocol.node_record import NODE_RECORD_DOMAIN, NodeRecord
 
 logger = logging.getLogger(__name__)
@@ -60,7 +72,8 @@ def check_signed_record(record: DHTRecord, now: float | None = None) -> None:
     if len(record.value) > MAX_ENVELOPE_BYTES + 16:  # msgpack framing adds a few bytes
         raise InvalidMessage(f"value of {len(record.value)} bytes exceeds the limit")
     subkey = MSGPackSerializer.loads(record.subkey)
-    assert isinstance(subkey, str) and subkey.startswith(SIGNED_SUBKEY_PREFIX)
+    if not (isinstance(subkey, str) and subkey.startswith(SIGNED_SUBKEY_PREFIX)):
+        raise InvalidMessage("a signed record's subkey must be hn:<PeerID>")
     try:
         claimed_peer = PeerID.from_base58(subkey[len(SIGNED_SUBKEY_PREFIX) :]).to_bytes()
     except Exception:
@@ -77,23 +90,54 @@ def check_signed_record(record: DHTRecord, now: float | None = None) -> None:
         raise InvalidMessage("envelope was signed for another DHT key")
     if record.expiration_time > now + rule.max_ttl_s + MAX_CLOCK_SKEW_S:
         raise InvalidMessage(f"expiration is more than {rule.max_ttl_s:.0f} s ahead")
-    if record.expiration_time > envelope.expires_at + MAX_CLOCK_SKEW_S:
+    if record.expiration_time > envelope.expires_at:
         raise InvalidMessage("DHT expiration outlives the signed expiry")
     rule.check_payload(envelope.payload, envelope.signer)
 
 
+_IDENTITY_MULTIHASH, _SHA256_MULTIHASH = 0x00, 0x12
+_MAX_INLINED_KEY_BYTES = 42
+
+
+def _is_peer_id(raw: bytes) -> bool:
+    """Whether `raw` is a libp2p PeerID: a multihash of a public key (inlined, or its SHA-256)."""
+    if len(raw) < 2 or raw[1] != len(raw) - 2:
+        return False
+    return (raw[0] == _SHA256_MULTIHASH and raw[1] == 32) or (
+        raw[0] == _IDENTITY_MULTIHASH and raw[1] <= _MAX_INLINED_KEY_BYTES
+    )
+
+
+def check_unsigned_record(record: DHTRecord, now: float | None = None) -> None:
+    """Raise InvalidMessage unless `record` has the shape of a hivemind averager declaration."""
+    now = time.time() if now is None else now
+    if len(record.value) > MAX_UNSIGNED_VALUE_BYTES:
+        raise InvalidMessage(
+            f"unsigned value of {len(record.value)} bytes exceeds {MAX_UNSIGNED_VALUE_BYTES}"
+        )
+    subkey = MSGPackSerializer.loads(record.subkey)
+    if subkey is None:
+        raise InvalidMessage("plain values without a subkey are not accepted")
+    if not (isinstance(subkey, bytes) and _is_peer_id(subkey)):
+        raise InvalidMessage("an unsigned record's subkey must be a PeerID")
+    value = MSGPackSerializer.loads(record.value)
+    if not (value is None or isinstance(value, bool | int | float)):
+        raise InvalidMessage(f"unsigned value must be a scalar, got {type(value).__name__}")
+    if record.expiration_time > now + MAX_UNSIGNED_TTL_S + MAX_CLOCK_SKEW_S:
+        raise InvalidMessage(f"unsigned record expires more than {MAX_UNSIGNED_TTL_S:.0f} s ahead")
+
+
 class SignedRecordValidator(RecordValidatorBase):
-    """hivemind record validator enforcing `check_signed_record` on `hn:` subkeys. Stateless and picklable."""
+    """hivemind record validator: `check_signed_record` on `hn:` subkeys, `check_unsigned_record`
+    on everything else. Stateless and picklable."""
 
     def validate(self, record: DHTRecord) -> bool:
         try:
             subkey = MSGPackSerializer.loads(record.subkey)
-        except Exception:
-            return False
-        if not (isinstance(subkey, str) and subkey.startswith(SIGNED_SUBKEY_PREFIX)):
-            return True
-        try:
-            check_signed_record(record)
+            if isinstance(subkey, str) and subkey.startswith(SIGNED_SUBKEY_PREFIX):
+                check_signed_record(record)
+            else:
+                check_unsigned_record(record)
         except InvalidMessage as exc:
             logger.info("dropped invalid DHT record: %s", exc)
             return False

@@ -1,15 +1,20 @@
-"""Models, data, the DiLoCo optimizer and the inference worker's generation loop.
+"""Models, data, the DiLoCo optimizer and trainer role, and the inference worker's generation loop.
 
-Plain synchronous torch code: the network is reached only through interfaces that `node/`
-passes in.
+The training loop is plain synchronous torch code that reaches the network only through
+interfaces (`diloco.RoundAverager`, `diloco.StateSource`); `trainer` plugs `node.averaging`'s
+`DiLoCoAverager` into them.
 
 - `model`: `ModelConfig`, `TinyGPT` (byte-level causal LM; `forward`, `forward_with_hidden`,
   `loss`, `prefill_cache`, `decode_step`; decode and prefill agree bit for bit at inference).
 - `data`: `DataConfig`, `Corpus`, `load_corpus`, `prefetch_shakespeare` (shakespeare plays,
   stdlib fallback, or the user's files; seeded held-out split and disjoint shards).
-- `diloco`: `DiLoCoConfig`, `DiLoCoTrainer`, `OuterState`, `OuterStepReport` (inner AdamW,
-  pseudo-gradients, outer Nesterov step, state hashes).
-- `codecs`: fp16 and blockwise int8 tensor codecs registered with hivemind.
+- `diloco`: `DiLoCoConfig`, `DiLoCoTrainer`, `OuterStepReport` (inner AdamW, pseudo-gradients,
+  outer Nesterov step); the outer state and round types come from `node.averaging`.
+- `trainer`: `TrainerConfig`, `TrainerRuntime`, `run_trainer` (the trainer role inside a node).
+- `trainer_node`: `start_trainer` (a trainer on a running node, publishing every outer step through
+  the weight broadcast it hosts).
+- `trainer_thread`: `TrainerThread` (one trainer in a background thread: reports, stop, kill).
+- `simulation`: `simulate_diloco` (a whole run of N trainers on 127.0.0.1).
 - `checkpoint`: safetensors checkpoints (`save_checkpoint`, `load_checkpoint`, `latest_checkpoint`).
 - `sampling`: seeded Gumbel-max sampling (`SamplingParams`, `sample_tokens`).
 - `generation`: `generate`, which samples and builds TOPLOC proofs every 32 tokens.

@@ -15,8 +15,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from node.averaging.outer_state import OuterState
 from protocol.errors import HivenetError
-from training.diloco import OuterState
 
 __all__ = ["CheckpointError", "latest_checkpoint", "load_checkpoint", "prune_checkpoints", "save_checkpoint"]
 

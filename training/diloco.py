@@ -1,7 +1,7 @@
 """The DiLoCo optimizer and trainer loop: H inner AdamW steps, then one averaged outer Nesterov step.
 
 Plain synchronous torch code. The network is reached only through two interfaces passed in
-by `node.trainer`:
+by `training.trainer` (both implemented by `node.averaging.averager.DiLoCoAverager`):
 
 * `RoundAverager.average(...)` averages this round's pseudo-gradient with the peers of the
   same run and outer step (one all-reduce per outer step; every peer's contribution counts
@@ -9,6 +9,10 @@ by `node.trainer`:
   `prepare_round` starts the matchmaking for that round while the inner steps run.
 * `StateSource.fetch_state()` downloads the current `OuterState` (outer parameters, outer
   momentum, step number) from peers, for late joiners and peers that fell out of sync.
+
+The types these interfaces exchange belong to the averaging transport: `OuterState` and
+`state_hash` live in `node.averaging.outer_state`, `RoundOutcome`, `PendingAverage` and
+`DoneAverage` in `node.averaging.rounds`.
 
 Per outer step `t`: `delta = theta_t - theta_local` (the pseudo-gradient: positive where
 the inner steps decreased a weight), `d = mean over peers of delta`,
@@ -32,13 +36,12 @@ steps taken before the average arrives thus start near where the synchronous sch
 have put them, not at the pre-update local parameters, and a lone trainer (whose average is
 its own pseudo-gradient) follows the synchronous trajectory exactly.
 
-Main names: `DiLoCoConfig`, `OuterState`, `pseudo_gradient`, `outer_update`, `state_hash`,
-`DiLoCoTrainer`, `OuterStepReport`, `RoundAverager`, `RoundOutcome`, `StateSource`.
+Main names: `DiLoCoConfig`, `pseudo_gradient`, `outer_update`, `DiLoCoTrainer`,
+`OuterStepReport`, `RoundAverager`, `StateSource`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import threading
@@ -50,21 +53,18 @@ from typing import Literal, Protocol
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from node.averaging.outer_state import OuterState
+from node.averaging.rounds import PendingAverage
 from training.model import TinyGPT
 
 __all__ = [
     "DiLoCoConfig",
     "DiLoCoTrainer",
-    "DoneAverage",
-    "OuterState",
     "OuterStepReport",
-    "PendingAverage",
     "RoundAverager",
-    "RoundOutcome",
     "StateSource",
     "outer_update",
     "pseudo_gradient",
-    "state_hash",
 ]
 
 logger = logging.getLogger(__name__)
@@ -141,50 +141,6 @@ class DiLoCoConfig(BaseModel):
         return self.inner_lr * (floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress)))
 
 
-@dataclass
-class OuterState:
-    """What every peer of a run agrees on after an outer step: parameters, momentum, step number."""
-
-    params: list[torch.Tensor]
-    """Outer parameters theta_t (float32, one tensor per model parameter)."""
-
-    momentum: list[torch.Tensor]
-    """Outer momentum buffers (float32, same shapes)."""
-
-    step: int
-    """Number of outer steps applied so far (the next round averages for this step)."""
-
-    def clone(self) -> OuterState:
-        """A deep copy."""
-        return OuterState([p.clone() for p in self.params], [m.clone() for m in self.momentum], self.step)
-
-    @classmethod
-    def from_model(cls, model: torch.nn.Module, step: int = 0) -> OuterState:
-        """The outer state of a freshly initialised model: its parameters, zero momentum."""
-        params = [p.detach().to(torch.float32).clone() for p in model.parameters()]
-        return cls(params, [torch.zeros_like(p) for p in params], step)
-
-    def matches(self, model: torch.nn.Module) -> bool:
-        """Whether the shapes fit `model`'s parameters."""
-        shapes = [tuple(p.shape) for p in model.parameters()]
-        return [tuple(p.shape) for p in self.params] == shapes and [
-            tuple(m.shape) for m in self.momentum
-        ] == shapes
-
-    def hash(self) -> str:
-        """`state_hash` of the parameters and momentum."""
-        return state_hash(self.params, self.momentum)
-
-
-def state_hash(*groups: Sequence[torch.Tensor]) -> str:
-    """SHA-256 (first 16 hex digits) over the raw bytes of every tensor, in order."""
-    digest = hashlib.sha256()
-    for tensors in groups:
-        for tensor in tensors:
-            digest.update(tensor.detach().contiguous().cpu().numpy().tobytes())
-    return digest.hexdigest()[:16]
-
-
 @torch.no_grad()
 def pseudo_gradient(
     outer_params: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
@@ -210,26 +166,8 @@ def outer_update(state: OuterState, averaged: Sequence[torch.Tensor], config: Di
     return OuterState(params, momentum, state.step + 1)
 
 
-@dataclass
-class RoundOutcome:
-    """What one averaging round gave this peer."""
-
-    averaged: list[torch.Tensor] | None
-    """The group's mean pseudo-gradient (identical on every member), or None if no round took place."""
-
-    num_peers: int
-    """Peers whose contribution is in the average (1 if this peer averaged alone)."""
-
-    in_sync: bool = True
-    """False if this peer's outer state hash disagreed with the majority of its group, or if it got only
-    part of the group's average (a reducer left it out): either way it must resync."""
-
-    refused_peers: int = 0
-    """Senders whose contributions were refused (non-finite, oversized or malformed) in this round."""
-
-
 class RoundAverager(Protocol):
-    """Averages pseudo-gradients with the run's other trainers (implemented by `node.trainer_averaging`)."""
+    """Averages pseudo-gradients with the run's other trainers (implemented by `node.averaging.averager.DiLoCoAverager`)."""
 
     def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str) -> None:
         """Start matchmaking for outer step `step`, needed in about `expected_duration_s` seconds."""
@@ -246,31 +184,6 @@ class RoundAverager(Protocol):
         ...
 
 
-class PendingAverage(Protocol):
-    """An averaging round in flight."""
-
-    def done(self) -> bool:
-        """Whether `result` would return at once."""
-        ...
-
-    def result(self) -> RoundOutcome:
-        """Wait for the round and return its outcome (never raises: a failed round is averaged alone)."""
-        ...
-
-
-class DoneAverage:
-    """A `PendingAverage` whose outcome is already known."""
-
-    def __init__(self, outcome: RoundOutcome) -> None:
-        self.outcome = outcome
-
-    def done(self) -> bool:
-        return True
-
-    def result(self) -> RoundOutcome:
-        return self.outcome
-
-
 @dataclass
 class _Pending:
     handle: PendingAverage
@@ -284,7 +197,7 @@ class _Pending:
 
 
 class StateSource(Protocol):
-    """Downloads the run's current outer state from peers (implemented by `node.trainer_averaging`)."""
+    """Downloads the run's current outer state from peers (implemented by `node.averaging.averager.DiLoCoAverager`)."""
 
     def fetch_state(self, *, newer_than: int) -> OuterState | None:
         """The state of a peer at an outer step greater than `newer_than`, or None if none is available."""

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from protocol.toploc import CHUNK_TOKENS, TOPK, build_proofs
 from training.model import TinyGPT
 from training.sampling import SamplingParams, sample_tokens
-from verification.toploc import CHUNK_TOKENS, TOPK, build_proofs
 
 __all__ = ["Generation", "ProofBuilder", "generate"]
 

@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from protocol.errors import InvalidProofError
+from protocol.toploc import CHUNK_TOKENS, TOPK, ChunkCheck, verify_proofs
 from training.model import TinyGPT
-from verification.errors import InvalidProofError
 from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.rollout import CLAIM_DTYPES, RolloutClaim
 from verification.sampling_check import SamplingCheck, check_sampling
-from verification.toploc import CHUNK_TOKENS, TOPK, ChunkCheck, verify_proofs
 
 __all__ = ["RejectReason", "RolloutVerifier", "Verdict", "judge", "recompute", "summarize", "verify_rollout"]
 

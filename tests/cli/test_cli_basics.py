@@ -45,8 +45,26 @@ def test_bad_multiaddr_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
 
 def test_roles_without_work_are_refused(tmp_path: Path) -> None:
     result = hivenet("join", "--role", "inference", "--identity", str(tmp_path / "k"))
-    assert result.returncode != 0 and "not available yet" in result.stderr
+    assert result.returncode != 0 and "role 'inference' is not available yet" in result.stderr
+    assert "Traceback" not in result.stderr and "<Role" not in result.stderr
+
+
+def test_join_without_seeds_needs_new_swarm(tmp_path: Path) -> None:
+    result = hivenet("join", "--identity", str(tmp_path / "k"))
+    assert result.returncode == 2 and "--new-swarm" in result.stderr and "--initial-peers" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_simulate_with_an_unknown_role_is_a_usage_error() -> None:
+    result = hivenet("simulate", "--roles", "foo,validator", "--duration", "1")
+    assert (
+        result.returncode == 2 and "foo cannot be simulated" in result.stderr and "validator" in result.stderr
+    )
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_seed_help_states_its_default_port() -> None:
+    assert "seed: 31337" in " ".join(hivenet("seed", "--help").stdout.split())
 
 
 def test_identity_command(tmp_path: Path) -> None:
@@ -61,5 +79,5 @@ def test_identity_command(tmp_path: Path) -> None:
 def test_unknown_config_key_is_a_clear_error(tmp_path: Path) -> None:
     config = tmp_path / "node.toml"
     config.write_text("colour = 'blue'\n")
-    result = hivenet("join", "--config", str(config), "--identity", str(tmp_path / "k"))
+    result = hivenet("join", "--config", str(config), "--identity", str(tmp_path / "k"), "--new-swarm")
     assert result.returncode == 1 and "colour: unknown setting" in result.stderr

@@ -1,1 +1,1 @@
-"""Helpers shared by tests and benchmarks (never shipped in the hivenet packages)."""
+"""Helpers shared by tests and benchmarks: fake workers, trainer harnesses, test swarms. Never shipped."""

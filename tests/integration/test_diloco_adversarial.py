@@ -21,10 +21,11 @@ from hivemind.averaging.allreduce import AveragingMode
 from hivemind.compression import CompressionInfo
 from hivemind.proto import averaging_pb2
 
-from node.trainer_averaging import DiLoCoAverager, RobustAllReduceRunner
-from node.trainer_testing import averager_swarm
-from training.codecs import codec_for, decode_tensor
-from training.diloco import RoundOutcome
+from node.averaging.averager import DiLoCoAverager
+from node.averaging.codecs import codec_for, decode_tensor
+from node.averaging.rounds import RoundOutcome
+from node.averaging.runner import RobustAllReduceRunner
+from tests.helpers.trainers import averager_swarm
 
 SHAPES = [torch.Size([1000]), torch.Size([10, 10])]
 ATTACK = mp.Value(ctypes.c_int, 0)  # shared with the attacker's (forked) averager process

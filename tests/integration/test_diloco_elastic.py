@@ -7,11 +7,12 @@ from collections.abc import Callable
 import pytest
 
 from node.swarm import wait_until
-from node.trainer_testing import TrainerHandle, harness, hashes_by_step, tiny_config
+from tests.helpers.trainers import harness, hashes_by_step, tiny_config
+from training.trainer_thread import TrainerThread
 
 
-def _done(trainer: TrainerHandle, steps: int) -> Callable[[], bool]:
-    return lambda: trainer.steps() >= steps or not trainer.thread.is_alive()
+def _done(trainer: TrainerThread, steps: int) -> Callable[[], bool]:
+    return lambda: trainer.steps() >= steps or not trainer.alive
 
 
 def test_late_joiner_receives_parameters_momentum_and_step() -> None:

@@ -11,10 +11,10 @@ import pytest
 import torch
 from hivemind.averaging.control import AveragingStage
 
+from node.averaging.averager import DiLoCoAverager
+from node.averaging.rounds import RoundOutcome
 from node.swarm import wait_until
-from node.trainer_averaging import DiLoCoAverager
-from node.trainer_testing import averager_swarm
-from training.diloco import RoundOutcome
+from tests.helpers.trainers import averager_swarm
 
 SHAPES = [torch.Size([64]), torch.Size([8, 8])]
 

@@ -11,10 +11,14 @@ from pathlib import Path
 
 import torch
 
+from node.dht_node import start_loopback_dht
 from node.swarm import wait_until
-from node.trainer import OuterStepReport, run_trainer, simulate_diloco
-from node.trainer_testing import TrainerHandle, harness, hashes_by_step, loopback_dht, tiny_config
+from tests.helpers.trainers import harness, hashes_by_step, tiny_config
 from training.checkpoint import latest_checkpoint, load_checkpoint
+from training.diloco import OuterStepReport
+from training.simulation import simulate_diloco
+from training.trainer import run_trainer
+from training.trainer_thread import TrainerThread
 
 
 def test_three_trainers_agree_bit_for_bit_after_every_outer_step() -> None:
@@ -38,7 +42,7 @@ def test_three_trainers_agree_bit_for_bit_after_every_outer_step() -> None:
 
 def test_single_trainer_runs_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     directory = tmp_path / "ckpt"
-    dht = loopback_dht()
+    dht = start_loopback_dht()
     try:
         first: list[OuterStepReport] = []
         config = tiny_config(2, checkpoint_dir=directory, checkpoint_every_outer_steps=1)
@@ -59,8 +63,8 @@ def test_single_trainer_runs_and_resumes_from_its_checkpoint(tmp_path: Path) -> 
         dht.shutdown()
 
 
-def _finished(trainer: TrainerHandle, steps: int) -> Callable[[], bool]:
-    return lambda: trainer.steps() >= steps or not trainer.thread.is_alive()
+def _finished(trainer: TrainerThread, steps: int) -> Callable[[], bool]:
+    return lambda: trainer.steps() >= steps or not trainer.alive
 
 
 def test_a_peer_left_out_of_part_of_a_round_resyncs_to_the_group_at_once() -> None:
@@ -88,7 +92,7 @@ def test_a_peer_left_out_of_part_of_a_round_resyncs_to_the_group_at_once() -> No
 
         late.runtime.sampler.next_batch = slow_last_inner_step  # type: ignore[method-assign]
         for handle in handles:
-            handle.thread.start()
+            handle.start()
         for handle in handles:
             assert wait_until(_finished(handle, 2), timeout_s=180)
             assert handle.error is None

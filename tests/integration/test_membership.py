@@ -16,6 +16,7 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from node.config import load_config
@@ -119,12 +120,15 @@ def test_doctor_reports_reachable_seed_and_insecure_key(swarm: LocalSwarm, tmp_p
 def test_dial_back_service_answers_truthfully(swarm: LocalSwarm, observer: HivenetNode) -> None:
     dead = f"/ip4/127.0.0.1/tcp/{_free_port()}"
     reachable, detail = _dial_back(observer, [swarm.seed_multiaddr], [dead])
-    assert not reachable and "DIAL_BACK_UNREACHABLE" in detail
+    assert not reachable and "DIAL_BACK_UNREACHABLE" in detail, (dead, detail)
     # the same requester asking again at once is rate-limited, and a malformed request is refused
     again, detail = _dial_back(observer, [swarm.seed_multiaddr], [dead])
     assert not again and "RATE_LIMITED" in detail
     bad, detail = _dial_back(observer, [swarm.seed_multiaddr], ["/ip4/1.2.3.4/udp/1"])
     assert not bad and "BAD_REQUEST" in detail
+    # the seed dials only the address the request came from, never a third party
+    third, detail = _dial_back(observer, [swarm.seed_multiaddr], [f"/ip4/127.0.0.2/tcp/{_free_port()}"])
+    assert not third and "BAD_REQUEST" in detail and "not the address this request came from" in detail
 
 
 def test_clean_leave_withdraws_the_record_at_once(swarm: LocalSwarm, observer: HivenetNode) -> None:
@@ -132,6 +136,8 @@ def test_clean_leave_withdraws_the_record_at_once(swarm: LocalSwarm, observer: H
     peer_id = swarm.nodes[name].peer_id
     assert wait_until(lambda: peer_id in _live_ids(observer), timeout_s=30)
     swarm.stop_node(name)
+    final = swarm.nodes[name].status()
+    assert final is not None and final.state == "stopped"  # not left at "leaving" after exit
     records = {
         node.peer_id.to_base58(): node
         for node in observer.call(fetch_run_records(observer.dht, RUN)).values()
@@ -264,3 +270,36 @@ def test_seed_restart_keeps_its_multiaddr_and_serves_health(tmp_path: Path) -> N
         status_file.unlink()
     assert addresses[0] == addresses[1]
     assert addresses[0][0].startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/12D3KooW")
+
+
+def test_ctrl_c_while_dialling_seeds_stops_at_once(tmp_path: Path) -> None:
+    """The stop request reaches the bootstrap loop: Ctrl-C does not wait out the bootstrap timeout."""
+    import signal
+
+    dead_seed = f"/ip4/127.0.0.1/tcp/{_free_port()}/p2p/12D3KooWJUW8TJkrraxJRkC9EqBfTAGLumGNHJczTAy783LYjpkV"
+    status_file = tmp_path / "status.json"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "join", "--initial-peers", dead_seed, "--identity", str(tmp_path / "k"),
+         "--host", "127.0.0.1", "--bootstrap-timeout", "600", "--status-file", str(status_file)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        # the node writes no status until it has joined: wait for its p2pd, after which it dials the seed
+        def dialling() -> bool:
+            try:
+                return any(
+                    "p2pd" in child.name() for child in psutil.Process(process.pid).children(recursive=True)
+                )
+            except psutil.Error:
+                return False
+
+        assert wait_until(dialling, timeout_s=60)
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=120)  # far below the 600 s bootstrap timeout
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.stderr is not None
+    stderr = process.stderr.read()
+    assert process.returncode != 0 and "Traceback" not in stderr, stderr

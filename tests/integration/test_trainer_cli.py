@@ -65,6 +65,44 @@ def test_two_trainer_nodes_average_together(tmp_path: Path) -> None:
     assert final_hashes[0] is not None and final_hashes[0] == final_hashes[1], report
 
 
+def _weights_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", "weights", *args, "--host", "127.0.0.1"],
+        capture_output=True, text=True, timeout=180, cwd=REPO,
+    )  # fmt: skip
+
+
+def test_a_trainer_node_serves_the_versions_it_publishes(tmp_path: Path) -> None:
+    """`hivenet join --role trainer` hosts the weight broadcast on its own runtime: each outer step is
+    published as a version, `weights status` sees it and a fetcher downloads it from the trainer."""
+    import torch
+    from safetensors.torch import load_file
+
+    from training.model import ModelConfig, TinyGPT
+
+    args = ["--outer-steps", "1000", "--inner-steps", "3", "--seq-len", "32", "--batch-size", "2"]
+    with LocalSwarm(run_id="cli-serve", workdir=tmp_path) as swarm:
+        swarm.start_seed()
+        node = swarm.nodes[swarm.add_node(roles=["trainer"], wait=True, extra_args=args)]
+        published = re.compile(r"published version (\d+)")
+        assert wait_until(lambda: published.search(node.log_tail(400)) is not None, timeout_s=300), (
+            node.log_tail()
+        )
+        common = ["--run", "cli-serve", "--initial-peers", swarm.seed_multiaddr, "--publisher", node.peer_id]
+        status = _weights_cli("status", *common)
+        assert status.returncode == 0, status.stderr[-3000:]
+        assert re.search(r"\b1\b", status.stdout), status.stdout
+        fetched = _weights_cli("fetch", "--out", str(tmp_path / "out"), *common)
+        assert fetched.returncode == 0, fetched.stderr[-3000:]
+        files = sorted((tmp_path / "out").glob("cli-serve-v*.safetensors"))
+        assert files, fetched.stdout + fetched.stderr
+        got = load_file(str(files[-1]))
+        model = TinyGPT(ModelConfig())
+        assert got.keys() == dict(model.named_parameters()).keys()
+        assert all(torch.isfinite(tensor).all() for tensor in got.values())
+        assert node.alive, node.log_tail()
+
+
 def test_simulate_trainers_prints_the_loss_per_outer_step() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "cli.main", "simulate", "--trainers", "2", *TINY],

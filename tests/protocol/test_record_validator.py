@@ -127,11 +127,42 @@ def test_forgery_is_rejected(kind: str) -> None:
     assert not SignedRecordValidator().validate(record)
 
 
-def test_unprotected_hivemind_records_pass_through() -> None:
-    record = DHTRecord(
-        b"k" * 20, MSGPackSerializer.dumps(b"averager"), MSGPackSerializer.dumps(1.0), time.time() + 5
+def _unsigned(subkey: object, value: object, ttl_s: float = 5.0) -> DHTRecord:
+    return DHTRecord(
+        DHTID.generate(source=KEY).to_bytes(),
+        MSGPackSerializer.dumps(subkey),
+        MSGPackSerializer.dumps(value),
+        time.time() + ttl_s,
     )
-    assert SignedRecordValidator().validate(record)
+
+
+@pytest.mark.parametrize("value", [True, False, 12.5, 7, None])
+def test_hivemind_averager_declarations_pass(value: object) -> None:
+    assert SignedRecordValidator().validate(_unsigned(A_ID, value))
+
+
+UNSIGNED_ABUSES = {
+    "plain value without a subkey": (None, b"squatted", 5.0),
+    "plain value, 31-year expiry": (None, b"squatted", 31 * 365 * 86400.0),
+    "subkey is not a PeerID": (b"averager", 1.0, 5.0),
+    "subkey is a string": ("anything", 1.0, 5.0),
+    "value is bytes": (A_ID, b"x" * 12, 5.0),
+    "value is a megabyte": (A_ID, b"x" * (1 << 20), 5.0),
+    "value is a list": (A_ID, [1, 2, 3], 5.0),
+    "expiry 31 years ahead": (A_ID, 1.0, 31 * 365 * 86400.0),
+}
+
+
+@pytest.mark.parametrize("kind", list(UNSIGNED_ABUSES))
+def test_unsigned_records_other_than_averager_declarations_are_refused(kind: str) -> None:
+    subkey, value, ttl_s = UNSIGNED_ABUSES[kind]
+    assert not SignedRecordValidator().validate(_unsigned(subkey, value, ttl_s))
+
+
+def test_dht_expiry_beyond_the_signed_expiry_is_refused_without_skew() -> None:
+    expires = time.time() + 60
+    record = _dht_record(A_ID, _value(ALICE, _record(A_ID).to_payload(), expires), expires + 1.0)
+    assert not SignedRecordValidator().validate(record)
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +219,30 @@ def test_forged_records_are_never_stored_or_returned(
     found = honest.get(KEY, latest=True)
     assert found is not None
     assert set(found.value) == {good_subkey}, "a forged record was stored or returned"
+
+
+def test_an_unsigned_plain_value_cannot_squat_a_key(
+    honest_and_attacker: tuple[hivemind.DHT, hivemind.DHT],
+) -> None:
+    """A regular value with a far expiry would replace the key's dictionary of signed records."""
+    honest, attacker = honest_and_attacker
+    key = node_records_key("squatted-run")
+    expires = time.time() + 60
+    signed = seal(
+        ALICE,
+        domain=NODE_RECORD_DOMAIN,
+        run_id="squatted-run",
+        dht_key=key,
+        expires_at=expires,
+        seq=1,
+        payload=_record(A_ID, run_id="squatted-run").to_payload(),
+    )
+    subkey = signed_subkey(PeerID(A_ID).to_base58())
+    attacker.store(key, b"squatted", expiration_time=time.time() + 31 * 365 * 86400)
+    honest.store(key, signed, expiration_time=expires, subkey=subkey)
+
+    def honest_sees_the_record() -> bool:
+        found = honest.get(key, latest=True)
+        return found is not None and isinstance(found.value, dict) and subkey in found.value
+
+    assert wait_until(honest_sees_the_record, timeout_s=20)

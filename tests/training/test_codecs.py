@@ -8,8 +8,14 @@ import pytest
 import torch
 from hivemind.compression import CompressionInfo, deserialize_torch_tensor
 
+from node.averaging.codecs import (
+    CODEC_NAMES,
+    Int8BlockCodec,
+    codec_for,
+    decode_tensor,
+    install_hivemind_codecs,
+)
 from protocol.errors import ConfigError, InvalidMessage
-from training.codecs import CODEC_NAMES, Int8BlockCodec, codec_for, decode_tensor, install_hivemind_codecs
 
 
 def _encode(name: str, tensor: torch.Tensor):

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from node.averaging.outer_state import OuterState
 from training.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -14,7 +15,6 @@ from training.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from training.diloco import OuterState
 
 
 def _state(step: int) -> OuterState:

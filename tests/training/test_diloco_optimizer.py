@@ -8,17 +8,9 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from training.diloco import (
-    DiLoCoConfig,
-    DiLoCoTrainer,
-    DoneAverage,
-    OuterState,
-    OuterStepReport,
-    RoundOutcome,
-    outer_update,
-    pseudo_gradient,
-    state_hash,
-)
+from node.averaging.outer_state import OuterState, state_hash
+from node.averaging.rounds import DoneAverage, RoundOutcome
+from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterStepReport, outer_update, pseudo_gradient
 from training.model import ModelConfig, TinyGPT
 
 

@@ -10,7 +10,9 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterState, RoundOutcome
+from node.averaging.outer_state import OuterState
+from node.averaging.rounds import RoundOutcome
+from training.diloco import DiLoCoConfig, DiLoCoTrainer
 from training.model import ModelConfig, TinyGPT
 
 BATCH, SEQ = 2, 9  # a batch of 2 sequences of 9 tokens: 2 * 8 training tokens per inner step

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from protocol.toploc import build_proofs, verify_proofs
 from training.generation import ProofBuilder, generate
 from training.model import ModelConfig, TinyGPT
 from training.sampling import SamplingParams
-from verification.toploc import build_proofs, verify_proofs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

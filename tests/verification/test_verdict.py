@@ -7,11 +7,11 @@ from collections import Counter
 import pytest
 import torch
 
+from protocol.toploc import build_proofs
+from tests.helpers.scenarios import HONEST_KINDS, KINDS, TAMPERED_KINDS, Lab
 from training.generation import generate
 from training.sampling import SamplingParams
 from verification.rollout import RolloutClaim
-from verification.scenarios import HONEST_KINDS, KINDS, TAMPERED_KINDS, Lab
-from verification.toploc import build_proofs
 from verification.verdict import RejectReason, RolloutVerifier, judge, recompute, summarize
 
 TOPLOC_REASONS = {

@@ -2,9 +2,13 @@
 
 A proof commits to the top-k (by magnitude) bf16 values of each chunk of `chunk_tokens`
 generated tokens, as a polynomial over GF(65497) through the points
-`(index mod m, bf16 bits)`. See `../shared/toploc/SPEC.md` for the format; in short, one proof
+`(index mod m, bf16 bits)`. See `docs/toploc-spec.md` for the format; in short, one proof
 is `m` (2 bytes big-endian) followed by k coefficients (lowest degree first, 2 bytes
 big-endian each): 258 bytes for k = 128.
+
+The format is shared by inference workers (who build proofs, `training.generation`) and
+validators (who check them, `verification.verdict`), so it lives here as pure tensor math
+with no I/O; the reference vectors in `tests/data/toploc/golden.json` pin its bytes.
 
 * `build_proofs(hidden)` -> one `bytes` per chunk (what an inference worker sends).
 * `verify_proofs(hidden, proofs)` -> one `ChunkCheck` per chunk with the reference's three
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from verification.errors import InvalidProofError
+from protocol.errors import InvalidProofError
 
 __all__ = [
     "CHUNK_TOKENS",

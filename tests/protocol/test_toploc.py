@@ -1,4 +1,4 @@
-"""Tests for verification.toploc: byte identity with the reference vectors, and strictness."""
+"""Tests for protocol.toploc: byte identity with the reference vectors, and strictness."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from verification.errors import InvalidProofError
-from verification.toploc import (
+from protocol.errors import InvalidProofError
+from protocol.toploc import (
     FIELD_PRIME,
     NO_MATCH_ERROR,
     _chunks_topk,
@@ -22,12 +22,12 @@ from verification.toploc import (
     verify_proofs,
 )
 
-GOLDEN = Path(__file__).resolve().parents[3] / "shared" / "toploc" / "golden.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "toploc" / "golden.json"
 
 
 def _load_golden() -> list[dict]:
     # the reference vectors are required: a missing file must fail the suite, not skip it
-    assert GOLDEN.exists(), f"reference vectors not found at {GOLDEN}; shared/ must sit beside the repository"
+    assert GOLDEN.exists(), f"reference vectors not found at {GOLDEN}"
     return json.loads(GOLDEN.read_text())["cases"]
 
 

@@ -1,14 +1,16 @@
-"""A DiLoCo trainer inside a running node, and a whole DiLoCo run simulated on this machine.
+"""The DiLoCo trainer role: its settings, its runtime objects, and training until told to stop.
 
-* `run_trainer(config, dht=..., identity=..., stop_event=..., on_progress=...)` blocks: it
-  loads the corpus shard, resumes from the newest checkpoint, joins the run (downloading the
-  outer state from peers if the run is ahead, at the next outer-step boundary), then trains
-  until `stop_event` is set or `max_outer_steps` is reached, writing checkpoints as it goes.
-* `simulate_diloco(num_trainers, config, on_progress)` starts a bootstrap DHT and one DHT
-  plus trainer thread per trainer on 127.0.0.1, runs the whole run and tears everything
-  down (also on exceptions and KeyboardInterrupt). It returns every outer-step report.
+* `TrainerConfig`: everything a trainer needs besides the node's DHT (run, model, data, DiLoCo,
+  wire codec, checkpoints, round timeouts, bans).
+* `TrainerRuntime(config, dht, name)` loads the corpus shard, builds the model and starts the
+  averager; `train(stop_event, on_progress)` resumes from the newest checkpoint, joins the run
+  (downloading the outer state from peers if the run is ahead, at the next outer-step
+  boundary), then trains until `stop_event` is set or `max_outer_steps` is reached, writing
+  checkpoints as it goes; `close` releases the averager.
+* `run_trainer(config, dht=..., identity=..., stop_event=..., on_progress=...)` does all of it
+  in the calling thread. `training.trainer_thread.TrainerThread` runs a runtime in a thread.
 
-The network side of a round lives in `node.trainer_averaging.DiLoCoAverager`; the training
+The network side of a round lives in `node.averaging.averager.DiLoCoAverager`; the training
 loop is `training.diloco.DiLoCoTrainer`, which sees the network only through it.
 """
 
@@ -28,8 +30,10 @@ import torch
 from hivemind import DHT
 from pydantic import BaseModel, ConfigDict, Field
 
+from node.averaging.averager import DiLoCoAverager
+from node.averaging.outer_state import OuterState
 from node.identity import Identity
-from protocol.dht_keys import validate_run_id
+from protocol.dht_keys import averaging_prefix, validate_run_id
 from protocol.errors import HivenetError
 from training.checkpoint import (
     CheckpointError,
@@ -39,10 +43,10 @@ from training.checkpoint import (
     save_checkpoint,
 )
 from training.data import DataConfig, load_corpus
-from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterState, OuterStepReport
+from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterStepReport
 from training.model import ModelConfig, TinyGPT
 
-__all__ = ["OuterStepReport", "TrainerConfig", "TrainerRuntime", "run_trainer", "simulate_diloco"]
+__all__ = ["TrainerConfig", "TrainerRuntime", "run_trainer"]
 
 logger = logging.getLogger(__name__)
 
@@ -136,14 +140,26 @@ def _shard_for(config: TrainerConfig, peer_id: bytes) -> int:
 class TrainerRuntime:
     """One trainer's runtime objects: model, data shard and started averager; `train` runs it, `close` ends it.
 
-    Built in the calling thread (the averager forks a process), then trained in any thread.
+    Built in the calling thread (the averager forks a process and installs signal handlers),
+    then trained in any thread. `dht` stays the caller's: `close` does not shut it down.
     """
 
-    def __init__(self, config: TrainerConfig, dht: DHT, name: str) -> None:
-        from node.trainer_averaging import DiLoCoAverager, averaging_prefix
-
+    def __init__(
+        self,
+        config: TrainerConfig,
+        dht: DHT,
+        name: str,
+        *,
+        on_outer_state: Callable[[OuterState], None] | None = None,
+    ) -> None:
+        """`on_outer_state(state)` is called in the training thread after every outer step (and its
+        checkpoint), e.g. to publish the new weights."""
         validate_run_id(config.run_id)
+        self.on_outer_state = on_outer_state
+        if config.torch_threads is not None:
+            torch.set_num_threads(config.torch_threads)
         self.config = config
+        self.dht = dht
         self.name = name
         torch.manual_seed(config.seed)
         self.model = TinyGPT(config.model)
@@ -176,6 +192,11 @@ class TrainerRuntime:
         logger.info(
             "%s: trainer ready (run %s, shard %d of %d)", name, config.run_id, shard, config.num_shards
         )
+
+    def state_dict(self, state: OuterState) -> dict[str, torch.Tensor]:
+        """The outer parameters of `state` under the model's parameter names (what gets published)."""
+        names = [name for name, _ in self.model.named_parameters()]
+        return dict(zip(names, state.params, strict=True))
 
     def _resume_state(self) -> OuterState:
         state = OuterState.from_model(self.model)
@@ -247,6 +268,8 @@ class TrainerRuntime:
         def after_outer_step(t: DiLoCoTrainer) -> None:
             self.averager.publish_step(t.state.step)
             self._checkpoint(t)
+            if self.on_outer_state is not None:
+                self.on_outer_state(t.state)
 
         try:
             trainer.run(stop_event, on_progress, on_outer_step=after_outer_step)
@@ -276,83 +299,9 @@ def run_trainer(
     trainer in logs and reports (its short PeerID). Blocks; returns cleanly once `stop_event` is
     set, after finishing the round in flight and writing a final checkpoint.
     """
-    if config.torch_threads is not None:
-        torch.set_num_threads(config.torch_threads)
     name = identity.short_id if identity is not None else dht.peer_id.to_base58()[-8:]
     prepared = TrainerRuntime(config, dht, name)
     try:
         prepared.train(stop_event, on_progress)
     finally:
         prepared.close()
-
-
-def _loopback_dht(initial_peers: list[str] | None = None) -> DHT:
-    return DHT(start=True, initial_peers=initial_peers or [], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-
-
-def simulate_diloco(
-    num_trainers: int,
-    config: TrainerConfig,
-    on_progress: Callable[[OuterStepReport], None] | None = None,
-    *,
-    stop_event: threading.Event | None = None,
-) -> list[OuterStepReport]:
-    """Run `num_trainers` DiLoCo trainers (threads, each with its own DHT) on 127.0.0.1; return all reports.
-
-    `config.diloco.max_outer_steps` must be set. Trainer `i` reads shard `i` of `num_trainers`.
-    """
-    if num_trainers < 1:
-        raise HivenetError(f"need at least one trainer, got {num_trainers}")
-    if config.diloco.max_outer_steps is None:
-        raise HivenetError("simulate_diloco needs diloco.max_outer_steps so that the run ends")
-    torch.set_num_threads(config.torch_threads or 1)
-    stop = stop_event or threading.Event()
-    reports: list[OuterStepReport] = []
-    lock = threading.Lock()
-    errors: list[BaseException] = []
-    dhts: list[DHT] = []
-    prepared: list[TrainerRuntime] = []
-    threads: list[threading.Thread] = []
-
-    def report(r: OuterStepReport) -> None:
-        with lock:
-            reports.append(r)
-        if on_progress is not None:
-            on_progress(r)
-
-    def work(p: TrainerRuntime) -> None:
-        try:
-            p.train(stop, report)
-        except BaseException as e:
-            logger.exception("%s failed", p.name)
-            errors.append(e)
-            stop.set()
-
-    try:
-        bootstrap = _loopback_dht()
-        dhts.append(bootstrap)
-        peers = [str(a) for a in bootstrap.get_visible_maddrs()]
-        for i in range(num_trainers):
-            dht = _loopback_dht(peers)
-            dhts.append(dht)
-            cfg = config.model_copy(update={"shard_index": i, "num_shards": num_trainers})
-            prepared.append(TrainerRuntime(cfg, dht, f"trainer{i}"))
-        threads = [threading.Thread(target=work, args=(p,), name=p.name, daemon=True) for p in prepared]
-        for t in threads:
-            t.start()
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(timeout=0.5)
-        if errors:
-            raise errors[0]
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=60)
-        for p in prepared:
-            with contextlib.suppress(Exception):
-                p.close()
-        for dht in reversed(dhts):
-            with contextlib.suppress(Exception):
-                dht.shutdown()
-    return sorted(reports, key=lambda r: (r.outer_step, r.peer))

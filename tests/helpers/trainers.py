@@ -1,32 +1,31 @@
 """A loopback harness of DiLoCo trainer threads and tiny configs, for tests and benchmarks.
 
 `tiny_config` gives a CPU-sized `TrainerConfig`; `averager_swarm` yields bare averagers on
-loopback that already see each other; `harness()` yields a `Harness` with a
-bootstrap DHT on 127.0.0.1 where `start`/`start_many` launch trainers (each with its own
-DHT and averager) and `TrainerHandle.kill` makes one die without a goodbye. Closing the
-harness ends exactly the threads and processes it started.
+loopback that already see each other; `harness()` yields a `Harness` with a bootstrap DHT on
+127.0.0.1 where `start`/`start_many` launch trainers (each a `TrainerThread` with its own DHT
+and averager) and `TrainerThread.kill` makes one die without a goodbye. Closing the harness
+ends exactly the threads and processes it started.
 """
 
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import psutil
 import torch
 from hivemind import DHT
 
+from node.averaging.averager import DiLoCoAverager
+from node.dht_node import start_loopback_dht
 from node.swarm import wait_until
-from node.trainer import OuterStepReport, TrainerConfig, TrainerRuntime
-from node.trainer_averaging import DiLoCoAverager
 from protocol.errors import HivenetError
 from training.data import DataConfig
-from training.diloco import DiLoCoConfig
+from training.diloco import DiLoCoConfig, OuterStepReport
 from training.model import ModelConfig
+from training.trainer import TrainerConfig, TrainerRuntime
+from training.trainer_thread import TrainerThread
 
 
 def tiny_config(max_outer_steps: int, *, inner_steps: int = 8, **overrides: Any) -> TrainerConfig:
@@ -49,10 +48,6 @@ def tiny_config(max_outer_steps: int, *, inner_steps: int = 8, **overrides: Any)
     return TrainerConfig(**base)
 
 
-def loopback_dht(initial_peers: list[str] | None = None) -> DHT:
-    return DHT(start=True, initial_peers=initial_peers or [], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
-
-
 @contextlib.contextmanager
 def averager_swarm(
     shapes: Sequence[torch.Size], classes: Sequence[type[DiLoCoAverager]], **kwargs: Any
@@ -65,10 +60,10 @@ def averager_swarm(
     dhts: list[DHT] = []
     averagers: list[DiLoCoAverager] = []
     try:
-        dhts.append(loopback_dht())
+        dhts.append(start_loopback_dht())
         peers = [str(a) for a in dhts[0].get_visible_maddrs()]
         for i, cls in enumerate(classes):
-            dhts.append(loopback_dht(peers))
+            dhts.append(start_loopback_dht(peers))
             averagers.append(cls(shapes, dhts[-1], name=f"peer{i}", **kwargs))
         for a in averagers:
             a.publish_step(0)
@@ -83,80 +78,40 @@ def averager_swarm(
             d.shutdown()
 
 
-@dataclass
-class TrainerHandle:
-    runtime: TrainerRuntime
-    dht: DHT
-    stop: threading.Event
-    thread: threading.Thread
-    reports: list[OuterStepReport] = field(default_factory=list)
-    error: BaseException | None = None
-
-    def steps(self) -> int:
-        return self.reports[-1].outer_step if self.reports else 0
-
-    def kill(self) -> None:
-        """Die without a goodbye: SIGKILL this trainer's averager, DHT and p2pd processes."""
-        self.stop.set()
-        procs = []
-        for pid in (self.runtime.averager.pid, self.dht.pid):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc = psutil.Process(pid)
-                procs.extend([proc, *proc.children(recursive=True)])
-        for proc in procs:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                proc.kill()
-
-
 class Harness:
     """A bootstrap DHT and trainer threads on 127.0.0.1; `close` ends exactly what it started."""
 
     def __init__(self) -> None:
         torch.set_num_threads(1)
-        self.bootstrap = loopback_dht()
+        self.bootstrap = start_loopback_dht()
         self.peers = [str(a) for a in self.bootstrap.get_visible_maddrs()]
-        self.trainers: list[TrainerHandle] = []
+        self.trainers: list[TrainerThread] = []
 
-    def start(self, config: TrainerConfig, name: str) -> TrainerHandle:
+    def start(self, config: TrainerConfig, name: str) -> TrainerThread:
         """Start one trainer now."""
-        handle = self.prepare(config, name)
-        handle.thread.start()
-        return handle
+        return self.prepare(config, name).start()
 
-    def start_many(self, config: TrainerConfig, names: list[str]) -> list[TrainerHandle]:
+    def start_many(self, config: TrainerConfig, names: list[str]) -> list[TrainerThread]:
         """Build all trainers first, then start them together (as peers that start at the same time)."""
-        handles = [self.prepare(config, name) for name in names]
-        for handle in handles:
-            handle.thread.start()
-        return handles
+        trainers = [self.prepare(config, name) for name in names]
+        for trainer in trainers:
+            trainer.start()
+        return trainers
 
-    def prepare(self, config: TrainerConfig, name: str) -> TrainerHandle:
+    def prepare(self, config: TrainerConfig, name: str) -> TrainerThread:
         """Build a trainer (DHT, model, averager) without starting its thread."""
-        dht = loopback_dht(self.peers)
-        runtime = TrainerRuntime(config, dht, name)
-        stop = threading.Event()
-        handle = TrainerHandle(runtime, dht, stop, threading.Thread(target=lambda: None))
-
-        def work() -> None:
-            try:
-                runtime.train(stop, handle.reports.append)
-            except BaseException as e:
-                handle.error = e
-
-        handle.thread = threading.Thread(target=work, name=name, daemon=True)
-        self.trainers.append(handle)
-        return handle
+        dht = start_loopback_dht(self.peers)
+        trainer = TrainerThread(TrainerRuntime(config, dht, name))
+        self.trainers.append(trainer)
+        return trainer
 
     def close(self) -> None:
         for t in self.trainers:
-            t.stop.set()
+            t.request_stop()
         for t in self.trainers:
-            if t.thread.ident is not None:
-                t.thread.join(timeout=60)
+            t.close(timeout_s=60)
             with contextlib.suppress(Exception):
-                t.runtime.close()
-            with contextlib.suppress(Exception):
-                t.dht.shutdown()
+                t.runtime.dht.shutdown()
         self.bootstrap.shutdown()
 
 

@@ -1,0 +1,211 @@
+"""DiLoCo's averaging on hivemind: one robust all-reduce of pseudo-gradients per outer step.
+
+`DiLoCoAverager` is a `hivemind.DecentralizedAverager` whose buffers hold this peer's
+pseudo-gradient. It implements `training.diloco.RoundAverager` (through the `Rounds` mixin)
+and `StateSource` (through `StateSharing`); this module holds its core:
+
+* **One all-reduce per outer step.** The result of the round is the group's mean
+  pseudo-gradient, copied into the buffers; there is no second state-averaging round.
+* **Equal weights, whatever peers claim.** Each round runs a `RobustAllReduceRunner` with
+  equal shares for every peer that accepts connections (claimed bandwidths are ignored).
+* **Bans.** A sender whose part the runner refused is banned in this averager's process
+  (`node.bans.BanList`: `ban_base_s`, doubling with every offence, capped at
+  `ban_base_s * 2**10`): it cannot join our groups, its parts are refused while the ban
+  lasts, and we download no state from it.
+* **Bit-identical results.** The runner gives every member the same averaged bytes; a member
+  that a reducer failed reports the round as incomplete (see `node.averaging.rounds`).
+* **Bytes sent** are counted where the averager process writes to libp2p streams
+  (`node.averaging.traffic`), so matchmaking, all-reduce and state downloads are all included.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import multiprocessing as mp
+import typing
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import torch
+from hivemind import DHT
+from hivemind.averaging import DecentralizedAverager
+from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
+from hivemind.averaging.group_info import GroupInfo
+from hivemind.averaging.matchmaking import MatchmakingException
+from hivemind.p2p import P2PContext
+from hivemind.proto import averaging_pb2
+from hivemind.utils.asyncio import enter_asynchronously
+
+from node.averaging.codecs import codec_for, install_hivemind_codecs
+from node.averaging.rounds import Rounds
+from node.averaging.runner import RobustAllReduceRunner
+from node.averaging.traffic import count_sent_bytes
+from node.bans import BanList
+
+__all__ = ["MAX_BAN_DOUBLINGS", "DiLoCoAverager"]
+
+logger = logging.getLogger(__name__)
+
+MAX_BAN_DOUBLINGS = 10
+"""A peer's ban doubles with each offence up to `ban_base_s * 2**MAX_BAN_DOUBLINGS`."""
+
+
+class DiLoCoAverager(Rounds, DecentralizedAverager):
+    """Averages pseudo-gradients with the run's trainers and shares the outer state (see module docstring)."""
+
+    runner_class: type[RobustAllReduceRunner] = RobustAllReduceRunner
+    """The all-reduce runner used for each round (tests substitute misbehaving ones)."""
+
+    @classmethod
+    def _get_handle_name(cls, namespace: str | None, method_name: str) -> str:
+        # hivemind names RPC handlers after the class; pin it so that subclasses interoperate.
+        handle_name = f"DiLoCoAverager.{method_name}"
+        return f"{namespace}::{handle_name}" if namespace is not None else handle_name
+
+    def __init__(
+        self,
+        shapes: Sequence[torch.Size],
+        dht: DHT,
+        *,
+        prefix: str,
+        compression: str = "int8",
+        max_norm_ratio: float = 10.0,
+        min_norm_per_value: float = 1e-4,
+        ban_base_s: float = 60.0,
+        matchmaking_time_s: float = 2.0,
+        request_timeout_s: float = 1.0,
+        averaging_timeout_s: float = 30.0,
+        sender_timeout_s: float = 10.0,
+        reducer_timeout_s: float | None = None,
+        target_group_size: int | None = None,
+        name: str = "trainer",
+    ) -> None:
+        install_hivemind_codecs()
+        self.codec_name = compression
+        self.max_norm_ratio = max_norm_ratio
+        self.min_norm_per_value = min_norm_per_value
+        self.averaging_timeout_s = averaging_timeout_s
+        self.label = name
+        self._bytes_sent = mp.Value(ctypes.c_uint64, 0)
+        self._last_average_norm = mp.Value(ctypes.c_double, 0.0)  # set by the host, read by the runner
+        # Lives in the averager process (copied there when hivemind starts it).
+        self.bans = BanList(ban_base_s, ban_base_s * 2**MAX_BAN_DOUBLINGS, owner=name)
+        self._matchmaking_time_s = matchmaking_time_s
+        self._init_state_sharing()
+        self._init_rounds()
+        tensors = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
+        super().__init__(
+            tensors,
+            dht,
+            start=True,
+            prefix=prefix,
+            target_group_size=target_group_size,
+            min_group_size=2,
+            initial_group_bits="0",
+            min_matchmaking_time=matchmaking_time_s,
+            request_timeout=request_timeout_s,
+            sender_timeout=sender_timeout_s,
+            reducer_timeout=reducer_timeout_s if reducer_timeout_s is not None else 2 * sender_timeout_s,
+            allreduce_timeout=averaging_timeout_s,
+            next_chunk_timeout=sender_timeout_s,
+            compression=codec_for(compression),
+            allow_state_sharing=False,  # until publish_step: a peer with no state yet is not a source
+            declare_state_period=10.0,
+        )
+
+    def bytes_sent(self) -> int:
+        """Bytes the averager process wrote to libp2p streams so far."""
+        return int(self._bytes_sent.value)
+
+    # -- averager process -----------------------------------------------------------------
+    def run(self) -> None:
+        counter = self._bytes_sent
+
+        def count(num_bytes: int, _writer: object) -> None:
+            with counter.get_lock():
+                counter.value += num_bytes
+
+        count_sent_bytes(count)  # for the whole life of the averager process
+        install_hivemind_codecs()
+        super().run()
+
+    async def rpc_join_group(
+        self, request: averaging_pb2.JoinRequest, context: P2PContext
+    ) -> typing.AsyncIterator[averaging_pb2.MessageFromLeader]:  # hivemind needs typing's alias here
+        if self.bans.is_banned(context.remote_id):
+            yield averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
+            return
+        async for response in super().rpc_join_group(request, context):
+            yield response
+
+    async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> Any:
+        try:
+            _, mode_ids, user_gathered_bytes = zip(
+                *map(self.serializer.loads, group_info.gathered), strict=True
+            )
+            user_gathered = dict(
+                zip(group_info.peer_ids, map(self.serializer.loads, user_gathered_bytes), strict=True)
+            )
+            modes = tuple(AveragingMode(m) if m in (0, 1, 2) else AveragingMode.NODE for m in mode_ids)
+            # Equal shares for every peer that accepts connections: claimed bandwidths are ignored.
+            peer_fractions = tuple(0.0 if mode == AveragingMode.CLIENT else 1.0 for mode in modes)
+            kwargs.pop("weight", None)
+            kwargs.pop("compression", None)
+            async with enter_asynchronously(self.get_tensors()) as local_tensors:
+                refused, complete = await self._run_allreduce_inplace_(
+                    local_tensors, group_info, peer_fractions=peer_fractions, **kwargs
+                )
+            return {
+                "gathered": {p.to_bytes(): v for p, v in user_gathered.items()},
+                "refused": refused,
+                "complete": complete,
+            }
+        except BaseException as e:
+            if isinstance(e, Exception):
+                logger.debug("all-reduce failed: %r", e)
+            raise MatchmakingException(f"Unable to run All-Reduce: {e}") from e
+
+    async def _run_allreduce_inplace_(  # type: ignore[override]
+        self,
+        tensors: Sequence[torch.Tensor],
+        group_info: GroupInfo,
+        group_id: bytes | None = None,
+        **kwargs: Any,
+    ) -> tuple[int, bool]:
+        """Run the all-reduce into `tensors`; return (senders refused, whether every reducer answered us)."""
+        group_id = group_info.group_id if group_id is None else group_id
+        runner = self.runner_class(
+            p2p=self._p2p,
+            servicer_type=type(self),
+            prefix=self.prefix,
+            tensors=tensors,
+            group_id=group_id,
+            ordered_peer_ids=group_info.peer_ids,
+            codec=codec_for(self.codec_name),
+            max_norm_ratio=self.max_norm_ratio,
+            min_norm_per_value=self.min_norm_per_value,
+            reference_norm=float(self._last_average_norm.value),
+            pre_banned=[p for p in group_info.peer_ids if self.bans.is_banned(p)],
+            **kwargs,
+        )
+        self._running_groups[group_id].set_result(runner)
+        try:
+            async for tensor, averaged in _azip(tensors, runner):
+                tensor.copy_(averaged)
+        finally:
+            for peer_id, reason in runner.refused.items():
+                if reason != "banned":
+                    self.bans.ban(peer_id, reason)
+        # A reducer that failed us (e.g. we were late and it left us out) leaves our own pseudo-gradient
+        # in its slice: our result is then a mixture nobody else holds.
+        return len(runner.refused), runner.tensor_part_container.failed_size == 0
+
+
+async def _azip(
+    tensors: Sequence[torch.Tensor], runner: AllReduceRunner
+) -> AsyncIterator[tuple[torch.Tensor, torch.Tensor]]:
+    index = 0
+    async for averaged in runner:
+        yield tensors[index], averaged
+        index += 1

@@ -1,0 +1,58 @@
+"""Which addresses the dial-back service agrees to dial: only the requester's own observed IP.
+
+Pure functions only: nothing here sends a packet (the addresses are never dialled).
+"""
+
+from __future__ import annotations
+
+import pytest
+from multiaddr import Multiaddr
+
+from node.reachability import MAX_DIAL_BACK_ADDRESSES, dial_targets, is_public_ip, observed_ip
+
+
+def test_dials_the_requested_ports_at_the_observed_ip() -> None:
+    targets = dial_targets(
+        ["/ip4/8.8.4.4/tcp/31337", "/ip4/8.8.4.4/tcp/4001"], "8.8.4.4", allow_private=False
+    )
+    assert targets == [Multiaddr("/ip4/8.8.4.4/tcp/31337"), Multiaddr("/ip4/8.8.4.4/tcp/4001")]
+
+
+@pytest.mark.parametrize(
+    ("addresses", "reason"),
+    [
+        (["/ip4/9.9.9.9/tcp/22"], "not the address this request came from"),
+        (["/dns4/example.com/tcp/80"], "must be /ip4/"),
+        (["/ip4/8.8.4.4/udp/1"], "must be /ip4/"),
+        (
+            ["/ip4/8.8.4.4/tcp/1/p2p/12D3KooWJWoaqZhDaoEFshF7Rh1bpY9ohihFhzcW6d69Lr2NASuq"],
+            "must be /ip4/",
+        ),
+        (["not a multiaddr"], "malformed"),
+        ([], "give 1-"),
+        (["/ip4/8.8.4.4/tcp/1"] * (MAX_DIAL_BACK_ADDRESSES + 1), "give 1-"),
+        (["/ip4/8.8.4.4/tcp/" + "1" * 300], "too long"),
+    ],
+)
+def test_requests_aimed_elsewhere_or_malformed_are_refused(addresses: list[str], reason: str) -> None:
+    result = dial_targets(addresses, "8.8.4.4", allow_private=False)
+    assert isinstance(result, str) and reason in result
+
+
+@pytest.mark.parametrize(
+    "ip", ["127.0.0.1", "10.1.2.3", "192.168.0.4", "172.16.0.1", "169.254.1.1", "::1", "fe80::1"]
+)
+def test_private_requesters_are_dialled_only_by_a_local_swarm_seed(ip: str) -> None:
+    kind = "ip6" if ":" in ip else "ip4"
+    request = [f"/{kind}/{ip}/tcp/4001"]
+    refused = dial_targets(request, ip, allow_private=False)
+    assert isinstance(refused, str) and "not a public address" in refused
+    assert dial_targets(request, ip, allow_private=True) == [Multiaddr(request[0])]
+    assert not is_public_ip(ip)
+
+
+def test_observed_ip_of_direct_and_relayed_streams() -> None:
+    assert observed_ip(Multiaddr("/ip4/8.8.4.4/tcp/5555")) == "8.8.4.4"
+    assert observed_ip(Multiaddr("/ip6/2606:4700::1111/tcp/5555")) == "2606:4700::1111"
+    relayed = "/ip4/198.51.100.1/tcp/1/p2p/12D3KooWJWoaqZhDaoEFshF7Rh1bpY9ohihFhzcW6d69Lr2NASuq/p2p-circuit"
+    assert observed_ip(Multiaddr(relayed)) is None
