@@ -8,6 +8,7 @@ Map of the package:
 - `config.BroadcastConfig`: every knob (chunk size, kept versions, in-flight limits, bans, upload cap).
 - `store.ChunkStore` / `store.VersionEntry`: versions on disk with a chunk bitmap; verify-before-write; resume.
 - `fetch.VersionFetch`: the multi-source scheduler (rarest first, per-peer limits, endgame, bans); `FetchProgress`.
+- `requests`: the requesting side of the protocol (one chunk, a bitmap stream, `NotHeld`, `SourceBusy`).
 - `manifest_fetch`: a version's manifest from the publisher or any holder, checked against the pointer.
 - `records.BroadcastRecords`: signed pointers and holder announcements in the DHT (find, announce, refresh).
 - `service.BroadcastService`: serves manifests, chunks and live bitmaps over libp2p streams (`rpc_*`).

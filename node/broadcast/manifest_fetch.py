@@ -18,7 +18,7 @@ from hivemind.p2p import P2P, PeerID
 
 from node.bans import BanList
 from node.broadcast.errors import WeightsUnavailable
-from node.broadcast.fetch import NotHeld, request_frame
+from node.broadcast.requests import NotHeld, request_frame
 from node.broadcast.service import PROTO_MANIFEST
 from node.broadcast.wire import read_payload
 from protocol import broadcast_pb2 as bpb
