@@ -6,6 +6,11 @@
   progress bar (bytes, rate, sources, ETA); `--follow` keeps fetching new versions.
 - `status --run R`: versions, holders and completeness.
 
+The shared options (run, seeds, publishers, identity, listen address, upload cap, timeout,
+verbosity) are one decorator, `weights_options`, that hands each command one `WeightsOptions`.
+Each command starts an unannounced `HivenetNode`, adds the `WeightBroadcast` service to it and
+runs its body on the node's loop (`node.call`); Ctrl-C / SIGTERM stop the node cleanly.
+
 Nothing heavy (torch, hivemind) is imported at module level, so `hivenet --help` stays fast.
 """
 
