@@ -6,64 +6,141 @@
   progress bar (bytes, rate, sources, ETA); `--follow` keeps fetching new versions.
 - `status --run R`: versions, holders and completeness.
 
+The shared options (run, seeds, publishers, identity, listen address, upload cap, timeout,
+verbosity) are one decorator, `weights_options`, that hands each command one `WeightsOptions`.
+Each command starts an unannounced `HivenetNode`, adds the `WeightBroadcast` service to it and
+runs its body on the node's loop (`node.call`); Ctrl-C / SIGTERM stop the node cleanly.
+
 Nothing heavy (torch, hivemind) is imported at module level, so `hivenet --help` stays fast.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import os
 import shutil
-import signal
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
+from pydantic import BaseModel, ConfigDict, Field
 
 from cli.errors import friendly_errors
+from node.runtime import offload
+from node.shutdown import StopRequest
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from node.broadcast.broadcaster import WeightBroadcast
     from node.broadcast.config import BroadcastConfig
     from node.broadcast.store import VersionEntry
+    from node.config import NodeConfig
+    from node.node import HivenetNode
+
+T = TypeVar("T")
+
+_STOP_POLL_S = 0.2
+"""How often a running command checks for Ctrl-C / SIGTERM."""
 
 
-def _network_options(func: Any) -> Any:
-    options = [
-        click.option("--run", "run_id", required=True, help="Run id."),
-        click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable)."),
-        click.option(
-            "--publisher",
-            "publishers",
-            multiple=True,
-            help="Base58 PeerID authorised to publish for the run (repeatable; from the run's config).",
-        ),
-        click.option("--identity", "identity_path", type=click.Path(path_type=Path), help="Key file."),
-        click.option("--host", default="0.0.0.0", show_default=True, help="IP to listen on."),
-        click.option("--port", type=int, default=0, show_default=True, help="TCP port (0: any free port)."),
-        click.option(
-            "--upload-limit",
-            "upload_bytes_per_s",
-            type=float,
-            help="Cap this node's upload in bytes/s (application-level).",
-        ),
-        click.option(
-            "--timeout",
-            "timeout_s",
-            type=float,
-            default=30.0,
-            show_default=True,
-            help="Seconds to reach seeds.",
-        ),
-        click.option("-v", "--verbose", is_flag=True, help="Debug logging."),
-    ]
-    for option in reversed(options):
-        func = option(func)
-    return func
+class WeightsOptions(BaseModel):
+    """The options every `hivenet weights` command shares: the run, how to join the swarm, logging."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    run_id: str
+    initial_peers: list[str] = Field(default_factory=list)
+    publishers: list[str] = Field(default_factory=list)
+    """Base58 PeerIDs authorised to publish for the run."""
+    identity_path: Path | None = None
+    """Key file; None for a throwaway identity."""
+    host: str = "0.0.0.0"
+    port: int = 0
+    upload_bytes_per_s: float | None = None
+    timeout_s: float = 30.0
+    """How long to keep trying the seeds."""
+    verbose: bool = False
+
+    def node_config(self) -> NodeConfig:
+        from node.config import load_config
+
+        return load_config(
+            initial_peers=self.initial_peers,
+            run_id=self.run_id,
+            host=self.host,
+            port=self.port,
+            bootstrap_timeout_s=self.timeout_s,
+            identity_path=self.identity_path,
+        )
+
+    def broadcast_config(
+        self, store_dir: Path, publishers: list[str] | None = None, **overrides: Any
+    ) -> BroadcastConfig:
+        """The broadcast's config: these options, `overrides` that are set, and `publishers` if given."""
+        from node.broadcast.config import BroadcastConfig
+        from protocol.errors import ConfigError
+
+        values = {key: value for key, value in overrides.items() if value is not None}
+        if self.upload_bytes_per_s is not None:
+            values["upload_bytes_per_s"] = self.upload_bytes_per_s
+        try:
+            return BroadcastConfig(
+                store_dir=store_dir,
+                authorized_publishers=self.publishers if publishers is None else publishers,
+                **values,
+            )
+        except ValueError as exc:
+            raise ConfigError(f"invalid weights option: {exc}") from None
+
+
+_SHARED_OPTIONS = [
+    click.option("--run", "run_id", required=True, help="Run id."),
+    click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable)."),
+    click.option(
+        "--publisher",
+        "publishers",
+        multiple=True,
+        help="Base58 PeerID authorised to publish for the run (repeatable; from the run's config).",
+    ),
+    click.option("--identity", "identity_path", type=click.Path(path_type=Path), help="Key file."),
+    click.option("--host", default="0.0.0.0", show_default=True, help="IP to listen on."),
+    click.option("--port", type=int, default=0, show_default=True, help="TCP port (0: any free port)."),
+    click.option(
+        "--upload-limit",
+        "upload_bytes_per_s",
+        type=float,
+        help="Cap this node's upload in bytes/s (application-level).",
+    ),
+    click.option(
+        "--timeout",
+        "timeout_s",
+        type=float,
+        default=30.0,
+        show_default=True,
+        help="Seconds to reach seeds.",
+    ),
+    click.option("-v", "--verbose", is_flag=True, help="Debug logging."),
+]
+
+
+def weights_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Add the shared options to a command; it receives them as one `options: WeightsOptions`."""
+
+    @functools.wraps(func)
+    def command(**kwargs: Any) -> Any:
+        shared = {name: kwargs.pop(name) for name in WeightsOptions.model_fields}
+        return func(options=WeightsOptions(**shared), **kwargs)
+
+    for option in reversed(_SHARED_OPTIONS):
+        command = option(command)
+    return command
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -74,62 +151,49 @@ def _setup_logging(verbose: bool) -> None:
         logging.getLogger("node.broadcast").setLevel(logging.INFO)
 
 
-def _start_dht(
-    *,
-    identity_path: Path | None,
-    initial_peers: tuple[str, ...],
-    run_id: str,
-    host: str,
-    port: int,
-    timeout_s: float,
-) -> tuple[Any, Any]:
-    """Start a DHT (own p2pd) and bootstrap it; a temporary identity when none is given."""
-    from node.config import load_config
-    from node.dht_node import bootstrap, start_dht, start_ephemeral_dht
-    from node.identity import load_or_create_identity
+class _Stopped(Exception):
+    """Ctrl-C / SIGTERM asked the command to stop (raised on the node's loop, unlike KeyboardInterrupt)."""
 
-    config = load_config(
-        initial_peers=list(initial_peers),
-        run_id=run_id,
-        host=host,
-        port=port,
-        bootstrap_timeout_s=timeout_s,
+
+async def _until_stopped(work: Awaitable[T], stop: StopRequest) -> T:
+    """Await `work`; if a stop is requested first, cancel it and raise _Stopped."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            if stop.requested:
+                raise _Stopped
+            await asyncio.wait({task}, timeout=_STOP_POLL_S)
+        return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+@contextlib.contextmanager
+def _started_node(options: WeightsOptions, stop: StopRequest, console: Console) -> Iterator[HivenetNode]:
+    """An unannounced node for one command (a throwaway identity unless --identity), joined to the
+    swarm; stopped on exit. Ctrl-C while the seeds are dialled raises KeyboardInterrupt."""
+    from node.node import HivenetNode
+
+    node = HivenetNode(
+        options.node_config(), announce=False, ephemeral_identity=options.identity_path is None
     )
-    if identity_path is None:
-        dht, identity = start_ephemeral_dht(config, client_mode=False)
-    else:
-        identity = load_or_create_identity(identity_path)
-        dht = start_dht(config.model_copy(update={"identity_path": identity_path}), identity)
     try:
-        if config.initial_peers:
-            bootstrap(dht, config.initial_peers, timeout_s)
-    except BaseException:
-        dht.shutdown()
-        raise
-    return dht, identity
+        with console.status("joining the swarm..."):
+            node.start(should_stop=lambda: stop.requested)
+        yield node
+    finally:
+        node.stop()
 
 
-def _broadcast_config(store_dir: Path, publishers: list[str], **overrides: Any) -> BroadcastConfig:
-    from node.broadcast.config import BroadcastConfig
-    from protocol.errors import ConfigError
-
-    values = {key: value for key, value in overrides.items() if value is not None}
-    try:
-        return BroadcastConfig(store_dir=store_dir, authorized_publishers=publishers, **values)
-    except ValueError as exc:
-        raise ConfigError(f"invalid weights option: {exc}") from None
-
-
-async def _with_broadcast(
-    dht: Any, identity: Any, config: BroadcastConfig, body: Callable[[WeightBroadcast], Any]
-) -> Any:
+def _add_broadcast(node: HivenetNode, config: BroadcastConfig) -> WeightBroadcast:
+    """Start the weight broadcast as a service of the started `node`."""
     from node.broadcast.broadcaster import WeightBroadcast
 
-    broadcast = await WeightBroadcast.create(dht=dht, identity=identity, config=config)
-    try:
-        return await body(broadcast)
-    finally:
-        await broadcast.shutdown()
+    assert node.dht is not None, "start the node first"
+    return node.add_service(WeightBroadcast(dht=node.dht, identity=node.identity, config=config))
 
 
 def _human(num_bytes: float) -> str:
@@ -138,13 +202,6 @@ def _human(num_bytes: float) -> str:
             return f"{num_bytes:,.1f} {unit}" if unit != "B" else f"{num_bytes:,.0f} B"
         num_bytes /= 1024
     return f"{num_bytes} B"
-
-
-def _sigterm_as_interrupt() -> None:
-    def handler(_signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, handler)
 
 
 @click.group("weights")
@@ -168,7 +225,7 @@ def weights() -> None:
 @click.option(
     "--serve-for", "serve_for_s", type=float, help="Stop serving after this many seconds (default: Ctrl-C)."
 )
-@_network_options
+@weights_options
 @friendly_errors
 def publish(
     file: Path,
@@ -177,15 +234,7 @@ def publish(
     chunk_bytes: int | None,
     keep_versions: int | None,
     serve_for_s: float | None,
-    run_id: str,
-    initial_peers: tuple[str, ...],
-    publishers: tuple[str, ...],
-    identity_path: Path | None,
-    host: str,
-    port: int,
-    upload_bytes_per_s: float | None,
-    timeout_s: float,
-    verbose: bool,
+    options: WeightsOptions,
 ) -> None:
     """Publish a safetensors FILE as VERSION of a run, then serve it until Ctrl-C.
 
@@ -194,58 +243,48 @@ def publish(
     """
     from rich.console import Console
 
-    _setup_logging(verbose)
+    _setup_logging(options.verbose)
     console = Console(stderr=True)
-    _sigterm_as_interrupt()
-    with console.status("joining the swarm..."):
-        dht, identity = _start_dht(
-            identity_path=identity_path,
-            initial_peers=initial_peers,
-            run_id=run_id,
-            host=host,
-            port=port,
-            timeout_s=timeout_s,
+    stop = StopRequest()
+    run_id = options.run_id
+    with _started_node(options, stop, console) as node:
+        own_id = node.identity.peer_id.to_base58()
+        config = options.broadcast_config(
+            store_dir or file.parent / ".hivenet-weights",
+            list(dict.fromkeys([*options.publishers, own_id])),
+            chunk_bytes=chunk_bytes,
+            keep_versions=keep_versions,
         )
-    own_id = identity.peer_id.to_base58()
-    config = _broadcast_config(
-        store_dir or file.parent / ".hivenet-weights",
-        list(dict.fromkeys([*publishers, own_id])),
-        chunk_bytes=chunk_bytes,
-        keep_versions=keep_versions,
-        upload_bytes_per_s=upload_bytes_per_s,
-    )
+        broadcast = _add_broadcast(node, config)
 
-    async def body(broadcast: WeightBroadcast) -> None:
-        path = file
-        if file.suffix in (".pt", ".pth", ".bin"):
-            import torch
+        async def serve() -> None:
+            if file.suffix in (".pt", ".pth", ".bin"):
+                import torch
 
-            state = torch.load(file, map_location="cpu", weights_only=True)
-            manifest = await broadcast.publish(run_id, version, state)
-        else:
-            manifest = await broadcast.publish_file(run_id, version, path)
-        console.print(
-            f"[green]published[/] {run_id} v{version}: {_human(manifest.total_bytes)} in {manifest.num_chunks} "
-            f"chunks, manifest {manifest.sha256.hex()[:16]}, publisher {own_id}"
-        )
-        for address in await broadcast.p2p.get_visible_maddrs():
-            click.echo(f"{address}/p2p/{own_id}" if "/p2p/" not in str(address) else str(address))
-        started = time.monotonic()
-        with console.status("serving; Ctrl-C to stop") as line:
-            while serve_for_s is None or time.monotonic() - started < serve_for_s:
-                await asyncio.sleep(1.0)
-                uploaded = broadcast.service.uploaded_bytes
-                line.update(
-                    f"serving; uploaded {_human(uploaded)} ({uploaded / manifest.total_bytes:.2f}x the checkpoint); "
-                    "Ctrl-C to stop"
-                )
+                state = await offload(torch.load, file, map_location="cpu", weights_only=True)
+                manifest = await broadcast.publish(run_id, version, state)
+            else:
+                manifest = await broadcast.publish_file(run_id, version, file)
+            console.print(
+                f"[green]published[/] {run_id} v{version}: {_human(manifest.total_bytes)} in "
+                f"{manifest.num_chunks} chunks, manifest {manifest.sha256.hex()[:16]}, publisher {own_id}"
+            )
+            for address in await broadcast.p2p.get_visible_maddrs():
+                click.echo(f"{address}/p2p/{own_id}" if "/p2p/" not in str(address) else str(address))
+            started = time.monotonic()
+            with console.status("serving; Ctrl-C to stop") as line:
+                while serve_for_s is None or time.monotonic() - started < serve_for_s:
+                    await asyncio.sleep(1.0)
+                    uploaded = broadcast.service.uploaded_bytes
+                    line.update(
+                        f"serving; uploaded {_human(uploaded)} ({uploaded / manifest.total_bytes:.2f}x the "
+                        "checkpoint); Ctrl-C to stop"
+                    )
 
-    try:
-        asyncio.run(_with_broadcast(dht, identity, config, body))
-    except KeyboardInterrupt:
-        console.print("stopped serving.")
-    finally:
-        dht.shutdown()
+        try:
+            node.call(_until_stopped(serve(), stop))
+        except (_Stopped, KeyboardInterrupt):
+            console.print("stopped serving.")
 
 
 def _export(entry: VersionEntry, out_dir: Path) -> Path:
@@ -272,7 +311,7 @@ def _export(entry: VersionEntry, out_dir: Path) -> Path:
 )
 @click.option("--keep-versions", type=int, help="How many newest versions to keep on disk (default 2).")
 @click.option("--follow", is_flag=True, help="Keep running and fetch every new version as it is announced.")
-@_network_options
+@weights_options
 @friendly_errors
 def fetch(
     version: int | None,
@@ -280,18 +319,10 @@ def fetch(
     store_dir: Path | None,
     keep_versions: int | None,
     follow: bool,
-    run_id: str,
-    initial_peers: tuple[str, ...],
-    publishers: tuple[str, ...],
-    identity_path: Path | None,
-    host: str,
-    port: int,
-    upload_bytes_per_s: float | None,
-    timeout_s: float,
-    verbose: bool,
+    options: WeightsOptions,
 ) -> None:
     """Fetch a version of a run's weights from every holder at once into OUT (resumes if interrupted)."""
-    if not publishers:  # before the heavy imports: a usage error must be instant
+    if not options.publishers:  # before the heavy imports: a usage error must be instant
         raise click.UsageError("give the run's authorised publisher(s) with --publisher PEER_ID")
     from rich.console import Console
     from rich.progress import (
@@ -305,25 +336,12 @@ def fetch(
 
     from node.broadcast.fetch import FetchProgress
 
-    _setup_logging(verbose)
+    _setup_logging(options.verbose)
     console = Console(stderr=True)
-    _sigterm_as_interrupt()
+    stop = StopRequest()
+    run_id = options.run_id
     out_dir.mkdir(parents=True, exist_ok=True)
-    with console.status("joining the swarm..."):
-        dht, identity = _start_dht(
-            identity_path=identity_path,
-            initial_peers=initial_peers,
-            run_id=run_id,
-            host=host,
-            port=port,
-            timeout_s=timeout_s,
-        )
-    config = _broadcast_config(
-        store_dir or out_dir / ".store",
-        list(publishers),
-        keep_versions=keep_versions,
-        upload_bytes_per_s=upload_bytes_per_s,
-    )
+    config = options.broadcast_config(store_dir or out_dir / ".store", keep_versions=keep_versions)
     progress = Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -345,71 +363,52 @@ def fetch(
         return report
 
     async def done(entry: VersionEntry) -> None:
-        target = _export(entry, out_dir)
+        target = await offload(_export, entry, out_dir)
         console.print(f"[green]v{entry.version} complete[/] ({_human(entry.manifest.total_bytes)}): {target}")
 
-    async def body(broadcast: WeightBroadcast) -> None:
-        with progress:
-            if not follow:
-                entry = await broadcast.fetch(run_id, version, progress=reporter(f"{run_id}"))
-                await done(entry)
-                return
-            console.print(f"following {run_id}; Ctrl-C to stop")
-            broadcast.follow(run_id, on_version=done, progress=reporter(f"{run_id} (following)"))
-            while True:
-                await asyncio.sleep(3600)
+    with _started_node(options, stop, console) as node:
+        broadcast = _add_broadcast(node, config)
 
-    try:
-        asyncio.run(_with_broadcast(dht, identity, config, body))
-    except KeyboardInterrupt:
-        console.print("stopped; chunks on disk are kept and a new fetch resumes from them.")
-    finally:
-        dht.shutdown()
+        async def download() -> None:
+            with progress:
+                if not follow:
+                    entry = await broadcast.fetch(run_id, version, progress=reporter(f"{run_id}"))
+                    await done(entry)
+                    return
+                console.print(f"following {run_id}; Ctrl-C to stop")
+                broadcast.follow(run_id, on_version=done, progress=reporter(f"{run_id} (following)"))
+                while True:
+                    await asyncio.sleep(3600)
+
+        try:
+            node.call(_until_stopped(download(), stop))
+        except (_Stopped, KeyboardInterrupt):
+            console.print("stopped; chunks on disk are kept and a new fetch resumes from them.")
 
 
 @weights.command("status")
 @click.option("--store", "store_dir", type=click.Path(path_type=Path), help="Local chunk store to report on.")
-@_network_options
+@weights_options
 @friendly_errors
-def status(
-    store_dir: Path | None,
-    run_id: str,
-    initial_peers: tuple[str, ...],
-    publishers: tuple[str, ...],
-    identity_path: Path | None,
-    host: str,
-    port: int,
-    upload_bytes_per_s: float | None,
-    timeout_s: float,
-    verbose: bool,
-) -> None:
+def status(store_dir: Path | None, options: WeightsOptions) -> None:
     """Show a run's versions with their holders and how complete each holder is."""
     from rich.console import Console
     from rich.table import Table
 
-    if not publishers:
+    if not options.publishers:
         raise click.UsageError("give the run's authorised publisher(s) with --publisher PEER_ID")
-    _setup_logging(verbose)
+
+    _setup_logging(options.verbose)
     console = Console()
-    dht, identity = _start_dht(
-        identity_path=identity_path,
-        initial_peers=initial_peers,
-        run_id=run_id,
-        host=host,
-        port=port,
-        timeout_s=timeout_s,
-    )
-    config = _broadcast_config(
-        store_dir or Path(tempfile.mkdtemp(prefix="hivenet-status-")), list(publishers)
-    )
-
-    async def body(broadcast: WeightBroadcast) -> Any:
-        return await broadcast.status(run_id)
-
-    try:
-        statuses = asyncio.run(_with_broadcast(dht, identity, config, body))
-    finally:
-        dht.shutdown()
+    stop = StopRequest()
+    run_id = options.run_id
+    config = options.broadcast_config(store_dir or Path(tempfile.mkdtemp(prefix="hivenet-status-")))
+    with _started_node(options, stop, Console(stderr=True)) as node:
+        broadcast = _add_broadcast(node, config)
+        try:
+            statuses = node.call(_until_stopped(broadcast.status(run_id), stop))
+        except _Stopped:
+            raise KeyboardInterrupt from None
     if not statuses:
         console.print(f"no versions of run {run_id!r} announced by the given publishers")
         return

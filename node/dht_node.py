@@ -11,14 +11,11 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
 import hivemind
 import psutil
@@ -28,7 +25,7 @@ from multiaddr import Multiaddr
 
 from node import dht_guard
 from node.config import NodeConfig
-from node.identity import Identity, create_identity
+from node.identity import Identity
 from node.runtime import in_dht
 from protocol.errors import PeerUnreachable
 from protocol.record_validator import SignedRecordValidator
@@ -106,11 +103,14 @@ def start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool = Fal
     )
 
 
-def start_loopback_dht(initial_peers: list[str] | None = None, *, client_mode: bool = False) -> hivemind.DHT:
-    """A DHT on 127.0.0.1 with an ephemeral identity and the production record validator.
+def start_loopback_dht(
+    initial_peers: list[str] | None = None, *, client_mode: bool = False, identity: Identity | None = None
+) -> hivemind.DHT:
+    """A DHT on 127.0.0.1 with the production record validator, as `identity` (else an ephemeral one).
 
     For local swarms (simulations, tests, benchmarks): the records it accepts are checked exactly
-    as a public node checks them.
+    as a public node checks them. Give `identity` when the node also signs records or serves
+    streams as that PeerID (the weight broadcast does both).
     """
     return _IsolatedDHT(
         start=True,
@@ -118,24 +118,9 @@ def start_loopback_dht(initial_peers: list[str] | None = None, *, client_mode: b
         host_maddrs=["/ip4/127.0.0.1/tcp/0"],
         client_mode=client_mode,
         record_validators=[SignedRecordValidator()],
+        identity_path=str(identity.path) if identity is not None else None,
+        check_if_identity_free=False,  # hivemind's check assumes RSA keys
     )
-
-
-def start_ephemeral_dht(config: NodeConfig, *, client_mode: bool) -> tuple[hivemind.DHT, Identity]:
-    """Start a DHT with a throwaway identity (for `peers`, `doctor`, ...): nothing is left on disk.
-
-    `config.identity_path` is ignored; p2pd reads the temporary key at start-up, after which
-    it is deleted.
-    """
-    tmp = Path(tempfile.mkdtemp(prefix="hivenet-ephemeral-"))
-    try:
-        identity = create_identity(tmp / "ephemeral.key")
-        dht = start_dht(
-            config.model_copy(update={"identity_path": identity.path}), identity, client_mode=client_mode
-        )
-        return dht, identity
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 async def _dial_seed(_dht: hivemind.DHT, node: DHTNode, address: str) -> str:

@@ -16,7 +16,8 @@ copy wins and the other requests are cancelled.
 Every chunk is checked against the manifest before it is written (`VersionEntry.write_chunk`)
 and only then announced and served. A source that sends a bad chunk or breaks the protocol
 is banned (growing period) and its chunks are fetched elsewhere; a source that vanishes or
-times out costs only its in-flight chunks and is retried later.
+times out costs only its in-flight chunks and is retried later. The requests themselves (one
+chunk, one bitmap stream) are `node.broadcast.requests`.
 """
 
 from __future__ import annotations
@@ -35,26 +36,15 @@ from hivemind.p2p import P2P, PeerID
 from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.errors import DiskFull, StoreError
-from node.broadcast.service import PROTO_CHUNK, PROTO_WATCH, parse_request
+from node.broadcast.requests import NotHeld, Stream, open_watch, read_have_update, request_chunk
 from node.broadcast.store import VersionEntry
-from node.broadcast.wire import read_frame, read_payload, write_frame
-from protocol import broadcast_pb2 as bpb
+from node.runtime import offload
 from protocol.errors import InvalidMessage
-from protocol.limits import MAX_RESPONSE_HEADER_BYTES
-from protocol.manifest import bitmap_get, have_update_cap, parse_bitmap
+from protocol.manifest import bitmap_get, parse_bitmap
 
 logger = logging.getLogger(__name__)
 
-_Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 _MAX_FETCHING_HINTS = 64
-
-
-class NotHeld(Exception):
-    """The source answered that it does not hold the requested chunk or version."""
-
-
-class SourceBusy(Exception):
-    """The source refused the stream because it serves too many already."""
 
 
 @dataclass
@@ -76,33 +66,12 @@ class _Source:
     peer_id: PeerID
     bitmap: bytearray | None = None
     inflight: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-    idle_streams: list[_Stream] = field(default_factory=list)
+    idle_streams: list[Stream] = field(default_factory=list)
     rate_bytes_per_s: float | None = None
     last_delivery: float = 0.0
     watch_task: asyncio.Task[None] | None = None
     fetching: dict[int, None] = field(default_factory=dict)
     """Chunks the source said it is fetching (a hint, oldest first, bounded)."""
-
-
-async def request_frame(
-    p2p: P2P, peer_id: PeerID, proto: str, request: bytes, stream: _Stream | None = None
-) -> tuple[bpb.ResponseHeader, _Stream]:
-    """Send one request frame (on `stream` or a new stream) and read the capped response header."""
-    if stream is None:
-        _, reader, writer = await p2p.call_binary_stream_handler(peer_id, proto)
-        stream = (reader, writer)
-    reader, writer = stream
-    try:
-        await write_frame(writer, request)
-        frame = await read_frame(reader, MAX_RESPONSE_HEADER_BYTES)
-        if frame is None:
-            raise ConnectionError("source closed the stream")
-        header = parse_request(frame, bpb.ResponseHeader)
-        assert isinstance(header, bpb.ResponseHeader)
-    except BaseException:
-        writer.close()
-        raise
-    return header, stream
 
 
 class VersionFetch:
@@ -171,7 +140,7 @@ class VersionFetch:
             return
         source = _Source(peer_id=peer_id)
         self.sources[key] = source
-        source.watch_task = asyncio.create_task(self.call_watch(source))
+        source.watch_task = asyncio.create_task(self._watch(source))
 
     def _drop_source(self, source: _Source, *, reason: str, ban: bool = False) -> None:
         key = source.peer_id.to_bytes()
@@ -224,42 +193,27 @@ class VersionFetch:
             source.bitmap[index >> 3] &= ~(1 << (index & 7)) & 0xFF
             self.availability[index] -= 1
 
-    async def call_watch(self, source: _Source) -> None:
+    async def _watch(self, source: _Source) -> None:
         """Follow a source's chunk bitmap (full bitmap, then have/fetching updates) until it ends."""
         num_chunks = self.manifest.num_chunks
-        request = bpb.WatchRequest(
-            run_id=self.manifest.run_id, version=self.manifest.version, manifest_sha256=self.manifest.sha256
-        ).SerializeToString()
         writer: asyncio.StreamWriter | None = None
         try:
-            header, (reader, writer) = await asyncio.wait_for(
-                request_frame(self.p2p, source.peer_id, PROTO_WATCH, request), self.config.request_timeout_s
+            reader, writer = await asyncio.wait_for(
+                open_watch(self.p2p, source.peer_id, self.manifest), self.config.request_timeout_s
             )
-            if header.status != bpb.STATUS_OK:
-                raise NotHeld(bpb.Status.Name(header.status))
             while True:
-                frame = await read_frame(reader, have_update_cap(num_chunks))
-                if frame is None:
-                    raise ConnectionError("source closed its bitmap stream")
-                update = parse_request(frame, bpb.HaveUpdate)
-                assert isinstance(update, bpb.HaveUpdate)
-                if update.dropped:
-                    raise NotHeld("source dropped the version")
+                update = await read_have_update(reader, num_chunks)
                 if source.bitmap is None:
-                    source.bitmap = bytearray(len(parse_bitmap(update.bitmap, num_chunks)))
                     claimed = parse_bitmap(update.bitmap, num_chunks)
+                    source.bitmap = bytearray(len(claimed))
                     for index in range(num_chunks):
                         if bitmap_get(claimed, index):
                             self._mark_has(source, index)
                 elif update.bitmap:
                     raise InvalidMessage("a second full bitmap on one watch stream")
                 for index in update.new_chunks:
-                    if index >= num_chunks:
-                        raise InvalidMessage(f"bitmap update names chunk {index} of {num_chunks}")
                     self._mark_has(source, index)
                 for index in update.fetching:
-                    if index >= num_chunks:
-                        raise InvalidMessage(f"bitmap update names chunk {index} of {num_chunks}")
                     self._mark_fetching(source, index)
                 self._wake.set()
         except asyncio.CancelledError:
@@ -283,39 +237,15 @@ class VersionFetch:
 
     # ---- requests ------------------------------------------------------------------------
 
-    async def call_chunk(self, source: _Source, index: int) -> bytes:
-        """Request one chunk from a source on a pooled stream; the payload is read only at its exact size."""
-        request = bpb.ChunkRequest(
-            run_id=self.manifest.run_id,
-            version=self.manifest.version,
-            manifest_sha256=self.manifest.sha256,
-            index=index,
-        ).SerializeToString()
-        stream = source.idle_streams.pop() if source.idle_streams else None
-        header, stream = await request_frame(self.p2p, source.peer_id, PROTO_CHUNK, request, stream)
-        try:
-            if header.status == bpb.STATUS_NOT_FOUND:
-                source.idle_streams.append(stream)
-                raise NotHeld(f"chunk {index}")
-            if header.status == bpb.STATUS_BUSY:
-                raise SourceBusy(header.detail)
-            if header.status != bpb.STATUS_OK:
-                raise InvalidMessage(f"unexpected response status {header.status}")
-            data = await read_payload(stream[0], header.payload_bytes, self.manifest.chunk_size(index))
-        except NotHeld:
-            raise
-        except BaseException:
-            stream[1].close()
-            raise
-        source.idle_streams.append(stream)
-        return data
-
     async def _fetch_chunk(self, source: _Source, index: int) -> None:
         key = source.peer_id.to_bytes()
         started = time.monotonic()
         try:
             try:
-                data = await asyncio.wait_for(self.call_chunk(source, index), self.config.request_timeout_s)
+                data = await asyncio.wait_for(
+                    request_chunk(self.p2p, source.peer_id, self.manifest, index, source.idle_streams),
+                    self.config.request_timeout_s,
+                )
             except NotHeld:
                 self._mark_lacks(source, index)
                 return
@@ -346,7 +276,7 @@ class VersionFetch:
     async def _store(self, source: _Source, index: int, data: bytes, elapsed_s: float) -> None:
         key = source.peer_id.to_bytes()
         try:
-            written = await asyncio.to_thread(self.entry.write_chunk, index, data)
+            written = await offload(self.entry.write_chunk, index, data)
         except InvalidMessage as exc:
             self.bad_chunks += 1
             self._drop_source(source, reason=f"bad chunk: {exc}", ban=True)

@@ -13,10 +13,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from node.broadcast.errors import DiskFull
 from node.broadcast.publish import prepare_state_dict, read_safetensors_layout
 from node.broadcast.store import DATA_FILE, ChunkStore
-from node.broadcast.testing import assert_state_dicts_equal, make_state_dict
 from node.broadcast.wire import encode_frame, read_frame, read_payload
 from protocol.errors import InvalidMessage
 from protocol.manifest import parse_manifest
+from tests.helpers.broadcast import assert_state_dicts_equal, make_state_dict
 
 CHUNK = 16 * 1024
 

@@ -11,7 +11,8 @@ import pytest
 
 from node.broadcast.errors import WeightsUnavailable
 from node.broadcast.service import PROTO_CHUNK
-from node.broadcast.testing import (
+from protocol.manifest import build_manifest
+from tests.helpers.broadcast import (
     Swarm,
     assert_state_dicts_equal,
     async_wait_until,
@@ -19,7 +20,6 @@ from node.broadcast.testing import (
     open_swarm,
     start_broadcast,
 )
-from protocol.manifest import build_manifest
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def test_round_trip_publisher_and_three_fetchers(swarm: Swarm, tmp_path: Path) -
             assert statuses[0].local_chunks == manifest.num_chunks
         finally:
             for b in (pub, *peers):
-                await b.shutdown()
+                await b.stop()
 
     asyncio.run(main())
 
@@ -79,7 +79,7 @@ def test_corrupt_source_is_banned_and_routed_around(swarm: Swarm, tmp_path: Path
             assert not victim.bans.is_banned(publisher.identity.peer_id)
         finally:
             for b in (pub, evil, victim):
-                await b.shutdown()
+                await b.stop()
 
     asyncio.run(main())
 
@@ -95,7 +95,7 @@ def test_forged_pointers_and_manifests_are_refused(swarm: Swarm, tmp_path: Path)
         try:
             # an unauthorised publisher's validly signed version is not believed
             await intruder.publish("forged", 7, make_state_dict(seed=3))
-            assert await victim.find_pointer("forged") is None
+            assert await victim.records.find_pointer("forged") is None
             with pytest.raises(WeightsUnavailable):
                 await victim.fetch("forged")
             assert victim.store.versions("forged") == []
@@ -122,7 +122,7 @@ def test_forged_pointers_and_manifests_are_refused(swarm: Swarm, tmp_path: Path)
             assert victim.store.versions("mismatch") == []
         finally:
             for b in (pub, intruder, evil, victim):
-                await b.shutdown()
+                await b.stop()
 
     asyncio.run(main())
 
@@ -158,7 +158,7 @@ def test_source_killed_mid_transfer(swarm: Swarm, tmp_path: Path) -> None:
         finally:
             for b in (pub, helper, victim):
                 with contextlib.suppress(Exception):
-                    await b.shutdown()
+                    await b.stop()
 
     asyncio.run(main())
 
@@ -184,7 +184,7 @@ def test_resume_after_restart_fetches_only_missing_chunks(swarm: Swarm, tmp_path
             fetch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await fetch
-            await victim.shutdown()  # the node stops halfway; its store stays on disk
+            await victim.stop()  # the node stops halfway; its store stays on disk
 
             restarted = await start_broadcast(victim_node, tmp_path / "victim", [publisher])
             entry = restarted.store.get("resume", 1)
@@ -198,7 +198,7 @@ def test_resume_after_restart_fetches_only_missing_chunks(swarm: Swarm, tmp_path
             for b in (pub, victim, restarted):
                 if b is not None:
                     with contextlib.suppress(Exception):
-                        await b.shutdown()
+                        await b.stop()
 
     asyncio.run(main())
 
@@ -220,7 +220,7 @@ def test_oversized_request_is_refused_before_buffering(swarm: Swarm, tmp_path: P
             await async_wait_until(lambda: pub.bans.is_banned(rude_node.identity.peer_id), timeout_s=10)
         finally:
             for b in (pub, rude):
-                await b.shutdown()
+                await b.stop()
 
     asyncio.run(main())
 
@@ -250,14 +250,14 @@ def test_old_versions_are_pruned_and_no_longer_announced_and_followers_get_new_o
             holders_v1: list[object] = [None]
 
             async def v1_gone() -> bool:
-                holders_v1[0] = await follower.find_holders("prune", 1, v1.sha256)
+                holders_v1[0] = await follower.records.find_holders("prune", 1, v1.sha256)
                 return holders_v1[0] == []
 
             deadline = asyncio.get_running_loop().time() + 30
             while not await v1_gone():
                 assert asyncio.get_running_loop().time() < deadline, "v1 still announced"
                 await asyncio.sleep(0.2)
-            assert [h.peer_id for h in await follower.find_holders("prune", 3, v3.sha256)] == [
+            assert [h.peer_id for h in await follower.records.find_holders("prune", 3, v3.sha256)] == [
                 publisher.identity.peer_id
             ]
             with pytest.raises(WeightsUnavailable):
@@ -273,6 +273,6 @@ def test_old_versions_are_pruned_and_no_longer_announced_and_followers_get_new_o
             assert pub.store.versions("prune") == [3, 4]
         finally:
             for b in (pub, follower):
-                await b.shutdown()
+                await b.stop()
 
     asyncio.run(main())

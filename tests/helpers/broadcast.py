@@ -1,7 +1,8 @@
-"""Harness for weight-broadcast tests and benchmarks: an in-process swarm of hivemind DHTs on 127.0.0.1.
+"""Harness for weight-broadcast tests: an in-process swarm of hivemind DHTs on 127.0.0.1.
 
-Each node is a real hivemind DHT with its own p2pd, so streams, bans and kills are real; the
-broadcast components run in the caller's event loop. Also small random state dicts and a
+Each node is a real hivemind DHT with its own p2pd and the production record validator
+(`node.dht_node.start_loopback_dht`), so streams, bans, kills and record checks are real; the
+broadcast services run in the caller's event loop. Also small random state dicts and a
 bounded `async_wait_until`. torch is imported only by the state-dict helpers.
 """
 
@@ -19,8 +20,8 @@ import hivemind
 
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
+from node.dht_node import start_loopback_dht
 from node.identity import Identity, create_identity
-from protocol.record_validator import SignedRecordValidator
 
 
 async def async_wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> None:
@@ -50,14 +51,7 @@ class Swarm:
     def add(self) -> SwarmNode:
         identity = create_identity(self.root / f"node{len(self.nodes)}.key")
         initial_peers = [str(a) for a in self.nodes[0].dht.get_visible_maddrs()] if self.nodes else None
-        dht = hivemind.DHT(
-            host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-            initial_peers=initial_peers,
-            record_validators=[SignedRecordValidator()],
-            identity_path=str(identity.path),
-            check_if_identity_free=False,
-            start=True,
-        )
+        dht = start_loopback_dht(initial_peers, identity=identity)
         node = SwarmNode(identity=identity, dht=dht)
         self.nodes.append(node)
         return node
@@ -122,4 +116,6 @@ async def start_broadcast(
         retry_after_failure_s=1.0,
         **overrides,
     )
-    return await WeightBroadcast.create(dht=node.dht, identity=node.identity, config=config)
+    broadcast = WeightBroadcast(dht=node.dht, identity=node.identity, config=config)
+    await broadcast.start()
+    return broadcast

@@ -1,0 +1,96 @@
+"""Fetching a version's signed manifest: from the publisher or any holder, checked against the pointer.
+
+The pointer (signed by an authorised publisher and read from the DHT) names the manifest by
+hash and size, so a manifest can come from anyone: at most the declared size is read, and a
+peer whose manifest does not match is banned. Peers are tried publisher first, then holders in
+random order, until one serves a valid manifest or the deadline passes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable
+
+from hivemind.p2p import P2P, PeerID
+
+from node.bans import BanList
+from node.broadcast.errors import WeightsUnavailable
+from node.broadcast.requests import NotHeld, request_frame
+from node.broadcast.service import PROTO_MANIFEST
+from node.broadcast.wire import read_payload
+from protocol import broadcast_pb2 as bpb
+from protocol.errors import InvalidMessage
+from protocol.manifest import Manifest, WeightsPointer, parse_manifest
+
+logger = logging.getLogger(__name__)
+
+_RETRY_S = 1.0
+
+
+async def call_manifest(
+    p2p: P2P, peer_id: PeerID, pointer: WeightsPointer, *, authorized: set[bytes], timeout_s: float
+) -> Manifest:
+    """Fetch a version's manifest from one peer, reading at most the size the signed pointer declares."""
+    request = bpb.ManifestRequest(
+        run_id=pointer.run_id, version=pointer.version, manifest_sha256=pointer.manifest_sha256
+    ).SerializeToString()
+
+    async def call() -> bytes:
+        header, (reader, writer) = await request_frame(p2p, peer_id, PROTO_MANIFEST, request)
+        try:
+            if header.status == bpb.STATUS_NOT_FOUND:
+                raise NotHeld("manifest")
+            if header.status != bpb.STATUS_OK:
+                raise ConnectionError(f"manifest request refused: {bpb.Status.Name(header.status)}")
+            return await read_payload(reader, header.payload_bytes, pointer.manifest_bytes)
+        finally:
+            writer.close()
+
+    raw = await asyncio.wait_for(call(), timeout_s)
+    return parse_manifest(
+        raw,
+        expected_sha256=pointer.manifest_sha256,
+        run_id=pointer.run_id,
+        version=pointer.version,
+        authorized_publishers=authorized,
+    )
+
+
+async def obtain_manifest(
+    p2p: P2P,
+    pointer: WeightsPointer,
+    *,
+    find_holders: Callable[[], Awaitable[list[PeerID]]],
+    own_peer_id: PeerID,
+    bans: BanList,
+    authorized: set[bytes],
+    request_timeout_s: float,
+    deadline_s: float,
+    owner: str = "",
+) -> Manifest:
+    """The pointer's manifest from the first peer that serves a valid one; WeightsUnavailable after `deadline_s`."""
+    deadline = time.monotonic() + deadline_s
+    publisher = PeerID(pointer.publisher)
+    while True:
+        holders = await find_holders()
+        random.shuffle(holders)
+        for peer_id in [publisher, *holders]:
+            if peer_id == own_peer_id or bans.is_banned(peer_id):
+                continue
+            try:
+                return await call_manifest(
+                    p2p, peer_id, pointer, authorized=authorized, timeout_s=request_timeout_s
+                )
+            except InvalidMessage as exc:
+                bans.ban(peer_id, f"bad manifest: {exc}")
+            except Exception as exc:
+                logger.info("[%s] manifest from %s failed: %r", owner, peer_id.to_base58()[-8:], exc)
+        if time.monotonic() > deadline:
+            raise WeightsUnavailable(
+                f"no peer served a valid manifest for {pointer.run_id} v{pointer.version}; "
+                "check that the publisher or a holder is online"
+            )
+        await asyncio.sleep(_RETRY_S)

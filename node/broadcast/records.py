@@ -1,0 +1,236 @@
+"""The weight broadcast's DHT records: signed weights pointers and holder announcements.
+
+- A **pointer** (`WeightsPointer`) names a version's manifest by hash; the publisher keeps one
+  under the version's key and, for its newest version of a run, one under the run's `latest` key.
+  Only pointers signed by an authorised publisher are believed.
+- A **holder announcement** says that a peer holds (part of) a version and where it can be
+  dialled; it is a claim, and every chunk is verified on arrival anyway.
+
+`BroadcastRecords` reads both, announces this node's, and keeps them fresh: every third of
+the shorter TTL it re-announces each version it holds and each pointer it publishes, so a
+version that is dropped lapses from the DHT on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hivemind.p2p import P2P, PeerID
+from multiaddr import Multiaddr
+
+from node.broadcast.config import BroadcastConfig
+from node.broadcast.store import VersionEntry
+from node.signed_records import SignedRecords
+from protocol.dht_keys import weights_holders_key, weights_pointer_key, weights_version_key
+from protocol.errors import InvalidMessage
+from protocol.limits import MAX_ADDRESSES, MAX_HOLDER_TTL_S, MAX_WEIGHTS_POINTER_TTL_S
+from protocol.manifest import (
+    WEIGHTS_HOLDER_DOMAIN,
+    WEIGHTS_POINTER_DOMAIN,
+    HolderAnnouncement,
+    Manifest,
+    WeightsPointer,
+)
+
+logger = logging.getLogger(__name__)
+
+_REDIAL_AFTER_S = 30.0
+"""A holder dialled this recently is not dialled again: p2pd keeps the addresses it was given."""
+_DIAL_TIMEOUT_S = 5.0
+
+
+@dataclass
+class HolderInfo:
+    """A peer that announced a version in the DHT (its claim; chunks are verified on arrival)."""
+
+    peer_id: PeerID
+    chunks_held: int
+    num_chunks: int
+    addresses: tuple[str, ...] = ()
+
+
+class BroadcastRecords:
+    """Finds pointers and holders in the DHT, announces this node's, and refreshes them in the background.
+
+    `held` lists the versions this node serves (announced as a holder); `published` holds the
+    manifests whose pointers this node keeps announcing (it is their publisher).
+    """
+
+    def __init__(
+        self,
+        *,
+        signed: SignedRecords,
+        p2p: P2P,
+        config: BroadcastConfig,
+        authorized: set[bytes],
+        held: Callable[[], list[VersionEntry]],
+        owner: str = "",
+    ) -> None:
+        self.signed = signed
+        self.p2p = p2p
+        self.config = config
+        self.authorized = authorized
+        self.held = held
+        self.owner = owner
+        self.peer_id = signed.identity.peer_id
+        self.published: dict[tuple[str, int], Manifest] = {}
+        self._announcer: asyncio.Task[None] | None = None
+        self._addresses: tuple[str, ...] | None = None
+        self._dialed: dict[bytes, float] = {}
+
+    # ---- reading -------------------------------------------------------------------------
+
+    async def find_pointer(self, run_id: str, version: int | None = None) -> WeightsPointer | None:
+        """The authorised pointer to `version`, or to the newest version when None; None if there is none."""
+        key = weights_pointer_key(run_id) if version is None else weights_version_key(run_id, version)
+        best: WeightsPointer | None = None
+        values = await self.signed.get(
+            key, domain=WEIGHTS_POINTER_DOMAIN, run_id=run_id, max_ttl_s=MAX_WEIGHTS_POINTER_TTL_S
+        )
+        for value in values:
+            try:
+                pointer = WeightsPointer.from_payload(value.payload)
+            except InvalidMessage:
+                continue
+            if pointer.publisher != value.signer or pointer.run_id != run_id:
+                continue
+            if value.signer not in self.authorized:
+                logger.info(
+                    "[%s] ignoring weights pointer from unauthorised %s", self.owner, PeerID(value.signer)
+                )
+                continue
+            if version is not None and pointer.version != version:
+                continue
+            if best is None or (pointer.version, pointer.publisher) > (best.version, best.publisher):
+                best = pointer
+        return best
+
+    async def find_holders(self, run_id: str, version: int, manifest_sha256: bytes) -> list[HolderInfo]:
+        """Peers that announced `version` (with this manifest) in the DHT."""
+        key = weights_holders_key(run_id, version)
+        holders = []
+        values = await self.signed.get(
+            key, domain=WEIGHTS_HOLDER_DOMAIN, run_id=run_id, max_ttl_s=MAX_HOLDER_TTL_S
+        )
+        for value in values:
+            try:
+                announcement = HolderAnnouncement.from_payload(value.payload)
+            except InvalidMessage:
+                continue
+            if announcement.version != version or announcement.manifest_sha256 != manifest_sha256:
+                continue
+            holders.append(
+                HolderInfo(
+                    PeerID(value.signer),
+                    announcement.chunks_held,
+                    announcement.num_chunks,
+                    announcement.addresses,
+                )
+            )
+        return holders
+
+    async def reachable_holders(self, pointer: WeightsPointer) -> list[PeerID]:
+        """The holders of the pointer's version, each dialled at the addresses it announced."""
+        holders = await self.find_holders(pointer.run_id, pointer.version, pointer.manifest_sha256)
+        await asyncio.gather(*(self._dial(h) for h in holders))
+        return [h.peer_id for h in holders]
+
+    async def _dial(self, holder: HolderInfo) -> None:
+        """Make sure p2pd knows how to reach `holder` (a holder's addresses come from its signed announcement)."""
+        key = holder.peer_id.to_bytes()
+        if (
+            not holder.addresses
+            or holder.peer_id == self.peer_id
+            or self._dialed.get(key, 0.0) > time.monotonic()
+        ):
+            return
+        self._dialed[key] = time.monotonic() + _REDIAL_AFTER_S
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(
+                self.p2p._client.connect(holder.peer_id, [Multiaddr(a) for a in holder.addresses]),
+                timeout=_DIAL_TIMEOUT_S,
+            )
+
+    # ---- announcing ----------------------------------------------------------------------
+
+    async def announce_holder(self, entry: VersionEntry) -> None:
+        """Announce that this node holds `entry` (as many chunks as it has now)."""
+        announcement = HolderAnnouncement(
+            run_id=entry.run_id,
+            version=entry.version,
+            manifest_sha256=entry.manifest.sha256,
+            chunks_held=entry.chunks_held,
+            num_chunks=entry.manifest.num_chunks,
+            addresses=await self._own_addresses(),
+        )
+        await self.signed.store(
+            weights_holders_key(entry.run_id, entry.version),
+            domain=WEIGHTS_HOLDER_DOMAIN,
+            run_id=entry.run_id,
+            payload=announcement.to_payload(),
+            ttl_s=self.config.holder_ttl_s,
+        )
+
+    async def announce_pointer(self, manifest: Manifest) -> None:
+        """Store the pointer to a published version, also as the run's `latest` if it is our newest."""
+        newest = max(version for (run_id, version) in self.published if run_id == manifest.run_id)
+        payload = manifest.pointer().to_payload()
+        keys = [weights_version_key(manifest.run_id, manifest.version)]
+        if manifest.version == newest:
+            keys.append(weights_pointer_key(manifest.run_id))
+        for key in keys:
+            await self.signed.store(
+                key,
+                domain=WEIGHTS_POINTER_DOMAIN,
+                run_id=manifest.run_id,
+                payload=payload,
+                ttl_s=self.config.pointer_ttl_s,
+            )
+
+    async def _own_addresses(self) -> tuple[str, ...]:
+        if self._addresses is None:
+            try:
+                maddrs = await self.p2p.get_visible_maddrs()
+            except Exception:
+                return ()
+            own = f"/p2p/{self.peer_id.to_base58()}"
+            cleaned = {str(m).removesuffix(own) for m in maddrs if "p2p-circuit" not in str(m)}
+            self._addresses = tuple(sorted(cleaned))[:MAX_ADDRESSES]
+        return self._addresses
+
+    async def announce_all(self) -> None:
+        """Refresh every holder announcement and every published pointer (failures are retried next time)."""
+        for entry in self.held():
+            with contextlib.suppress(Exception):
+                await self.announce_holder(entry)
+        for manifest in list(self.published.values()):
+            with contextlib.suppress(Exception):
+                await self.announce_pointer(manifest)
+
+    def start_announcing(self) -> None:
+        """Refresh the records every third of the shorter TTL until `stop_announcing`."""
+        if self._announcer is None:
+            self._announcer = asyncio.create_task(self._announce_loop())
+
+    async def stop_announcing(self) -> None:
+        if self._announcer is not None:
+            self._announcer.cancel()
+            await asyncio.gather(self._announcer, return_exceptions=True)
+            self._announcer = None
+
+    async def _announce_loop(self) -> None:
+        interval = min(self.config.holder_ttl_s, self.config.pointer_ttl_s) / 3
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.announce_all()
+            except Exception as exc:
+                logger.info("[%s] announcing failed: %r", self.owner, exc)
+
+
+__all__ = ["BroadcastRecords", "HolderInfo"]
