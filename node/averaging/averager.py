@@ -4,8 +4,9 @@
 pseudo-gradient. It implements `training.diloco.RoundAverager` (through the `Rounds` mixin)
 and `StateSource` (through `StateSharing`); this module holds its core:
 
-* **One all-reduce per outer step.** The result of the round is the group's mean
-  pseudo-gradient, copied into the buffers; there is no second state-averaging round.
+* **One all-reduce per outer step.** The result of the round is the group's aggregate
+  pseudo-gradient (`aggregation`: CenteredClip by default, or the plain mean; see
+  `node.averaging.robust`), copied into the buffers; there is no second state-averaging round.
 * **Equal weights, whatever peers claim.** Each round runs a `RobustAllReduceRunner` with
   equal shares for every peer that accepts connections (claimed bandwidths are ignored).
 * **Bans.** A sender whose part the runner refused is banned in this averager's process

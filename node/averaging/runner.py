@@ -16,7 +16,26 @@
 * The reducer encodes each averaged part once and sends every member the same bytes, and it
   uses the decoded bytes itself too, so every member holds the bit-identical average.
 
-`global_norm` is the L2 norm of a list of tensors, shared with the averager's rounds.
+**A lying reducer.** Every member receives every part's average from the part's reducer, and
+after the outer step every member's `outer_hash` is gathered at the next round's matchmaking
+(`node.averaging.rounds`): members whose hash is not the group's majority are told they are
+out of sync and download the majority's state.
+
+* Caught: a reducer that sends different averages to different members (equivocation). The
+  members it lied to hold another state; while they are a minority of the next round's group
+  they resync to the majority's state, so the corruption does not last (tested in
+  `tests/integration/test_diloco_robust_reducer.py`). The lying reducer is not identified
+  or banned: a hash mismatch does not say which reducer caused it.
+* Not caught: a reducer that sends the *same* wrong average of its part to every member (or
+  that lies to a majority of the group): every member holds the same corrupted state and the
+  hash check agrees. Nor is a reducer that drops an honest sender's part claiming a
+  refusal (only that sender notices: it is left out and resyncs). Catching these needs spot
+  re-computation (a member re-reducing another part from the senders' committed inputs),
+  which is not built; the damage per round is bounded by the reducer's share of the vector
+  and by each member's check of returned averages (at most `max_norm_ratio` times `norm_bound`).
+
+`global_norm` is the L2 norm of a list of tensors, shared with the averager's rounds;
+`norm_bound` the largest norm a reducer accepts for a part.
 """
 
 from __future__ import annotations
@@ -136,6 +155,8 @@ class RobustAllReduceRunner(AllReduceRunner):
         super().__init__(compression=codec, **kwargs)
         self.aggregation = aggregation
         if aggregation != "mean":  # "mean" keeps hivemind's running sum, the behaviour before robust rules
+            # the one hivemind built goes unused: no "received 0%" warning when it is collected
+            self.tensor_part_reducer.finished.set()  # type: ignore[has-type]
             self.tensor_part_reducer = RobustPartReducer(
                 tuple(part.shape for part in self.parts_for_local_averaging),
                 len(self.sender_peer_ids),

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from hivemind.averaging.allreduce import AveragingMode
 from hivemind.compression import CompressionInfo
 from hivemind.proto import averaging_pb2
 
@@ -30,7 +31,7 @@ SHAPES = [torch.Size([600]), torch.Size([20, 20])]
 
 
 class SignFlipRunner(RobustAllReduceRunner):
-    """Sends minus NORM_FACTOR times its own parts (its reducer role stays honest)."""
+    """Sends minus NORM_FACTOR times its own parts."""
 
     async def _generate_input_for_peer(self, peer_index: int) -> AsyncIterator[averaging_pb2.AveragingData]:
         codec = codec_for("fp32")
@@ -82,6 +83,7 @@ def swarm(request: pytest.FixtureRequest) -> Iterator[tuple[AggregationRule, lis
     )
     classes = [DiLoCoAverager, DiLoCoAverager, DiLoCoAverager, SignFlipAverager]
     with averager_swarm(SHAPES, classes, **kwargs) as averagers:
+        averagers[3].mode = AveragingMode.CLIENT  # it only sends: every part it sends is flipped
         yield request.param, averagers
 
 

@@ -1,7 +1,8 @@
 """A reducer that sends one member a different average than the others is caught by the next round's hash check.
 
 Four averagers on loopback; peer3's reducer adds 0.5 to every value of the average it returns
-to one member (the "victim") and sends the true average to everyone else. Every member gets
+to one member (the "victim": the first other member in the group's order) and sends the true
+average to everyone else. Every member gets
 every part's average from its reducer, so the victim's outer state differs from the group's;
 in the next round each member's `outer_hash` (gathered at matchmaking) shows it: the victim
 is told it is out of sync (it then downloads the majority's state), the others are not.
@@ -9,8 +10,6 @@ is told it is out of sync (it then downloads the majority's state), the others a
 
 from __future__ import annotations
 
-import ctypes
-import multiprocessing as mp
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -27,8 +26,7 @@ from node.averaging.rounds import RoundOutcome
 from node.averaging.runner import RobustAllReduceRunner
 from tests.helpers.trainers import averager_swarm
 
-SHAPES = [torch.Size([600]), torch.Size([20, 20])]
-VICTIM = mp.Array(ctypes.c_char, 64)  # the victim's PeerID bytes, shared with the liar's (forked) process
+SHAPES = [torch.Size([250])] * 4  # one part per tensor: each of the four members reduces one
 
 
 class LyingReducerRunner(RobustAllReduceRunner):
@@ -37,7 +35,8 @@ class LyingReducerRunner(RobustAllReduceRunner):
     async def _accumulate_parts_streaming(
         self, stream: AsyncIterator[averaging_pb2.AveragingData], sender_index: int
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
-        lie = self.sender_peer_ids[sender_index].to_bytes() == VICTIM.raw.rstrip(b"\0")
+        victim = next(p for p in self.ordered_peer_ids if p != self.peer_id)
+        lie = self.sender_peer_ids[sender_index] == victim
         codec = codec_for("fp32")
         async for message in super()._accumulate_parts_streaming(stream, sender_index):
             if lie and message.code == averaging_pb2.AVERAGED_PART:
@@ -89,14 +88,19 @@ def _round(averagers: list[DiLoCoAverager], step: int, hashes: list[str]) -> lis
 
 
 def test_a_reducer_that_equivocates_leaves_its_victim_out_of_sync(swarm: list[DiLoCoAverager]) -> None:
-    victim = swarm[0]
-    VICTIM.raw = victim.peer_id.to_bytes().ljust(64, b"\0")
-    first = _round(swarm, 0, ["start"] * 4)
+    for step in range(0, 6, 2):
+        first = _round(swarm, step, ["start"] * 4)
+        # A member a reducer left out (e.g. its request beat the reducer's group setup on a loaded
+        # machine) holds zeros in that slice and reports the round incomplete: run another one.
+        if all(o.in_sync for o in first):
+            break
+    assert all(o.in_sync for o in first), "no complete round in three tries"
     results = [o.averaged for o in first]
-    assert all(r is not None for r in results)
+    assert all(r is not None for r in results) and all(o.num_peers == 4 for o in first)
     hashes = [state_hash(r) for r in results if r is not None]
-    assert hashes[1] == hashes[2] == hashes[3] != hashes[0], "only the victim got the shifted average"
-    second = _round(swarm, 1, hashes)
-    assert second[0].num_peers == 4
-    assert not second[0].in_sync
-    assert all(o.in_sync for o in second[1:])
+    odd = [i for i, h in enumerate(hashes) if hashes.count(h) == 1]
+    assert len(odd) == 1 and len(set(hashes)) == 2, "exactly one member (the victim) got the shifted average"
+    victim = odd[0]
+    second = _round(swarm, step + 1, hashes)
+    assert all(o.num_peers == 4 for o in second)
+    assert [o.in_sync for o in second] == [i != victim for i in range(4)]
