@@ -32,6 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from node.averaging.averager import DiLoCoAverager
 from node.averaging.outer_state import OuterState
+from node.averaging.robust import DEFAULT_RULE, AggregationRule
 from node.identity import Identity
 from protocol.dht_keys import averaging_prefix, validate_run_id
 from protocol.errors import HivenetError
@@ -114,6 +115,10 @@ class TrainerConfig(BaseModel):
     max_norm_ratio: float = Field(default=10.0, gt=1.0)
     """A pseudo-gradient part with a norm above this multiple of our own is refused."""
 
+    aggregation: AggregationRule = DEFAULT_RULE
+    """How each reducer combines the pseudo-gradient parts it receives: "centered_clip" (robust to a
+    minority of attackers inside the norm bound) or "mean" (the plain mean, for comparison)."""
+
     ban_base_s: float = Field(default=60.0, gt=0.0)
     """First ban of a peer that sent a refused contribution; doubles with every offence."""
 
@@ -188,6 +193,7 @@ class TrainerRuntime:
             reducer_timeout_s=config.reducer_timeout_s,
             target_group_size=config.target_group_size,
             name=name,
+            aggregation=config.aggregation,
         )
         logger.info(
             "%s: trainer ready (run %s, shard %d of %d)", name, config.run_id, shard, config.num_shards

@@ -8,7 +8,9 @@ Map of the package:
 - `rounds.Rounds`: `prepare_round`, `start_average`, `average`, `cancel_round`; a round in
   flight is a `PendingRound`; round results are `RoundOutcome` (`PendingAverage`, `DoneAverage`).
 - `state_sync.StateSharing`: `publish_step`, `peer_steps`, `set_state_provider`, `fetch_state`.
-- `runner.RobustAllReduceRunner`: equal weights, checked parts, bit-identical averages; `global_norm`.
+- `runner.RobustAllReduceRunner`: equal weights, checked parts, robust per-part aggregation,
+  bit-identical averages; `global_norm`, `norm_bound`.
+- `robust`: the reducers' aggregation rules (`centered_clip`, the default; `mean`), `aggregate`.
 - `outer_state.OuterState`, `state_hash`: the state peers agree on and download.
 - `codecs`: fp32, fp16 and blockwise int8 wire codecs (`codec_for`, `decode_tensor`, `install_hivemind_codecs`).
 - `traffic.count_sent_bytes`: counts what a process writes to libp2p streams.

@@ -4,8 +4,9 @@
 pseudo-gradient. It implements `training.diloco.RoundAverager` (through the `Rounds` mixin)
 and `StateSource` (through `StateSharing`); this module holds its core:
 
-* **One all-reduce per outer step.** The result of the round is the group's mean
-  pseudo-gradient, copied into the buffers; there is no second state-averaging round.
+* **One all-reduce per outer step.** The result of the round is the group's aggregate
+  pseudo-gradient (`aggregation`: CenteredClip by default, or the plain mean; see
+  `node.averaging.robust`), copied into the buffers; there is no second state-averaging round.
 * **Equal weights, whatever peers claim.** Each round runs a `RobustAllReduceRunner` with
   equal shares for every peer that accepts connections (claimed bandwidths are ignored).
 * **Bans.** A sender whose part the runner refused is banned in this averager's process
@@ -38,6 +39,7 @@ from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import enter_asynchronously
 
 from node.averaging.codecs import codec_for, install_hivemind_codecs
+from node.averaging.robust import DEFAULT_RULE, AggregationRule
 from node.averaging.rounds import Rounds
 from node.averaging.runner import RobustAllReduceRunner
 from node.averaging.traffic import count_sent_bytes
@@ -80,9 +82,11 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         reducer_timeout_s: float | None = None,
         target_group_size: int | None = None,
         name: str = "trainer",
+        aggregation: AggregationRule = DEFAULT_RULE,
     ) -> None:
         install_hivemind_codecs()
         self.codec_name = compression
+        self.aggregation = aggregation
         self.max_norm_ratio = max_norm_ratio
         self.min_norm_per_value = min_norm_per_value
         self.averaging_timeout_s = averaging_timeout_s
@@ -187,6 +191,7 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
             min_norm_per_value=self.min_norm_per_value,
             reference_norm=float(self._last_average_norm.value),
             pre_banned=[p for p in group_info.peer_ids if self.bans.is_banned(p)],
+            aggregation=self.aggregation,
             **kwargs,
         )
         self._running_groups[group_id].set_result(runner)

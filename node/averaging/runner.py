@@ -2,6 +2,10 @@
 
 `RobustAllReduceRunner` is a `hivemind` `AllReduceRunner`:
 
+* Each reducer combines the senders' inputs of a part with an aggregation rule
+  (`node.averaging.robust`: CenteredClip by default, "mean" for the plain equal-weight mean):
+  `RobustPartReducer` keeps every accepted input of the current part and aggregates them, in
+  sender order, once all have arrived.
 * It ignores the `weight` field of every message (each sender counts 1) and its caller splits
   the vector in equal shares (ignoring claimed bandwidths).
 * As a reducer it decodes and checks every part before it is accumulated: wrong shape,
@@ -12,7 +16,26 @@
 * The reducer encodes each averaged part once and sends every member the same bytes, and it
   uses the decoded bytes itself too, so every member holds the bit-identical average.
 
-`global_norm` is the L2 norm of a list of tensors, shared with the averager's rounds.
+**A lying reducer.** Every member receives every part's average from the part's reducer, and
+after the outer step every member's `outer_hash` is gathered at the next round's matchmaking
+(`node.averaging.rounds`): members whose hash is not the group's majority are told they are
+out of sync and download the majority's state.
+
+* Caught: a reducer that sends different averages to different members (equivocation). The
+  members it lied to hold another state; while they are a minority of the next round's group
+  they resync to the majority's state, so the corruption does not last (tested in
+  `tests/integration/test_diloco_robust_reducer.py`). The lying reducer is not identified
+  or banned: a hash mismatch does not say which reducer caused it.
+* Not caught: a reducer that sends the *same* wrong average of its part to every member (or
+  that lies to a majority of the group): every member holds the same corrupted state and the
+  hash check agrees. Nor is a reducer that drops an honest sender's part claiming a
+  refusal (only that sender notices: it is left out and resyncs). Catching these needs spot
+  re-computation (a member re-reducing another part from the senders' committed inputs),
+  which is not built; the damage per round is bounded by the reducer's share of the vector
+  and by each member's check of returned averages (at most `max_norm_ratio` times `norm_bound`).
+
+`global_norm` is the L2 norm of a list of tensors, shared with the averager's rounds;
+`norm_bound` the largest norm a reducer accepts for a part.
 """
 
 from __future__ import annotations
@@ -25,16 +48,17 @@ from typing import Any
 
 import torch
 from hivemind.averaging.allreduce import AllReduceRunner
-from hivemind.averaging.partition import AllreduceException, BannedException
+from hivemind.averaging.partition import AllreduceException, BannedException, TensorPartReducer
 from hivemind.compression import CompressionBase, CompressionInfo
 from hivemind.p2p import PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils.asyncio import aiter_with_timeout, attach_event_on_finished
 
 from node.averaging.codecs import decode_tensor
+from node.averaging.robust import DEFAULT_RULE, AggregationRule, aggregate
 from protocol.errors import InvalidMessage
 
-__all__ = ["RobustAllReduceRunner", "global_norm"]
+__all__ = ["RobustAllReduceRunner", "RobustPartReducer", "global_norm", "norm_bound"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +66,74 @@ logger = logging.getLogger(__name__)
 def global_norm(tensors: Sequence[torch.Tensor]) -> float:
     """The L2 norm of all `tensors` taken together (0.0 for none), accumulated in float64."""
     return math.sqrt(sum(float((t.double() ** 2).sum()) for t in tensors))
+
+
+def norm_bound(
+    part: torch.Tensor,
+    expected_norm: float,
+    total_numel: int,
+    max_norm_ratio: float,
+    min_norm_per_value: float,
+) -> float:
+    """Largest acceptable norm for a part shaped like the reducer's own `part`.
+
+    `max_norm_ratio` times the larger of: the part's own norm, the expected whole norm (the
+    reducer's or the group's last average) scaled to the part's share of `total_numel` values
+    (a slice barely trained is not held to its own tiny norm), and a small absolute floor.
+    """
+    numel = part.numel()
+    spread = expected_norm * (numel / max(1, total_numel)) ** 0.5
+    floor = min_norm_per_value * numel**0.5
+    return max_norm_ratio * max(float(part.norm()), spread, floor)
+
+
+class RobustPartReducer(TensorPartReducer):
+    """A `TensorPartReducer` that keeps each sender's input of the current part and aggregates them with `rule`."""
+
+    def __init__(self, part_shapes: Sequence[torch.Size], num_senders: int, rule: AggregationRule) -> None:
+        self.rule = rule
+        self.inputs: dict[int, torch.Tensor] = {}
+        super().__init__(part_shapes, num_senders)
+
+    def reset_accumulators(self) -> None:
+        super().reset_accumulators()
+        self.inputs = {}
+
+    async def accumulate_part(
+        self, sender_index: int, part_index: int, tensor_part: torch.Tensor, weight: float = 1.0
+    ) -> torch.Tensor:
+        """Keep the part, wait for all other senders' inputs of it, return their aggregate (`weight` is ignored)."""
+        assert 0 <= sender_index < self.num_senders, "invalid sender index"
+        assert 0 <= part_index < self.num_parts, "invalid part index"
+        self.num_parts_received[sender_index] += 1
+        while part_index > self.current_part_index:
+            await asyncio.wait(
+                {self.current_part_future, asyncio.create_task(self.finished.wait())},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if self.finished.is_set():
+                raise AllreduceException(f"attempted to aggregate part in a finalized {type(self).__name__}")
+        if self.sender_failed_after[sender_index] != float("inf"):
+            raise BannedException(f"sender {sender_index} was banned in background")
+        assert part_index == self.current_part_index
+        future = self.current_part_future
+        if part_index < self.sender_failed_after[sender_index]:
+            self.inputs[sender_index] = tensor_part
+            self.current_part_accumulated_from += 1
+            self.check_current_part_finished()
+        return await future
+
+    def check_current_part_finished(self) -> None:
+        assert self.current_part_accumulated_from <= self.num_current_senders
+        if self.current_part_accumulated_from == self.num_current_senders:
+            shape = self.part_shapes[self.current_part_index]
+            if self.inputs:
+                stacked = torch.stack([self.inputs[i].reshape(shape) for i in sorted(self.inputs)])
+                result = aggregate(self.rule, stacked.to(torch.float32))
+            else:
+                result = torch.zeros(shape)
+            self.current_part_future.set_result(result)
+            self.reset_accumulators()
 
 
 class RobustAllReduceRunner(AllReduceRunner):
@@ -55,11 +147,21 @@ class RobustAllReduceRunner(AllReduceRunner):
         min_norm_per_value: float,
         reference_norm: float = 0.0,
         pre_banned: Sequence[PeerID] = (),
+        aggregation: AggregationRule = DEFAULT_RULE,
         **kwargs: Any,
     ) -> None:
         kwargs["weight"] = 1.0  # our own contribution counts 1, like everyone else's
         kwargs.pop("modes", None)
         super().__init__(compression=codec, **kwargs)
+        self.aggregation = aggregation
+        if aggregation != "mean":  # "mean" keeps hivemind's running sum, the behaviour before robust rules
+            # the one hivemind built goes unused: no "received 0%" warning when it is collected
+            self.tensor_part_reducer.finished.set()  # type: ignore[has-type]
+            self.tensor_part_reducer = RobustPartReducer(
+                tuple(part.shape for part in self.parts_for_local_averaging),
+                len(self.sender_peer_ids),
+                aggregation,
+            )
         self.codec = codec
         self.max_norm_ratio = max_norm_ratio
         self.min_norm_per_value = min_norm_per_value
@@ -203,13 +305,7 @@ class RobustAllReduceRunner(AllReduceRunner):
             raise
 
     def _bound_for(self, reference: torch.Tensor) -> float:
-        """Largest acceptable norm for a part shaped like our `reference` part.
-
-        `max_norm_ratio` times the larger of: our own part's norm, the expected whole norm (ours
-        or the group's last average) scaled to the part's share of values (a slice we barely
-        trained is not held to its own tiny norm), and a small absolute floor.
-        """
-        numel = reference.numel()
-        spread = self._expected_norm * (numel / max(1, self._own_numel)) ** 0.5
-        floor = self.min_norm_per_value * numel**0.5
-        return self.max_norm_ratio * max(float(reference.norm()), spread, floor)
+        """`norm_bound` for a part shaped like our `reference` part."""
+        return norm_bound(
+            reference, self._expected_norm, self._own_numel, self.max_norm_ratio, self.min_norm_per_value
+        )
