@@ -30,7 +30,7 @@ from hivemind.p2p import P2P, PeerID
 
 from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
-from node.broadcast.errors import StoreError, WeightsUnavailable
+from node.broadcast.errors import FetchStalled, StoreError, WeightsUnavailable
 from node.broadcast.fetch import FetchProgress, VersionFetch
 from node.broadcast.manifest_fetch import obtain_manifest
 from node.broadcast.publish import prepare_file, prepare_state_dict
@@ -45,6 +45,8 @@ from protocol.errors import ConfigError, HivenetError
 from protocol.manifest import Manifest, WeightsPointer
 
 logger = logging.getLogger(__name__)
+
+_NEWEST_ATTEMPTS = 3
 
 
 class BroadcastNotStarted(HivenetError):
@@ -256,8 +258,30 @@ class WeightBroadcast:
         """Fetch a version (the newest when None) completely and verified; return its store entry.
 
         Resumes from the chunks already on disk. Raises WeightsUnavailable if no authorised
-        pointer or no manifest can be found, DiskFull if it does not fit on disk.
+        pointer or no manifest can be found, DiskFull if it does not fit on disk. Fetching the
+        newest version, a fetch that stalls because that version was replaced (and deleted by its
+        holders) moves on to the new newest one, a few times at most.
         """
+        for attempt in range(_NEWEST_ATTEMPTS):
+            try:
+                return await self._fetch_once(run_id, version, progress, manifest_timeout_s)
+            except FetchStalled:
+                if version is not None or attempt == _NEWEST_ATTEMPTS - 1:
+                    raise
+                logger.info(
+                    "[%s] the newest version of %s was replaced mid-fetch; fetching the new one",
+                    self.owner,
+                    run_id,
+                )
+        raise AssertionError("unreachable")
+
+    async def _fetch_once(
+        self,
+        run_id: str,
+        version: int | None,
+        progress: Callable[[FetchProgress], None] | None,
+        manifest_timeout_s: float,
+    ) -> VersionEntry:
         validate_run_id(run_id)
         if not self.authorized:
             raise ConfigError("no authorised publishers configured for this run: set authorized_publishers")

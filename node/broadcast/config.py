@@ -45,6 +45,9 @@ class BroadcastConfig(BaseModel):
     """First ban of a peer that sent bad data; each further ban doubles it."""
     ban_max_s: float = Field(default=24 * 3600.0, gt=0)
     """Longest ban."""
+    stall_timeout_s: float = Field(default=60.0, gt=0)
+    """A fetch that receives no chunk for this long gives up (no reachable peer still holds what is
+    missing, e.g. the publisher dropped the version for a newer one)."""
     retry_after_failure_s: float = Field(default=5.0, gt=0)
     """A source that vanished or timed out is not asked again for this long (not a ban)."""
     upload_slots: int = Field(default=2, ge=1, le=64)

@@ -15,3 +15,7 @@ class WeightsUnavailable(HivenetError):
 
 class StoreError(HivenetError):
     """The on-disk chunk store is missing a version or is in an unexpected state."""
+
+
+class FetchStalled(WeightsUnavailable):
+    """A fetch received nothing for too long: no reachable peer holds the chunks still missing."""

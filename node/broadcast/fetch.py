@@ -35,7 +35,7 @@ from hivemind.p2p import P2P, PeerID
 
 from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
-from node.broadcast.errors import DiskFull, StoreError
+from node.broadcast.errors import DiskFull, FetchStalled, StoreError
 from node.broadcast.requests import NotHeld, Stream, open_watch, read_have_update, request_chunk
 from node.broadcast.store import VersionEntry
 from node.runtime import offload
@@ -391,10 +391,19 @@ class VersionFetch:
         """Fetch until every chunk is held and verified."""
         refresher = asyncio.create_task(self._refresh_sources())
         last_report = 0.0
+        progress_at, progress_bytes = time.monotonic(), self.bytes_downloaded
         try:
             while not self.entry.complete:
                 if self._fatal is not None:
                     raise self._fatal
+                if self.bytes_downloaded != progress_bytes:
+                    progress_at, progress_bytes = time.monotonic(), self.bytes_downloaded
+                elif time.monotonic() - progress_at > self.config.stall_timeout_s:
+                    raise FetchStalled(
+                        f"no chunk of {self.manifest.run_id} v{self.manifest.version} arrived for "
+                        f"{self.config.stall_timeout_s:.0f} s: no reachable peer holds the rest (the publisher may "
+                        "have replaced this version with a newer one); fetch again"
+                    )
                 self._wake.clear()
                 self._schedule()
                 if time.monotonic() - last_report > 0.25:

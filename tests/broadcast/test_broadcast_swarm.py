@@ -276,3 +276,30 @@ def test_old_versions_are_pruned_and_no_longer_announced_and_followers_get_new_o
                 await b.stop()
 
     asyncio.run(main())
+
+
+def test_a_fetch_whose_version_is_dropped_everywhere_gives_up(swarm: Swarm, tmp_path: Path) -> None:
+    """A version withdrawn by its only holder mid-fetch (e.g. replaced by a newer one) ends the fetch
+    with a clear error after the stall timeout instead of waiting for chunks forever."""
+    from node.broadcast.errors import FetchStalled
+
+    publisher, fetcher = swarm.nodes[1], swarm.nodes[2]
+
+    async def main() -> None:
+        pub = await start_broadcast(publisher, tmp_path / "pub", [publisher], upload_bytes_per_s=200_000)
+        follower = await start_broadcast(fetcher, tmp_path / "f", [publisher], stall_timeout_s=3.0)
+        try:
+            await pub.publish("stall", 1, make_state_dict(seed=21))
+            fetch = asyncio.create_task(follower.fetch("stall", 1))
+            await async_wait_until(
+                lambda: follower.last_fetch is not None and follower.last_fetch.bytes_downloaded > 0,
+                timeout_s=60,
+            )
+            pub.service.withdraw("stall", 1)
+            with pytest.raises(FetchStalled, match="fetch again"):
+                await asyncio.wait_for(fetch, timeout=60)
+        finally:
+            for b in (pub, follower):
+                await b.stop()
+
+    asyncio.run(main())
