@@ -3,8 +3,7 @@
 hivemind's `DHTProtocol.rpc_store` trusts the shape of a request: misaligned lists or a
 dictionary tag over a non-dictionary hit `assert`s, an undecodable key or subkey raises, and
 nothing limits how many records one request carries; the sender is never penalised.
-`GuardedDHTProtocol.rpc_store` first checks the whole request (aligned lists, at most
-`MAX_STORE_RECORDS` records, 20-byte keys, values and subkeys within the record caps, tags
+`GuardedDHTProtocol.rpc_store` first checks the whole request (aligned lists, 20-byte keys, values and subkeys within the record caps, tags
 that decode, a dictionary tag only over a dictionary); a malformed request stores nothing and its sender is banned for a growing
 period, during which all its DHT requests are answered empty. Well-formed requests go on to
 hivemind's own handler, where the record validator judges each record.
@@ -31,13 +30,10 @@ from protocol.limits import MAX_ENVELOPE_BYTES
 
 logger = logging.getLogger(__name__)
 
-MAX_STORE_RECORDS = 64
-"""Records in one store request (hivemind batches a node's stores per peer; ours are few)."""
 MAX_STORE_SUBKEY_BYTES = 128
 MAX_STORE_VALUE_BYTES = MAX_ENVELOPE_BYTES + 64
 MAX_STORE_DICTIONARY_BYTES = 256 * MAX_STORE_VALUE_BYTES
 """A whole dictionary (hivemind re-stores found dictionaries on nearby nodes as a cache)."""
-MAX_FIND_KEYS = 64
 BAN_BASE_S = 60.0
 BAN_MAX_S = 3600.0
 
@@ -53,8 +49,6 @@ def store_request_problem(request: dht_pb2.StoreRequest) -> str | None:
         == len(request.in_cache)
     ):
         return "misaligned store request"
-    if count > MAX_STORE_RECORDS:
-        return f"store request of {count} records (at most {MAX_STORE_RECORDS})"
     for key, tag, value in zip(request.keys, request.subkeys, request.values, strict=True):
         if len(key) != DHTID.HASH_NBYTES:
             return f"key of {len(key)} bytes"
@@ -97,17 +91,17 @@ class GuardedDHTProtocol(DHTProtocol):
 
     async def rpc_store(self, request: dht_pb2.StoreRequest, context: P2PContext) -> dht_pb2.StoreResponse:
         if self.bans.is_banned(context.remote_id):
-            return dht_pb2.StoreResponse(store_ok=[False] * min(len(request.keys), MAX_STORE_RECORDS))
+            return dht_pb2.StoreResponse(store_ok=[False] * len(request.keys))
         problem = store_request_problem(request)
         if problem is not None:
             self.bans.ban(context.remote_id, f"dht store: {problem}")
-            return dht_pb2.StoreResponse(store_ok=[False] * min(len(request.keys), MAX_STORE_RECORDS))
+            return dht_pb2.StoreResponse(store_ok=[False] * len(request.keys))
         return await super().rpc_store(request, context)
 
     async def rpc_find(self, request: dht_pb2.FindRequest, context: P2PContext) -> dht_pb2.FindResponse:
         if self.bans.is_banned(context.remote_id):
             return dht_pb2.FindResponse(results=[])
-        if len(request.keys) > MAX_FIND_KEYS or any(len(key) != DHTID.HASH_NBYTES for key in request.keys):
+        if any(len(key) != DHTID.HASH_NBYTES for key in request.keys):
             self.bans.ban(context.remote_id, "dht find: malformed request")
             return dht_pb2.FindResponse(results=[])
         return await super().rpc_find(request, context)
