@@ -78,19 +78,33 @@ def test_a_peer_left_out_of_part_of_a_round_resyncs_to_the_group_at_once() -> No
     )
     with harness() as h:
         handles = [h.prepare(config, name) for name in ("t0", "t1", "late")]
-        late = handles[2]
-        batches = late.runtime.sampler.next_batch
-        calls = [0]
+        # t0 and t1 finish outer step 1's inner steps together (a loaded machine must not make one of
+        # them late too); the late peer starts its last inner step 8 s after both have.
+        on_time = threading.Barrier(2)
+        both_ready = threading.Event()
 
-        def slow_last_inner_step(batch_size: int | None = None) -> torch.Tensor:
-            calls[0] += 1
-            if calls[0] == config.diloco.inner_steps:  # the last inner step of outer step 1
-                # Past the others' sender timeout (they leave it out of their parts), within their reducer
-                # timeout (they still get its part's average): only this peer's result is partial.
-                time.sleep(8.0)
-            return batches(batch_size)
+        def gate_last_inner_step(handle: TrainerThread, late: bool) -> None:
+            batches = handle.runtime.sampler.next_batch
+            calls = [0]
 
-        late.runtime.sampler.next_batch = slow_last_inner_step  # type: ignore[method-assign]
+            def next_batch(batch_size: int | None = None) -> torch.Tensor:
+                calls[0] += 1
+                if calls[0] == config.diloco.inner_steps:  # the last inner step of outer step 1
+                    if late:
+                        # Past the others' sender timeout (they leave it out of their parts), within
+                        # their reducer timeout (they still get its part's average): only this peer's
+                        # result is partial.
+                        assert both_ready.wait(timeout=120)
+                        time.sleep(8.0)
+                    else:
+                        on_time.wait(timeout=120)
+                        both_ready.set()
+                return batches(batch_size)
+
+            handle.runtime.sampler.next_batch = next_batch  # type: ignore[method-assign]
+
+        for handle, is_late in zip(handles, (False, False, True), strict=True):
+            gate_last_inner_step(handle, is_late)
         for handle in handles:
             handle.start()
         for handle in handles:
@@ -98,5 +112,5 @@ def test_a_peer_left_out_of_part_of_a_round_resyncs_to_the_group_at_once() -> No
             assert handle.error is None
         by_peer = [hashes_by_step(t.reports) for t in handles]
         assert by_peer[0][1] == by_peer[1][1] == by_peer[2][1], "the late peer kept a partial average"
-        assert late.reports[0].resynced
+        assert handles[2].reports[0].resynced
         assert by_peer[0][2] == by_peer[1][2] == by_peer[2][2]
