@@ -15,6 +15,9 @@ and `StateSource` (through `StateSharing`); this module holds its core:
   lasts, and we download no state from it.
 * **Bit-identical results.** The runner gives every member the same averaged bytes; a member
   that a reducer failed reports the round as incomplete (see `node.averaging.rounds`).
+* **Bounded streams.** Every inbound stream is capped in size (from the model's size), timed
+  out and counted per peer before hivemind reads it (`node.averaging.stream_limits`); a peer
+  that sends an oversized or malformed message is banned.
 * **Bytes sent** are counted where the averager process writes to libp2p streams
   (`node.averaging.traffic`), so matchmaking, all-reduce and state downloads are all included.
 """
@@ -34,7 +37,7 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.averaging.matchmaking import MatchmakingException
-from hivemind.p2p import P2PContext
+from hivemind.p2p import P2P, P2PContext
 from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import enter_asynchronously
 
@@ -42,8 +45,10 @@ from node.averaging.codecs import codec_for, install_hivemind_codecs
 from node.averaging.robust import DEFAULT_RULE, AggregationRule
 from node.averaging.rounds import Rounds
 from node.averaging.runner import RobustAllReduceRunner
+from node.averaging.stream_limits import StreamLimits, guard_stream_handlers
 from node.averaging.traffic import count_sent_bytes
 from node.bans import BanList
+from protocol.limits import AVERAGER_MESSAGE_SLACK_BYTES, MAX_AVERAGER_REQUEST_BYTES
 
 __all__ = ["MAX_BAN_DOUBLINGS", "DiLoCoAverager"]
 
@@ -91,6 +96,7 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         self.min_norm_per_value = min_norm_per_value
         self.averaging_timeout_s = averaging_timeout_s
         self.label = name
+        self.sender_timeout_s = sender_timeout_s
         self._bytes_sent = mp.Value(ctypes.c_uint64, 0)
         self._last_average_norm = mp.Value(ctypes.c_double, 0.0)  # set by the host, read by the runner
         # Lives in the averager process (copied there when hivemind starts it).
@@ -133,6 +139,21 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         count_sent_bytes(count)  # for the whole life of the averager process
         install_hivemind_codecs()
         super().run()
+
+    async def add_p2p_handlers(self, p2p: P2P, wrapper: Any = None, **kwargs: Any) -> None:
+        # Every inbound stream gets a size cap, timeouts and a per-peer count before hivemind's
+        # handlers see it (see `node.averaging.stream_limits`); the process's only P2P is this one.
+        guard_stream_handlers(p2p, self.stream_limits(), self.bans.ban)
+        await super().add_p2p_handlers(p2p, wrapper, **kwargs)
+
+    def stream_limits(self) -> StreamLimits:
+        """Limits on inbound streams: no honest tensor part is larger than the whole model in fp32."""
+        model_bytes = 4 * sum(t.numel() for t in self._averaged_tensors)
+        return StreamLimits(
+            message_timeout_s=self.sender_timeout_s,
+            default_max_bytes=MAX_AVERAGER_REQUEST_BYTES,
+            max_bytes_by_type={averaging_pb2.AveragingData: model_bytes + AVERAGER_MESSAGE_SLACK_BYTES},
+        )
 
     async def rpc_join_group(
         self, request: averaging_pb2.JoinRequest, context: P2PContext

@@ -10,9 +10,17 @@
   `OuterState`; hivemind serves it to peers as `{"step", "hash"}` plus params and momentum.
 * **Downloading.** `fetch_state` downloads `(params, momentum, step)` for a late joiner or an
   out-of-sync peer, preferring peers whose hash was the majority of the last round and
-  otherwise the median reported step (never the largest claim). A state is refused unless
-  it is above the step asked for, has the right shapes and finite values, and fits in the
-  expected number of bytes. Banned peers are skipped.
+  otherwise the median reported step (never the largest claim). The stream is read under a
+  cap of the expected number of bytes, message by message (`stream_limits.read_message`). A
+  state is refused unless it is above the step asked for, has the right dtypes, shapes and
+  finite values, and its recomputed `state_hash` is the hash its source advertises (a source
+  that fails these checks is banned). Banned peers are skipped.
+* **Never one peer's word.** A verified state is taken only once a second source serves the
+  same (step, hash) (its metadata suffices). The majority hash of our last round is not an
+  alternative: it is the hash of the state *before* that round's outer step, and a resync
+  always asks for a later one. With a single other trainer no state is ever confirmed:
+  `fetch_state` retries for `wait_s` seconds, then refuses with a warning and the caller keeps
+  its own checkpoint or initial state (a run of two cannot tell a poisoner from an honest peer).
 """
 
 from __future__ import annotations
@@ -22,18 +30,20 @@ import logging
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 import torch
 from hivemind.averaging import DecentralizedAverager
 from hivemind.compression import deserialize_torch_tensor
-from hivemind.p2p import PeerID
+from hivemind.p2p import P2P, PeerID
 from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time
 from hivemind.utils.streaming import combine_from_streaming
 
-from node.averaging.outer_state import OuterState
+from node.averaging.outer_state import OuterState, state_hash
+from node.averaging.stream_limits import read_message
 from node.bans import BanList
 from protocol.dht_keys import all_averagers_key
 from protocol.errors import InvalidMessage
@@ -74,49 +84,130 @@ class StateSharing(_AveragerBase):
         self, peer_ids: list[bytes], newer_than: int, max_bytes: int, timeout: float, future: MPFuture
     ) -> None:
         try:
-            for raw in peer_ids:
-                peer = PeerID(raw)
-                if peer == self.peer_id or self.bans.is_banned(peer):
-                    continue
-                try:
-                    result = await asyncio.wait_for(self._download_one(peer, max_bytes), timeout)
-                except Exception as e:
-                    logger.warning("%s: state download from %s failed: %r", self.label, peer, e)
-                    continue
-                if result is None:
-                    continue
-                step = result[0].get("step") if isinstance(result[0], dict) else None
-                if not isinstance(step, int) or step <= newer_than:
-                    logger.debug(
-                        "%s: %s offers outer step %r, not above %d", self.label, peer, step, newer_than
-                    )
-                    continue
-                future.set_result((raw, *result))
-                return
+            future.set_result(await self._agreed_state(peer_ids, newer_than, max_bytes, timeout))
         finally:
             if not future.done():
                 future.set_result(None)
 
-    async def _download_one(self, peer: PeerID, max_bytes: int) -> tuple[Any, list[torch.Tensor]] | None:
-        stub = self.get_stub(self._p2p, peer, namespace=self.prefix)
-        stream = await stub.rpc_download_state(averaging_pb2.DownloadRequest())
+    async def _agreed_state(
+        self, peer_ids: list[bytes], newer_than: int, max_bytes: int, timeout: float
+    ) -> tuple[str, Any]:
+        """("agreed", (source, step, tensors)) for the first state two sources agree on, else
+        ("unconfirmed", offers): the (source, step, hash) of each verified state nobody confirmed."""
+        verified: dict[tuple[int, str], tuple[bytes, list[torch.Tensor]]] = {}
+        for raw in peer_ids:
+            peer = PeerID(raw)
+            if peer == self.peer_id or self.bans.is_banned(peer):
+                continue
+            try:
+                if verified:  # a second source need only vouch for a state we hold: its metadata
+                    offer = await asyncio.wait_for(self._state_offer(peer, max_bytes, timeout), timeout)
+                    if offer in verified:
+                        source, tensors = verified[offer]
+                        logger.info(
+                            "%s: %s confirms the state of %s (outer step %d, hash %s)",
+                            self.label, peer, PeerID(source), *offer,
+                        )  # fmt: skip
+                        return "agreed", (source, offer[0], tensors)
+                    if offer is None or offer[0] <= newer_than:
+                        continue
+                metadata, tensors = await asyncio.wait_for(
+                    self._download_one(peer, max_bytes, timeout), timeout
+                )
+            except InvalidMessage as e:
+                self.bans.ban(peer, f"state: {e}")
+                continue
+            except Exception as e:
+                logger.warning("%s: state download from %s failed: %r", self.label, peer, e)
+                continue
+            step = metadata.get("step") if isinstance(metadata, dict) else None
+            if not isinstance(step, int) or step <= newer_than:
+                logger.debug("%s: %s offers outer step %r, not above %d", self.label, peer, step, newer_than)
+                continue
+            loop = asyncio.get_running_loop()
+            problem = await loop.run_in_executor(None, self._state_problem, metadata, tensors)
+            if problem is not None:
+                self.bans.ban(peer, f"state: {problem}")
+                continue
+            verified[(step, metadata["hash"])] = (raw, tensors)
+        return "unconfirmed", [(source, step, digest) for (step, digest), (source, _) in verified.items()]
+
+    def _state_problem(self, metadata: dict[str, Any], tensors: list[torch.Tensor]) -> str | None:
+        """Why a downloaded state is unusable (None if usable): its count, dtypes, shapes, values, hash."""
+        n = len(self._averaged_tensors)
+        if len(tensors) != 2 * n:
+            return f"{len(tensors)} tensors instead of {2 * n}"
+        for tensor, ref in zip(tensors, list(self._averaged_tensors) * 2, strict=True):
+            if tensor.dtype != torch.float32 or tensor.shape != ref.shape:
+                return f"a {tensor.dtype} tensor of shape {tuple(tensor.shape)} instead of {tuple(ref.shape)}"
+            if not bool(torch.isfinite(tensor).all()):
+                return "non-finite values"
+        digest = state_hash(tensors[:n], tensors[n:])
+        if metadata.get("hash") != digest:
+            return f"its tensors hash to {digest}, not to the advertised {metadata.get('hash')!r}"
+        return None
+
+    async def _state_messages(
+        self, peer: PeerID, max_bytes: int, timeout: float
+    ) -> AsyncGenerator[averaging_pb2.DownloadData, None]:
+        """The messages of `peer`'s rpc_download_state, read under a total cap of `max_bytes`.
+
+        Read from the raw stream (not through hivemind's stub, which buffers whatever length a
+        message declares) with `node.averaging.stream_limits.read_message`.
+        """
+        name = self._get_handle_name(self.prefix, "rpc_download_state")
+        _, reader, writer = await self._p2p.call_binary_stream_handler(peer, name)
+        with closing(writer):
+            await P2P.send_protobuf(averaging_pb2.DownloadRequest(), writer)
+            await P2P.send_protobuf(P2P.END_OF_STREAM, writer)
+            remaining = max_bytes
+            while True:
+                try:
+                    message = await read_message(reader, averaging_pb2.DownloadData, remaining, timeout)
+                except asyncio.IncompleteReadError:
+                    return  # the server closed the stream: the state is complete (or short, and refused)
+                if message is None:
+                    return
+                assert isinstance(message, averaging_pb2.DownloadData)
+                remaining -= message.ByteSize()
+                yield message
+
+    def _load_metadata(self, message: averaging_pb2.DownloadData) -> Any:
+        try:
+            return self.serializer.loads(message.metadata)
+        except Exception as e:
+            raise InvalidMessage(f"state metadata does not decode: {e!r}") from e
+
+    async def _state_offer(self, peer: PeerID, max_bytes: int, timeout: float) -> tuple[int, str] | None:
+        """The (step, hash) that `peer` serves, from the first message of its state (the rest is not read)."""
+        messages = self._state_messages(peer, max_bytes, timeout)
+        try:
+            async for message in messages:
+                metadata = self._load_metadata(message) if message.metadata else None
+                if not isinstance(metadata, dict):
+                    return None
+                step, digest = metadata.get("step"), metadata.get("hash")
+                return (step, digest) if isinstance(step, int) and isinstance(digest, str) else None
+            return None
+        finally:
+            await messages.aclose()
+
+    async def _download_one(
+        self, peer: PeerID, max_bytes: int, timeout: float
+    ) -> tuple[Any, list[torch.Tensor]]:
         metadata: Any = None
-        parts: list[runtime_pb2.Tensor] = []
-        tensors: list[torch.Tensor] = []
-        received = 0
-        async for message in stream:
-            received += message.ByteSize()
-            if received > max_bytes:
-                raise InvalidMessage(f"state from {peer} exceeds {max_bytes} bytes")
+        grouped: list[list[runtime_pb2.Tensor]] = []  # the parts of each tensor
+        async for message in self._state_messages(peer, max_bytes, timeout):
             if message.metadata:
-                metadata = self.serializer.loads(message.metadata)
-            if message.tensor_part.dtype and parts:
-                tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
-                parts = []
-            parts.append(message.tensor_part)
-        if parts:
-            tensors.append(deserialize_torch_tensor(combine_from_streaming(parts)))
-        return None if metadata is None else (metadata, tensors)
+                metadata = self._load_metadata(message)
+            if message.tensor_part.dtype or not grouped:
+                grouped.append([])
+            grouped[-1].append(message.tensor_part)
+        try:
+            tensors = [deserialize_torch_tensor(combine_from_streaming(parts)) for parts in grouped]
+        except Exception as e:
+            raise InvalidMessage(f"state tensors do not decode: {e!r}") from e
+        return metadata, tensors
 
     # -- host process -----------------------------------------------------------------------
     def set_state_provider(self, provider: Callable[[], OuterState]) -> None:
@@ -169,19 +260,34 @@ class StateSharing(_AveragerBase):
     def fetch_state(
         self, *, newer_than: int, timeout_s: float = 60.0, wait_s: float = _STATE_WAIT_S
     ) -> OuterState | None:
-        """Download (params, momentum, step) from a peer at an outer step above `newer_than` (see module doc).
+        """Download (params, momentum, step) at an outer step above `newer_than` that two sources agree on.
 
-        While no candidate has such a state yet (peers may still be applying the outer step that
-        made us resync), ask again for up to `wait_s` seconds.
+        Candidates come from `_state_sources`. The first one's state is downloaded and verified
+        (shapes, finite values, and its recomputed `state_hash` equal to the hash it advertises);
+        it is taken once another source serves the same (step, hash). While no two agree (peers
+        may still be applying the outer step that made us resync, or only one other trainer
+        exists), ask again for up to `wait_s` seconds, then refuse every offer with a warning:
+        the caller keeps its own state (checkpoint or fresh initialisation).
         """
         deadline = time.monotonic() + wait_s
         while True:
             candidates = self._state_sources(newer_than)
             if not candidates:
                 return None
-            fetched = self._download_state(candidates, newer_than, timeout_s)
-            if fetched is not None or time.monotonic() >= deadline:
-                return fetched
+            verdict, found = self._download_state(candidates, newer_than, timeout_s)
+            if verdict == "agreed":
+                _, step, tensors = found
+                n = len(self._averaged_tensors)
+                return OuterState(list(tensors[:n]), list(tensors[n:]), step)
+            if time.monotonic() >= deadline:
+                if found:
+                    offers = ", ".join(f"{PeerID(p)} at step {s} hash {h}" for p, s, h in found)
+                    logger.warning(
+                        "%s: refusing unconfirmed outer state (%s): no second source served the same "
+                        "hash within %.0f s; keeping our own state",
+                        self.label, offers, wait_s,
+                    )  # fmt: skip
+                return None
             time.sleep(_PEER_POLL_S / 2)
 
     def _state_sources(self, newer_than: int) -> list[bytes]:
@@ -194,33 +300,16 @@ class StateSharing(_AveragerBase):
             others.sort(key=lambda k: (abs(steps[k] - median), random.random()))
         return candidates + others
 
-    def _download_state(
-        self, candidates: list[bytes], newer_than: int, timeout_s: float
-    ) -> OuterState | None:
+    def _download_state(self, candidates: list[bytes], newer_than: int, timeout_s: float) -> tuple[str, Any]:
         total = sum(t.numel() for t in self._averaged_tensors)
         max_bytes = 2 * 4 * total + _MAX_STATE_SLACK_BYTES
         future = MPFuture()
         self._outer_pipe.send(("_download_state_from", [], dict(
             peer_ids=candidates, newer_than=newer_than, max_bytes=max_bytes, timeout=timeout_s,
             future=future)))  # fmt: skip
-        result = future.result(timeout=timeout_s * len(candidates) + 10)
-        if result is None:
-            return None
-        source, metadata, tensors = result
-        n = len(self._averaged_tensors)
-        try:
-            step = int(metadata["step"])
-            if step <= newer_than or len(tensors) != 2 * n:
-                raise ValueError(f"step {step} / {len(tensors)} tensors")
-            params = [t.to(torch.float32) for t in tensors[:n]]
-            momentum = [t.to(torch.float32) for t in tensors[n:]]
-            for t, ref in zip(params + momentum, list(self._averaged_tensors) * 2, strict=True):
-                if t.shape != ref.shape or not bool(torch.isfinite(t).all()):
-                    raise ValueError("shape or non-finite values")
-        except (KeyError, TypeError, ValueError) as e:
-            logger.warning("%s: state from %s is unusable (%s)", self.label, PeerID(source), e)
-            return None
-        return OuterState(params, momentum, step)
+        # Each candidate costs at most a metadata read and a download.
+        result = future.result(timeout=2 * timeout_s * len(candidates) + 10)
+        return ("unconfirmed", []) if result is None else result
 
     def prefer_state_sources(self, peers: list[PeerID]) -> None:
         """Ask these peers first for the state (the majority of our last round)."""

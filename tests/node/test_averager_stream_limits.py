@@ -1,0 +1,181 @@
+"""The averager's inbound streams are capped, timed out and counted per peer (`node.averaging.stream_limits`).
+
+A plain hivemind P2P client on 127.0.0.1 attacks one `DiLoCoAverager`: it declares a 2^40-byte
+message and streams 64 MiB (the averager process must not grow by 16 MiB), opens a silent stream
+(closed after the timeout), sends a truncated message and one that does not parse (closed, the
+latter banned: its next join request is answered PROTOCOL_VIOLATION), and opens more streams than
+a peer may hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import psutil
+import pytest
+import torch
+from hivemind.p2p import P2P
+from hivemind.proto import averaging_pb2
+
+from node.averaging.averager import DiLoCoAverager
+from protocol.limits import MAX_AVERAGER_STREAMS_PER_PEER
+from tests.helpers.trainers import averager_swarm
+
+SHAPES = [torch.Size([1000]), torch.Size([10, 10])]
+TIMEOUT_S = 2.0
+PREFIX = "streamtest"
+ATTACK_BYTES = 64 * 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[DiLoCoAverager]:
+    torch.set_num_threads(1)
+    with averager_swarm(SHAPES, [DiLoCoAverager], prefix=PREFIX, sender_timeout_s=TIMEOUT_S) as averagers:
+        yield averagers[0]
+
+
+def _handle(method: str) -> str:
+    return f"{PREFIX}::DiLoCoAverager.{method}"
+
+
+async def _attacker(target: DiLoCoAverager) -> P2P:
+    maddrs = [str(a) for a in target.dht.get_visible_maddrs()]
+    return await P2P.create(initial_peers=maddrs)
+
+
+async def _open(
+    p2p: P2P, target: DiLoCoAverager, method: str
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    _, reader, writer = await p2p.call_binary_stream_handler(target.peer_id, _handle(method))
+    return reader, writer
+
+
+async def _seconds_until_closed(reader: asyncio.StreamReader, limit_s: float) -> float:
+    start = time.monotonic()
+    async with asyncio.timeout(limit_s):
+        while await reader.read(1 << 16):
+            pass
+    return time.monotonic() - start
+
+
+async def _is_banned(p2p: P2P, target: DiLoCoAverager) -> bool:
+    """Whether the target answers our well-formed join request with PROTOCOL_VIOLATION."""
+    stub = target.get_stub(p2p, target.peer_id, namespace=PREFIX)
+    request = averaging_pb2.JoinRequest(schema_hash=b"x", expiration=time.time() + 10, group_key="k")
+    async for answer in await stub.rpc_join_group(request):
+        return answer.code == averaging_pb2.PROTOCOL_VIOLATION
+    return False
+
+
+def test_an_oversized_declared_message_is_refused_before_it_is_buffered(target: DiLoCoAverager) -> None:
+    process = psutil.Process(target.pid)
+
+    async def attack() -> tuple[int, int, int, bool]:
+        p2p = await _attacker(target)
+        try:
+            before = process.memory_info().rss
+            peak, sent, streams = before, 0, 0
+            chunk = bytes(1 << 20)
+            while sent < ATTACK_BYTES:  # when the averager closes a stream, declare again on a new one
+                _, writer = await _open(p2p, target, "rpc_aggregate_part")
+                streams += 1
+                writer.write(P2P.MESSAGE_MARKER + (1 << 40).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
+                try:
+                    while sent < ATTACK_BYTES:
+                        writer.write(chunk)
+                        await asyncio.wait_for(writer.drain(), 10)
+                        sent += len(chunk)
+                        peak = max(peak, process.memory_info().rss)
+                except (ConnectionError, TimeoutError, OSError):
+                    writer.close()
+            await asyncio.sleep(1.0)
+            peak = max(peak, process.memory_info().rss)
+            writer.close()
+            print(f"oversized: {streams} streams each declared 2^40 bytes")
+            return before, peak, sent, await _is_banned(p2p, target)
+        finally:
+            await p2p.shutdown()
+
+    before, peak, sent, banned = asyncio.run(attack())
+    growth = peak - before
+    print(f"oversized: streamed {sent / 2**20:.0f} MiB, averager RSS grew by {growth / 2**20:.1f} MiB")
+    assert growth < 16 * 2**20
+    assert banned
+
+
+def test_a_silent_stream_is_closed_after_the_timeout(target: DiLoCoAverager) -> None:
+    async def attack() -> float:
+        p2p = await _attacker(target)
+        try:
+            reader, _writer = await _open(p2p, target, "rpc_join_group")
+            return await _seconds_until_closed(reader, TIMEOUT_S + 10)
+        finally:
+            await p2p.shutdown()
+
+    closed_after = asyncio.run(attack())
+    print(f"silent: closed after {closed_after:.1f} s (timeout {TIMEOUT_S} s)")
+    assert TIMEOUT_S - 0.5 <= closed_after <= TIMEOUT_S + 5
+
+
+def test_a_truncated_message_does_not_hang_the_handler(target: DiLoCoAverager) -> None:
+    async def attack() -> float:
+        p2p = await _attacker(target)
+        try:
+            reader, writer = await _open(p2p, target, "rpc_download_state")
+            writer.write(P2P.MESSAGE_MARKER + (100).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + bytes(50))
+            await writer.drain()
+            return await _seconds_until_closed(reader, TIMEOUT_S + 10)
+        finally:
+            await p2p.shutdown()
+
+    closed_after = asyncio.run(attack())
+    print(f"truncated: closed after {closed_after:.1f} s")
+    assert closed_after <= TIMEOUT_S + 5
+
+
+def test_a_message_that_does_not_parse_is_refused_and_its_sender_banned(target: DiLoCoAverager) -> None:
+    async def attack() -> tuple[float, bool]:
+        p2p = await _attacker(target)
+        try:
+            assert not await _is_banned(p2p, target)
+            reader, writer = await _open(p2p, target, "rpc_join_group")
+            garbage = b"\x0a\xff\xff\xff\x0f"  # field 1, length-delimited, declares far more than follows
+            writer.write(P2P.MESSAGE_MARKER + len(garbage).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + garbage)
+            await writer.drain()
+            closed_after = await _seconds_until_closed(reader, TIMEOUT_S + 10)
+            return closed_after, await _is_banned(p2p, target)
+        finally:
+            await p2p.shutdown()
+
+    closed_after, banned = asyncio.run(attack())
+    assert closed_after < TIMEOUT_S
+    assert banned
+
+
+def test_a_peer_cannot_hold_more_streams_than_its_share(target: DiLoCoAverager) -> None:
+    opened = 3 * MAX_AVERAGER_STREAMS_PER_PEER
+
+    async def attack() -> int:
+        p2p = await _attacker(target)
+        try:
+            streams = [await _open(p2p, target, "rpc_join_group") for _ in range(opened)]
+
+            async def closed_at_once(reader: asyncio.StreamReader) -> bool:
+                try:
+                    await _seconds_until_closed(reader, TIMEOUT_S / 2)
+                    return True
+                except TimeoutError:
+                    return False
+
+            refused = await asyncio.gather(*(closed_at_once(reader) for reader, _ in streams))
+            for _, writer in streams:
+                writer.close()
+            return sum(refused)
+        finally:
+            await p2p.shutdown()
+
+    refused = asyncio.run(attack())
+    print(f"concurrency: {refused} of {opened} silent streams refused at once")
+    assert refused >= opened - MAX_AVERAGER_STREAMS_PER_PEER
