@@ -6,6 +6,7 @@
 - `config`: `NodeConfig`, `load_config` (flags > TOML file > defaults; unknown keys are errors).
 - `dht_node`: `start_dht` (p2pd in its own process group), `bootstrap` (per-seed retries and report).
 - `signed_records`: `SignedRecords` (store our signed DHT values, read others' verified ones).
+- `dht_guard`: `GuardedDHTProtocol` (store/find requests checked before hivemind; bad senders banned).
 - `membership`: `Membership` service (signed node record, refresh, clean leave), `discover`, `LiveNode`.
 - `bans`: `BanList` (growing bans with counted reasons, shared by every service).
 - `node`: `HivenetNode`, which owns the runtime, hosts the services and writes the status snapshot.

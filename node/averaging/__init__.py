@@ -14,6 +14,7 @@ Map of the package:
 - `outer_state.OuterState`, `state_hash`: the state peers agree on and download.
 - `codecs`: fp32, fp16 and blockwise int8 wire codecs (`codec_for`, `decode_tensor`, `install_hivemind_codecs`).
 - `traffic.count_sent_bytes`: counts what a process writes to libp2p streams.
+- `stream_limits`: caps, timeouts and per-peer limits on every stream the averager process accepts.
 
 The DHT keys it reads are built in `protocol.dht_keys` (`averaging_prefix`, `all_averagers_key`).
 """
