@@ -33,7 +33,8 @@ class BanList:
         key = peer.to_bytes() if isinstance(peer, PeerID) else peer
         state = self._bans.get(key) or _BanState(strikes=0, until=0.0)
         state.strikes += 1
-        duration = min(self.base_s * 2 ** (state.strikes - 1), self.max_s)
+        # The exponent is capped: a peer that keeps offending would overflow a float (2**1024).
+        duration = min(self.base_s * 2.0 ** min(state.strikes - 1, 64), self.max_s)
         state.until = time.monotonic() + duration
         self._bans[key] = state
         self.reasons[reason.split(":")[0]] += 1

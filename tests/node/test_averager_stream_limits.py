@@ -75,6 +75,7 @@ def test_an_oversized_declared_message_is_refused_before_it_is_buffered(target: 
     async def attack() -> tuple[int, int, int, bool]:
         p2p = await _attacker(target)
         try:
+            assert not await _is_banned(p2p, target)  # also warms up the handler's code paths
             before = process.memory_info().rss
             peak, sent, streams = before, 0, 0
             chunk = bytes(1 << 20)
@@ -155,11 +156,15 @@ def test_a_message_that_does_not_parse_is_refused_and_its_sender_banned(target: 
 
 
 def test_a_peer_cannot_hold_more_streams_than_its_share(target: DiLoCoAverager) -> None:
-    opened = 3 * MAX_AVERAGER_STREAMS_PER_PEER
+    """200 silent join streams from one peer: all but its share are closed at once, the rest after
+    the timeout, and the averager's file descriptors come back to what they were."""
+    opened = 200
+    process = psutil.Process(target.pid)
 
-    async def attack() -> int:
+    async def attack() -> tuple[int, int, int, int]:
         p2p = await _attacker(target)
         try:
+            fds_before = process.num_fds()
             streams = [await _open(p2p, target, "rpc_join_group") for _ in range(opened)]
 
             async def closed_at_once(reader: asyncio.StreamReader) -> bool:
@@ -170,12 +175,21 @@ def test_a_peer_cannot_hold_more_streams_than_its_share(target: DiLoCoAverager) 
                     return False
 
             refused = await asyncio.gather(*(closed_at_once(reader) for reader, _ in streams))
+            fds_held = process.num_fds()
+            await asyncio.gather(*(_seconds_until_closed(reader, TIMEOUT_S + 5) for reader, _ in streams))
+            await asyncio.sleep(0.5)
+            fds_after = process.num_fds()
             for _, writer in streams:
                 writer.close()
-            return sum(refused)
+            return sum(refused), fds_before, fds_held, fds_after
         finally:
             await p2p.shutdown()
 
-    refused = asyncio.run(attack())
-    print(f"concurrency: {refused} of {opened} silent streams refused at once")
+    refused, fds_before, fds_held, fds_after = asyncio.run(attack())
+    print(
+        f"concurrency: {refused} of {opened} silent streams refused at once; averager fds "
+        f"{fds_before} before, {fds_held} while held, {fds_after} after the timeout"
+    )
     assert refused >= opened - MAX_AVERAGER_STREAMS_PER_PEER
+    assert fds_held <= fds_before + MAX_AVERAGER_STREAMS_PER_PEER + 4
+    assert fds_after <= fds_before + 4
