@@ -10,6 +10,7 @@ ends exactly the threads and processes it started.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import torch
 from hivemind import DHT
 
 from node.averaging.averager import DiLoCoAverager
+from node.averaging.rounds import RoundOutcome
 from node.dht_node import start_loopback_dht
 from node.swarm import wait_until
 from protocol.errors import HivenetError
@@ -46,6 +48,48 @@ def tiny_config(max_outer_steps: int, *, inner_steps: int = 8, **overrides: Any)
     )
     base.update(overrides)
     return TrainerConfig(**base)
+
+
+def round_test_settings(prefix: str, group_size: int, **overrides: Any) -> dict[str, Any]:
+    """DiLoCoAverager settings for the averager-level round tests: fp32 parts, short timeouts."""
+    settings: dict[str, Any] = dict(
+        prefix=prefix,
+        compression="fp32",
+        matchmaking_time_s=2.0,
+        request_timeout_s=0.5,
+        averaging_timeout_s=20.0,
+        sender_timeout_s=5.0,
+        target_group_size=group_size,
+    )
+    settings.update(overrides)
+    return settings
+
+
+def run_round(
+    averagers: Sequence[DiLoCoAverager],
+    grads: Sequence[Sequence[torch.Tensor]],
+    *,
+    step: int,
+    hashes: Sequence[str] | None = None,
+    prepare: bool = True,
+) -> list[RoundOutcome]:
+    """One all-reduce round of every averager at once (a thread each); every outcome, in order."""
+    hashes = list(hashes) if hashes is not None else ["same-hash"] * len(averagers)
+    if prepare:
+        for averager, outer_hash in zip(averagers, hashes, strict=True):
+            averager.prepare_round(step, 1.0, outer_hash)
+    outcomes: list[RoundOutcome | None] = [None] * len(averagers)
+
+    def go(i: int) -> None:
+        outcomes[i] = averagers[i].average(grads[i], step=step, outer_hash=hashes[i])
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(averagers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert all(o is not None for o in outcomes), "a round did not finish"
+    return [o for o in outcomes if o is not None]
 
 
 @contextlib.contextmanager

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing as mp
-import threading
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 import torch
@@ -25,7 +23,7 @@ from node.averaging.averager import DiLoCoAverager
 from node.averaging.codecs import codec_for, decode_tensor
 from node.averaging.rounds import RoundOutcome
 from node.averaging.runner import RobustAllReduceRunner
-from tests.helpers.trainers import averager_swarm
+from tests.helpers.trainers import averager_swarm, round_test_settings, run_round
 
 SHAPES = [torch.Size([1000]), torch.Size([10, 10])]
 ATTACK = mp.Value(ctypes.c_int, 0)  # shared with the attacker's (forked) averager process
@@ -57,16 +55,8 @@ class AttackAverager(DiLoCoAverager):
 @pytest.fixture(scope="module")
 def swarm() -> Iterator[list[DiLoCoAverager]]:
     torch.set_num_threads(1)
-    kwargs: dict[str, Any] = dict(
-        prefix="advtest",
-        compression="fp32",
-        matchmaking_time_s=2.0,
-        request_timeout_s=0.5,
-        averaging_timeout_s=20.0,
-        sender_timeout_s=5.0,
-        target_group_size=3,
-        ban_base_s=0.01,  # bans expire at once so each scenario starts clean
-    )
+    # bans expire at once so each scenario starts clean
+    kwargs = round_test_settings("advtest", 3, ban_base_s=0.01)
     with averager_swarm(SHAPES, [DiLoCoAverager, DiLoCoAverager, AttackAverager], **kwargs) as averagers:
         averagers[2].mode = AveragingMode.CLIENT  # the attacker only sends; honest peers reduce everything
         yield averagers
@@ -75,21 +65,7 @@ def swarm() -> Iterator[list[DiLoCoAverager]]:
 def _round(
     averagers: list[DiLoCoAverager], step: int, values: tuple[float, float, float] = (1.0, 3.0, 5.0)
 ) -> list[RoundOutcome]:
-    for a in averagers:
-        a.prepare_round(step, 1.0, "same-hash")
-    outcomes: list[RoundOutcome | None] = [None] * 3
-
-    def go(i: int) -> None:
-        grads = [torch.full(s, values[i]) for s in SHAPES]
-        outcomes[i] = averagers[i].average(grads, step=step, outer_hash="same-hash")
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert all(o is not None for o in outcomes)
-    return [o for o in outcomes if o is not None]
+    return run_round(averagers, [[torch.full(s, v) for s in SHAPES] for v in values], step=step)
 
 
 def _honest_result(outcomes: list[RoundOutcome]) -> list[torch.Tensor]:

@@ -9,9 +9,7 @@ mean it points the other way (the case the robust rule exists for).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 import torch
@@ -25,7 +23,7 @@ from node.averaging.robust import AggregationRule
 from node.averaging.rounds import RoundOutcome
 from node.averaging.runner import RobustAllReduceRunner
 from tests.helpers.attacks import NORM_FACTOR
-from tests.helpers.trainers import averager_swarm
+from tests.helpers.trainers import averager_swarm, round_test_settings, run_round
 
 SHAPES = [torch.Size([600]), torch.Size([20, 20])]
 
@@ -52,35 +50,13 @@ def _pseudo_gradients() -> list[list[torch.Tensor]]:
 
 
 def _round(averagers: list[DiLoCoAverager], grads: list[list[torch.Tensor]]) -> list[RoundOutcome]:
-    for a in averagers:
-        a.prepare_round(0, 1.0, "same-hash")
-    outcomes: list[RoundOutcome | None] = [None] * len(averagers)
-
-    def go(i: int) -> None:
-        outcomes[i] = averagers[i].average(grads[i], step=0, outer_hash="same-hash")
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(averagers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert all(o is not None for o in outcomes)
-    return [o for o in outcomes if o is not None]
+    return run_round(averagers, grads, step=0)
 
 
 @pytest.fixture(params=["centered_clip", "mean"])
 def swarm(request: pytest.FixtureRequest) -> Iterator[tuple[AggregationRule, list[DiLoCoAverager]]]:
     torch.set_num_threads(1)
-    kwargs: dict[str, Any] = dict(
-        prefix=f"robusttest-{request.param}",
-        compression="fp32",
-        matchmaking_time_s=2.0,
-        request_timeout_s=0.5,
-        averaging_timeout_s=20.0,
-        sender_timeout_s=5.0,
-        target_group_size=4,
-        aggregation=request.param,
-    )
+    kwargs = round_test_settings(f"robusttest-{request.param}", 4, aggregation=request.param)
     classes = [DiLoCoAverager, DiLoCoAverager, DiLoCoAverager, SignFlipAverager]
     with averager_swarm(SHAPES, classes, **kwargs) as averagers:
         averagers[3].mode = AveragingMode.CLIENT  # it only sends: every part it sends is flipped

@@ -10,9 +10,7 @@ is told it is out of sync (it then downloads the majority's state), the others a
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 import torch
@@ -24,7 +22,7 @@ from node.averaging.codecs import codec_for, decode_tensor
 from node.averaging.outer_state import state_hash
 from node.averaging.rounds import RoundOutcome
 from node.averaging.runner import RobustAllReduceRunner
-from tests.helpers.trainers import averager_swarm
+from tests.helpers.trainers import averager_swarm, round_test_settings, run_round
 
 SHAPES = [torch.Size([250])] * 4  # one part per tensor: each of the four members reduces one
 
@@ -54,15 +52,7 @@ class LyingReducerAverager(DiLoCoAverager):
 @pytest.fixture(scope="module")
 def swarm() -> Iterator[list[DiLoCoAverager]]:
     torch.set_num_threads(1)
-    kwargs: dict[str, Any] = dict(
-        prefix="lyingreducer",
-        compression="fp32",
-        matchmaking_time_s=2.0,
-        request_timeout_s=0.5,
-        averaging_timeout_s=20.0,
-        sender_timeout_s=5.0,
-        target_group_size=4,
-    )
+    kwargs = round_test_settings("lyingreducer", 4)
     classes = [DiLoCoAverager, DiLoCoAverager, DiLoCoAverager, LyingReducerAverager]
     with averager_swarm(SHAPES, classes, **kwargs) as averagers:
         yield averagers
@@ -71,20 +61,7 @@ def swarm() -> Iterator[list[DiLoCoAverager]]:
 def _round(averagers: list[DiLoCoAverager], step: int, hashes: list[str]) -> list[RoundOutcome]:
     gen = torch.Generator().manual_seed(step)
     grads = [[torch.randn(s, generator=gen) for s in SHAPES] for _ in averagers]
-    for a, h in zip(averagers, hashes, strict=True):
-        a.prepare_round(step, 1.0, h)
-    outcomes: list[RoundOutcome | None] = [None] * len(averagers)
-
-    def go(i: int) -> None:
-        outcomes[i] = averagers[i].average(grads[i], step=step, outer_hash=hashes[i])
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(averagers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert all(o is not None for o in outcomes)
-    return [o for o in outcomes if o is not None]
+    return run_round(averagers, grads, step=step, hashes=hashes)
 
 
 def test_a_reducer_that_equivocates_leaves_its_victim_out_of_sync(swarm: list[DiLoCoAverager]) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from hivemind.averaging.control import AveragingStage
 from node.averaging.averager import DiLoCoAverager
 from node.averaging.rounds import RoundOutcome
 from node.swarm import wait_until
-from tests.helpers.trainers import averager_swarm
+from tests.helpers.trainers import averager_swarm, round_test_settings
 
 SHAPES = [torch.Size([64]), torch.Size([8, 8])]
 
@@ -22,14 +21,8 @@ SHAPES = [torch.Size([64]), torch.Size([8, 8])]
 @pytest.fixture()
 def pair() -> Iterator[list[DiLoCoAverager]]:
     torch.set_num_threads(1)
-    kwargs: dict[str, Any] = dict(
-        prefix="roundtest",
-        compression="fp32",
-        matchmaking_time_s=1.0,
-        request_timeout_s=0.5,
-        averaging_timeout_s=30.0,
-        sender_timeout_s=10.0,
-        target_group_size=2,
+    kwargs = round_test_settings(
+        "roundtest", 2, matchmaking_time_s=1.0, averaging_timeout_s=30.0, sender_timeout_s=10.0
     )
     with averager_swarm(SHAPES, [DiLoCoAverager] * 2, **kwargs) as averagers:
         yield averagers
