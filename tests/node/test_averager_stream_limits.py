@@ -1,7 +1,8 @@
 """The averager's inbound streams are capped, timed out and counted per peer (`node.averaging.stream_limits`).
 
 A plain hivemind P2P client on 127.0.0.1 attacks one `DiLoCoAverager`: it declares a 2^40-byte
-message and streams 64 MiB (the averager process must not grow by 16 MiB), opens a silent stream
+message and streams 256 MiB (the averager process must grow by far less: a quarter of it at most,
+whatever else a loaded machine makes it allocate meanwhile), opens a silent stream
 (closed after the timeout), sends a truncated message and one that does not parse (closed, the
 latter banned: its next join request is answered PROTOCOL_VIOLATION), and opens more streams than
 a peer may hold.
@@ -26,7 +27,7 @@ from tests.helpers.trainers import averager_swarm
 SHAPES = [torch.Size([1000]), torch.Size([10, 10])]
 TIMEOUT_S = 2.0
 PREFIX = "streamtest"
-ATTACK_BYTES = 64 * 1024 * 1024
+ATTACK_BYTES = 256 * 1024 * 1024
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,7 @@ def test_an_oversized_declared_message_is_refused_before_it_is_buffered(target: 
     before, peak, sent, banned = asyncio.run(attack())
     growth = peak - before
     print(f"oversized: streamed {sent / 2**20:.0f} MiB, averager RSS grew by {growth / 2**20:.1f} MiB")
-    assert growth < 16 * 2**20
+    assert growth < ATTACK_BYTES // 4, f"the averager grew by {growth / 2**20:.0f} MiB"
     assert banned
 
 
