@@ -15,6 +15,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import hivemind
@@ -36,6 +37,7 @@ _PING_TIMEOUT_S = 5.0
 _WATCHDOG_PERIOD_S = 0.5
 _FIRST_BACKOFF_S = 0.5
 _MAX_BACKOFF_S = 8.0
+_LOOPBACK_JOIN_TIMEOUT_S = 60.0
 
 
 class BootstrapStopped(Exception):
@@ -110,17 +112,27 @@ def start_loopback_dht(
 
     For local swarms (simulations, tests, benchmarks): the records it accepts are checked exactly
     as a public node checks them. Give `identity` when the node also signs records or serves
-    streams as that PeerID (the weight broadcast does both).
+    streams as that PeerID (the weight broadcast does both). It joins `initial_peers` the way a
+    public node joins its seeds (`bootstrap`), after its daemon is up: p2pd dials the peers it is
+    handed before it reports ready, so a peer stalled by load would make the daemon fail to start.
     """
-    return _IsolatedDHT(
+    dht = _IsolatedDHT(
         start=True,
-        initial_peers=initial_peers or [],
         host_maddrs=["/ip4/127.0.0.1/tcp/0"],
         client_mode=client_mode,
         record_validators=[SignedRecordValidator()],
         identity_path=str(identity.path) if identity is not None else None,
         check_if_identity_free=False,  # hivemind's check assumes RSA keys
     )
+    if initial_peers:
+        try:
+            # a loop of its own on a thread of its own: callers may already run an event loop
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="loopback-join") as pool:
+                pool.submit(asyncio.run, bootstrap(dht, initial_peers, _LOOPBACK_JOIN_TIMEOUT_S)).result()
+        except BaseException:
+            dht.shutdown()
+            raise
+    return dht
 
 
 async def _dial_seed(_dht: hivemind.DHT, node: DHTNode, address: str) -> str:
