@@ -8,6 +8,10 @@ Map of the main names and where they live:
 - `sampling_check`: `check_sampling`, `SamplingCheck` (every token is the seeded sampler's).
 - `policy`: `VerificationPolicy`, `DEFAULT_POLICY` (all thresholds, with their calibration).
 - `verdict`: `verify_rollout`, `RolloutVerifier`, `judge`, `Verdict`, `RejectReason`.
+- `validator`: `Validator` (judges a worker's `RolloutGroup` of an RL run), `VerifiedRollout`,
+  `ValidatorStats`; its parts: `rollout_checks` (assignment, verdict, recomputed reward, reason
+  codes), `rollout_wire` (wire `Rollout` -> `RolloutClaim`), `policy_window` (the versions held),
+  `worker_accounts` (counters, abandoned assignments, per-worker counts), `receipts` (signed verdicts).
 
 The TOPLOC proof format itself (`build_proofs`, `verify_proofs`, `ChunkCheck`) lives in
 `protocol.toploc`; the seeded sampler in `training.sampling`, the model in `training.model`

@@ -37,11 +37,11 @@ class CounterLog:
         self._written_off = 0
 
     def status(self, counter: int) -> str:
-        """`"open"` (may be judged), `"used"` (judged already) or `"written_off"` (too late)."""
+        """`"open"` (may be judged), `"used"` (judged) or `"settled"` (too far behind: judged or written off)."""
         if counter in self._used:
             return "used"
         if counter < self.floor:
-            return "written_off"
+            return "settled"
         return "open"
 
     def use(self, counter: int) -> None:

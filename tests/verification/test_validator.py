@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -35,7 +36,7 @@ RUN = "rl-test-run"
 GROUP = 3
 ASYNC = 2
 NOW = 1_800_000_000.0
-TOPLOC_REASONS = {
+TOPLOC_REASONS: set[str] = {
     RejectReason.TOPLOC_EXPONENT,
     RejectReason.TOPLOC_SIGN,
     RejectReason.TOPLOC_MANTISSA,
@@ -498,3 +499,22 @@ def test_the_validator_verifies_against_a_copy_of_the_weights(make_validator, ho
     assert reasons(sealed) == [""] * GROUP
     with pytest.raises(ValueError, match="already added"):
         validator.add_version(0, model)
+
+
+def test_the_same_group_judged_concurrently_is_accepted_once(make_validator, honest) -> None:
+    validator = make_validator()
+    group = honest(0, 0)
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        results = list(pool.map(lambda _: validator.judge_group(ALICE, group), range(2)))
+    outcomes = sorted(tuple(reasons(sealed)) for sealed, _ in results)
+    assert outcomes == [("",) * GROUP, ("replay",) * GROUP]
+    assert sum(len(accepted) for _, accepted in results) == GROUP
+
+
+def test_a_counter_far_behind_the_highest_is_settled(make_validator, honest) -> None:
+    validator = make_validator(late_window=2)
+    for counter in (0, 5):
+        validator.judge_group(ALICE, honest(0, counter))
+    sealed, accepted = validator.judge_group(ALICE, honest(0, 2))  # 3 behind, window of 2
+    _assert_group_rejected(validator, sealed, accepted, "replay")
+    assert validator.stats().workers[ALICE].abandoned == 4

@@ -1,0 +1,196 @@
+"""The validator's bookkeeping on its own: assignment counters, the policy-version window, receipts,
+and the strict conversion of wire rollouts into claims."""
+
+from __future__ import annotations
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from protocol import rollouts_pb2
+from protocol.envelope import open_envelope
+from protocol.limits import MAX_ENVELOPE_BYTES
+from protocol.peer_keys import peer_id_from_private_key
+from training.model import ModelConfig, TinyGPT
+from training.sampling import SamplingParams
+from verification.policy_window import PolicyWindow, VersionStatus
+from verification.receipts import MAX_DETAIL_CHARS, VERDICT_DOMAIN, seal_receipt
+from verification.rollout_wire import WireRejection, claim_from_rollout, parse_rollout_bytes
+from verification.worker_accounts import CounterLog, WorkerAccounts
+
+# --- counters and abandoned assignments ---
+
+
+def test_counters_used_in_order_abandon_nothing() -> None:
+    log = CounterLog(late_window=4)
+    for c in range(20):
+        assert log.status(c) == "open"
+        log.use(c)
+        assert log.status(c) == "used"
+    assert log.abandoned == 0 and log.judged == 20
+    assert len(log._used) <= 4  # compacted
+
+
+def test_skipped_counters_are_abandoned_and_a_late_one_is_still_open() -> None:
+    log = CounterLog(late_window=100)
+    for c in (0, 1, 4, 6):
+        log.use(c)
+    assert log.abandoned == 3  # 2, 3, 5
+    assert log.status(3) == "open"
+    log.use(3)
+    assert log.abandoned == 2
+    with pytest.raises(ValueError):
+        log.use(3)
+
+
+def test_counters_far_behind_are_written_off_for_good() -> None:
+    log = CounterLog(late_window=4)
+    log.use(0)
+    log.use(10)
+    assert log.abandoned == 9
+    assert log.status(2) == "settled"  # more than 4 behind the highest: written off
+    assert log.status(8) == "open"
+    log.use(8)
+    assert log.abandoned == 8
+    assert log.status(0) == "settled"  # judged long ago, no longer told apart from written off
+    assert log.status(11) == "open"
+
+
+def test_a_huge_counter_keeps_memory_bounded() -> None:
+    log = CounterLog(late_window=8)
+    log.use(0)
+    log.use(2**63)
+    assert log.abandoned == 2**63 - 1
+    assert len(log._used) == 1
+    assert log.status(5) == "settled" and log.status(2**63) == "used"
+
+
+def test_accounts_count_verdicts_per_worker() -> None:
+    accounts = WorkerAccounts()
+    accounts.use_counter(b"w1", 0)
+    accounts.record(b"w1", True, "", 40)
+    accounts.record(b"w1", False, "stale", 0)
+    accounts.record(b"w2", False, "sampling", 40)
+    accounts.record_ban(b"w2", 123.0)
+    stats = accounts.snapshot({b"w2": 1}, banned={b"w2"})
+    assert stats.workers[b"w1"].accepted == 1 and stats.workers[b"w1"].tokens_accepted == 40
+    assert stats.workers[b"w1"].rejected == {"stale": 1} and stats.workers[b"w1"].banned_until is None
+    assert stats.workers[b"w2"].banned_until == 123.0 and stats.workers[b"w2"].strikes == 1
+    assert stats.rejected == {"stale": 1, "sampling": 1} and stats.banned_workers == 1
+    assert accounts.snapshot({}, banned=set()).workers[b"w2"].banned_until is None
+    assert accounts.counter_status(b"new", 7) == "open"
+
+
+# --- policy-version window ---
+
+
+@pytest.fixture(scope="module")
+def small_model() -> TinyGPT:
+    return TinyGPT(ModelConfig(d_model=16, n_layers=1, n_heads=2, max_seq_len=32))
+
+
+def test_the_window_keeps_the_newest_async_level_plus_one_versions(small_model) -> None:
+    window = PolicyWindow(async_level=2)
+    dropped = [window.add(v, small_model) for v in range(5)]
+    assert window.held == [2, 3, 4]
+    assert dropped == [[], [], [], [0], [1]]
+    assert window.classify(4).status is VersionStatus.HELD and window.classify(4).verifier is not None
+    assert window.classify(2).status is VersionStatus.HELD
+    assert window.classify(1).status is VersionStatus.STALE
+    assert window.classify(7).status is VersionStatus.UNKNOWN
+    with pytest.raises(ValueError, match="already added"):
+        window.add(1, small_model)
+
+
+def test_staleness_follows_the_trainer_step(small_model) -> None:
+    window = PolicyWindow(async_level=1)
+    window.add(3, small_model)
+    assert window.classify(3).status is VersionStatus.HELD
+    window.trainer_step = 4
+    assert window.classify(3).status is VersionStatus.HELD
+    window.trainer_step = 5
+    assert window.classify(3).status is VersionStatus.STALE
+    assert window.classify(5).status is VersionStatus.UNKNOWN  # the trainer is ahead of our weights
+
+
+def test_a_fully_synchronous_window_holds_one_version(small_model) -> None:
+    window = PolicyWindow(async_level=0)
+    window.add(0, small_model)
+    window.add(1, small_model)
+    assert window.held == [1]
+    assert window.classify(0).status is VersionStatus.STALE
+
+
+def test_accepted_hashes_are_forgotten_with_their_version(small_model) -> None:
+    window = PolicyWindow(async_level=0)
+    window.add(0, small_model)
+    window.remember_hashes(0, [b"h0"])
+    assert window.seen_hash(b"h0")
+    window.add(1, small_model)
+    assert not window.seen_hash(b"h0")
+    window.remember_hashes(0, [b"late"])  # a dropped version: nothing to remember
+    assert not window.seen_hash(b"late")
+
+
+# --- receipts ---
+
+
+def test_a_receipt_with_a_long_detail_is_cut_to_fit_an_envelope() -> None:
+    key = Ed25519PrivateKey.from_private_bytes(b"\x07" * 32)
+    verdict = rollouts_pb2.RolloutVerdict(
+        worker=peer_id_from_private_key(key),
+        rollout_hash=b"\x01" * 32,
+        reason="reward_error",
+        detail="é" * 10_000,  # two bytes each in UTF-8
+        issued_at=1000.0,
+    )
+    sealed = seal_receipt(key, run_id="r", verdict=verdict, ttl_s=50.0, seq=1)
+    assert len(sealed) <= MAX_ENVELOPE_BYTES
+    env = open_envelope(sealed, domain=VERDICT_DOMAIN, run_id="r", now=1040.0)
+    assert env.expires_at == 1050.0
+    opened = rollouts_pb2.RolloutVerdict.FromString(env.payload)
+    assert opened.detail == "é" * MAX_DETAIL_CHARS and opened.reason == "reward_error"
+    assert len(verdict.detail) == 10_000  # the caller's message is left as it was
+
+
+# --- wire rollouts to claims ---
+
+
+def _rollout(**fields: object) -> rollouts_pb2.Rollout:
+    base: dict[str, object] = dict(
+        prompt_ids=[1, 2], completion_ids=[3], dtype="bfloat16", temperature=0.7, top_p=0.9, seed=5
+    )
+    base.update(fields)
+    return rollouts_pb2.Rollout(**base)  # type: ignore[arg-type]
+
+
+def test_a_rollout_becomes_a_claim_with_the_runs_exact_sampling_parameters() -> None:
+    run = SamplingParams(temperature=0.7, top_p=0.9)
+    claim = claim_from_rollout(_rollout(), policy_version=3, sampling=run)
+    assert claim.sampling == run  # 0.7 exactly, not the float32 on the wire
+    assert (claim.policy_version, claim.seed, claim.dtype) == (3, 5, "bfloat16")
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        (dict(temperature=0.5), "sampling_params"),
+        (dict(top_p=1.0), "sampling_params"),
+        (dict(prompt_ids=[]), "malformed_claim"),
+        (dict(completion_ids=[]), "malformed_claim"),
+        (dict(completion_ids=[2**31]), "malformed_claim"),
+        (dict(dtype="int8"), "malformed_claim"),
+        (dict(proofs=[b"x" * 5000]), "malformed_claim"),
+    ],
+)
+def test_bad_rollouts_are_rejected_with_a_reason(fields, reason) -> None:
+    run = SamplingParams(temperature=0.7, top_p=0.9)
+    with pytest.raises(WireRejection) as err:
+        claim_from_rollout(_rollout(**fields), policy_version=0, sampling=run)
+    assert err.value.reason == reason and err.value.detail
+
+
+@pytest.mark.parametrize("data", [b"\xff\xff", "text", b"\x0a" * 3, None])
+def test_unparseable_rollouts_are_malformed_claims(data) -> None:
+    with pytest.raises(WireRejection) as err:
+        parse_rollout_bytes(data)
+    assert err.value.reason == "malformed_claim"

@@ -1,0 +1,207 @@
+"""The per-rollout half of judging a group: claims, assignment, rollout verdict, recomputed reward.
+
+For a group that passed the group-level checks (`verification.validator`), `check_rollouts`
+runs, cheapest first:
+
+1. for every rollout: strict conversion to a `RolloutClaim` (`malformed_claim`), the run's
+   sampling parameters (`sampling_params`), the prompt and seed of the re-derived assignment
+   (`prompt_mismatch`, `seed_mismatch`), a completion of exactly the task's `max_new_tokens`
+   (`completion_length`: tasks have no stop token, so a shorter completion was cut where it
+   scored best);
+2. the rollout verdict (TOPLOC, seeded sampling, precision) for the claimed version, rollout
+   after rollout, stopping at the first rejection;
+3. the reward, recomputed with the task (a worker never reports one).
+
+A group is accepted whole or not at all: GRPO normalizes rewards within a group, so a group a
+worker could trim is biased. Once a rollout is rejected, the others are `group_rejected`.
+
+Also here: the validator's reason codes beyond the verdict's `RejectReason`, and which of them
+prove tampering (`BANNING_REASONS`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from protocol import rollouts_pb2
+from protocol.assignment import Assignment
+from training.sampling import SamplingParams
+from verification.rollout import RolloutClaim
+from verification.rollout_wire import (
+    SAMPLING_PARAMS,
+    WireRejection,
+    claim_from_rollout,
+    parse_rollout_bytes,
+    rollout_hash,
+)
+from verification.verdict import RejectReason, RolloutVerifier
+
+__all__ = [
+    "BANNING_REASONS",
+    "UNJUDGED_REASONS",
+    "GroupReason",
+    "RewardTask",
+    "RolloutItem",
+    "check_rollouts",
+    "parse_item",
+]
+
+
+class GroupReason(enum.StrEnum):
+    """Rejection reasons of the validator, beyond the rollout verdict's `RejectReason`."""
+
+    BANNED = "banned"
+    REPLAY = "replay"
+    """The assignment counter was judged already (or written off as abandoned), or a rollout was
+    accepted before."""
+    UNKNOWN_VERSION = "unknown_version"
+    WRONG_TASK = "wrong_task"
+    GROUP_SIZE = "group_size"
+    STALE = "stale"
+    SAMPLING_PARAMS = SAMPLING_PARAMS
+    COMPLETION_LENGTH = "completion_length"
+    GROUP_REJECTED = "group_rejected"
+    """This rollout was fine or not looked at, but another rollout of its group was rejected."""
+    REWARD_ERROR = "reward_error"
+    """The task could not score a verified completion (a fault of the validator's task, not the worker)."""
+
+
+BANNING_REASONS: frozenset[str] = frozenset(
+    {
+        RejectReason.MALFORMED_CLAIM,
+        RejectReason.PROMPT_MISMATCH,
+        RejectReason.SEED_MISMATCH,
+        RejectReason.MALFORMED_PROOF,
+        RejectReason.TOPLOC_EXPONENT,
+        RejectReason.TOPLOC_SIGN,
+        RejectReason.TOPLOC_MANTISSA,
+        RejectReason.TOPLOC_VALUES,
+        RejectReason.SAMPLING,
+        GroupReason.SAMPLING_PARAMS,
+        GroupReason.COMPLETION_LENGTH,
+    }
+)
+"""Reasons that prove the worker ran something other than the protocol: honest software never
+produces them. The others (stale, unknown version, replay, wrong task or size) are only counted."""
+
+UNJUDGED_REASONS: frozenset[str] = frozenset(
+    {GroupReason.BANNED, GroupReason.REPLAY, GroupReason.UNKNOWN_VERSION}
+)
+"""Group refusals that leave the assignment counter as it was: nothing was judged (the worker may
+resubmit once unbanned, or once the validator holds the version), or the counter is settled."""
+
+
+class RewardTask(Protocol):
+    """What the validator needs of a task; `training.tasks.Task` has this shape."""
+
+    name: str
+    max_new_tokens: int
+
+    def prompt(self, prompt_seed: int) -> list[int]: ...
+
+    def reward(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> float: ...
+
+
+@dataclass
+class RolloutItem:
+    """One submitted rollout while its group is judged: what is known of it so far."""
+
+    index: int
+    hash: bytes
+    rollout: rollouts_pb2.Rollout | None = None
+    claim: RolloutClaim | None = None
+    reason: str = ""
+    """Empty while nothing is wrong with it."""
+    detail: str = ""
+    reward: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        """Completion tokens it holds (0 if it could not be parsed)."""
+        return len(self.rollout.completion_ids) if self.rollout is not None else 0
+
+    def reject(self, reason: str, detail: str) -> None:
+        self.reason, self.detail = reason, detail
+
+
+def parse_item(index: int, data: bytes) -> RolloutItem:
+    """Hash and strictly parse the `index`-th serialized rollout of a group (a parse failure rejects it)."""
+    item = RolloutItem(index=index, hash=rollout_hash(data))
+    try:
+        item.rollout = parse_rollout_bytes(data)
+    except WireRejection as r:
+        item.reject(r.reason, r.detail)
+    return item
+
+
+def check_rollouts(
+    items: Sequence[RolloutItem],
+    *,
+    task: RewardTask,
+    sampling: SamplingParams,
+    assignment: Assignment,
+    verifier: RolloutVerifier,
+) -> None:
+    """Judge every item of a group generated for `assignment`; sets each item's reason or reward."""
+    prompt = list(task.prompt(assignment.prompt_seed))
+    for item in items:
+        if not item.reason:
+            _precheck(item, task, sampling, assignment, prompt)
+    if not any(item.reason for item in items):
+        for item in items:
+            assert item.claim is not None
+            verdict = verifier.verify(
+                item.claim, assigned_prompt_ids=prompt, assigned_seed=assignment.sampling_seeds[item.index]
+            )
+            if not verdict.accepted:
+                item.reject(str(verdict.reason), verdict.detail)
+                break
+    if not any(item.reason for item in items):
+        for item in items:
+            _score(item, task, prompt)
+    first = next((item for item in items if item.reason), None)
+    if first is not None:
+        for item in items:
+            if not item.reason:
+                item.reject(GroupReason.GROUP_REJECTED, f"rollout {first.index} of the group: {first.reason}")
+
+
+def _precheck(
+    item: RolloutItem, task: RewardTask, sampling: SamplingParams, assignment: Assignment, prompt: list[int]
+) -> None:
+    assert item.rollout is not None
+    try:
+        claim = claim_from_rollout(item.rollout, policy_version=assignment.policy_version, sampling=sampling)
+    except WireRejection as r:
+        item.reject(r.reason, r.detail)
+        return
+    if list(claim.prompt_ids) != prompt:
+        item.reject(RejectReason.PROMPT_MISMATCH, "the prompt is not the one assigned for this counter")
+    elif claim.seed != assignment.sampling_seeds[item.index]:
+        item.reject(
+            RejectReason.SEED_MISMATCH, f"seed {claim.seed} is not the one assigned to rollout {item.index}"
+        )
+    elif len(claim.completion_ids) != task.max_new_tokens:
+        item.reject(
+            GroupReason.COMPLETION_LENGTH,
+            f"{len(claim.completion_ids)} completion tokens, the task generates {task.max_new_tokens}",
+        )
+    else:
+        item.claim = claim
+
+
+def _score(item: RolloutItem, task: RewardTask, prompt: list[int]) -> None:
+    assert item.claim is not None
+    try:
+        reward = float(task.reward(prompt, list(item.claim.completion_ids)))
+    except Exception as exc:  # the task is ours, but a verified completion must never crash the validator
+        item.reject(GroupReason.REWARD_ERROR, f"{type(exc).__name__}: {exc}")
+        return
+    if not (math.isfinite(reward) and 0.0 <= reward <= 1.0):
+        item.reject(GroupReason.REWARD_ERROR, f"the task scored {reward!r}, outside [0, 1]")
+        return
+    item.reward = reward
