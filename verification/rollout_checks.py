@@ -5,9 +5,9 @@ runs, cheapest first:
 
 1. for every rollout: strict conversion to a `RolloutClaim` (`malformed_claim`), the run's
    sampling parameters (`sampling_params`), the prompt and seed of the re-derived assignment
-   (`prompt_mismatch`, `seed_mismatch`), a completion of exactly the task's `max_new_tokens`
-   (`completion_length`: tasks have no stop token, so a shorter completion was cut where it
-   scored best);
+   (`prompt_mismatch`, `seed_mismatch`), a completion that ends where generation ends: at the
+   task's `max_new_tokens`, or at its first stop token (`completion_length`: a completion cut
+   anywhere else was cut where it scored best, and its proofs would still verify);
 2. the rollout verdict (TOPLOC, seeded sampling, precision) for the claimed version, rollout
    after rollout, stopping at the first rejection;
 3. the reward, recomputed with the task (a worker never reports one).
@@ -100,6 +100,7 @@ class RewardTask(Protocol):
 
     name: str
     max_new_tokens: int
+    stop_token: int | None
 
     def prompt(self, prompt_seed: int) -> list[int]: ...
 
@@ -185,13 +186,23 @@ def _precheck(
         item.reject(
             RejectReason.SEED_MISMATCH, f"seed {claim.seed} is not the one assigned to rollout {item.index}"
         )
-    elif len(claim.completion_ids) != task.max_new_tokens:
-        item.reject(
-            GroupReason.COMPLETION_LENGTH,
-            f"{len(claim.completion_ids)} completion tokens, the task generates {task.max_new_tokens}",
-        )
+    elif (problem := completion_length_problem(list(claim.completion_ids), task)) is not None:
+        item.reject(GroupReason.COMPLETION_LENGTH, problem)
     else:
         item.claim = claim
+
+
+def completion_length_problem(completion: list[int], task: RewardTask) -> str | None:
+    """Why `completion` cannot be where the task's generation ends, or None if it can."""
+    n, budget, stop = len(completion), task.max_new_tokens, task.stop_token
+    if n > budget:
+        return f"{n} completion tokens, above the task's budget of {budget}"
+    if stop is not None and stop in completion[:-1]:
+        return f"the completion goes on after the stop token {stop} (generation stops there)"
+    if n < budget and (stop is None or completion[-1] != stop):
+        ending = "" if stop is None else f" nor at the stop token {stop}"
+        return f"{n} completion tokens: cut before the task's budget of {budget}{ending}"
+    return None
 
 
 def _score(item: RolloutItem, task: RewardTask, prompt: list[int]) -> None:

@@ -13,6 +13,7 @@ from protocol.peer_keys import peer_id_from_private_key
 from training.model import ModelConfig, TinyGPT
 from training.sampling import SamplingParams
 from verification.policy_window import PolicyWindow, VersionStatus
+from verification.rollout_checks import completion_length_problem
 from verification.receipts import MAX_DETAIL_CHARS, VERDICT_DOMAIN, seal_receipt
 from verification.rollout_wire import WireRejection, claim_from_rollout, parse_rollout_bytes
 from verification.worker_accounts import CounterLog, WorkerAccounts
@@ -194,3 +195,28 @@ def test_unparseable_rollouts_are_malformed_claims(data) -> None:
     with pytest.raises(WireRejection) as err:
         parse_rollout_bytes(data)
     assert err.value.reason == "malformed_claim"
+
+
+class _StopTask:
+    name, max_new_tokens, stop_token = "stops", 6, 10
+
+    def prompt(self, prompt_seed: int) -> list[int]:
+        return [1]
+
+    def reward(self, prompt_ids: object, completion_ids: object) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize(
+    ("completion", "ok"),
+    [
+        ([1, 2, 3, 4, 5, 6], True),  # the whole budget
+        ([1, 2, 10], True),  # ended by the stop token
+        ([1, 2, 3, 4, 5, 10], True),
+        ([1, 2, 3], False),  # cut where it scored best
+        ([1, 10, 2, 10], False),  # went on after the stop token
+        ([1, 2, 3, 4, 5, 6, 7], False),  # beyond the budget
+    ],
+)
+def test_a_completion_must_end_where_generation_ends(completion: list[int], ok: bool) -> None:
+    assert (completion_length_problem(completion, _StopTask()) is None) is ok
