@@ -13,8 +13,8 @@ from protocol.peer_keys import peer_id_from_private_key
 from training.model import ModelConfig, TinyGPT
 from training.sampling import SamplingParams
 from verification.policy_window import PolicyWindow, VersionStatus
-from verification.rollout_checks import completion_length_problem
 from verification.receipts import MAX_DETAIL_CHARS, VERDICT_DOMAIN, seal_receipt
+from verification.rollout_checks import completion_length_problem
 from verification.rollout_wire import WireRejection, claim_from_rollout, parse_rollout_bytes
 from verification.worker_accounts import CounterLog, WorkerAccounts
 
