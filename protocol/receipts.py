@@ -18,6 +18,7 @@ today's clock, so an exported ledger can be re-verified long after its receipts 
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import math
 import time
@@ -227,10 +228,17 @@ def seal_verdict_receipt(
 # --- opening ---
 
 
+@functools.lru_cache(maxsize=65536)
+def _signing_peer(peer_id: bytes) -> bool:
+    """Whether `peer_id` is an Ed25519 PeerID (raises InvalidMessage if not); cached: ledgers see the same peers."""
+    public_key_from_peer_id(peer_id)
+    return True
+
+
 def _check_peer_id(value: bytes, what: str) -> bytes:
     if not 0 < len(value) <= MAX_PEER_ID_BYTES:
         raise InvalidMessage(f"receipt {what} is {len(value)} bytes, expected a PeerID")
-    public_key_from_peer_id(value)  # only Ed25519 PeerIDs name a peer that can sign
+    _signing_peer(value)  # only Ed25519 PeerIDs name a peer that can sign
     return value
 
 
