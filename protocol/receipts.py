@@ -89,7 +89,7 @@ DOMAIN_OF_KIND = {
 KIND_OF_DOMAIN = {domain: kind for kind, domain in DOMAIN_OF_KIND.items()}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Receipt:
     """A verified receipt. Amount fields a kind does not carry are 0.
 

@@ -8,8 +8,7 @@ Map of the package:
 - `credit`: `compute_credit` -> `CreditReport` (per contributor and role: total, recent average
   with a half-life, untrusted points; `Standing` of each receipt), `CreditRates`, the sybil rule
   (trusted signers, one hop of vouching capped by what the voucher earned).
-- `export`: the export format (JSON lines of base64 envelopes), `write_export`, `read_export`,
-  `audit_export` -> `AuditReport` (every signature re-checked, every total recomputed offline).
+- `export`: the export format (JSON lines of base64 envelopes), `write_export`, `audit_export` -> `AuditReport` (every signature re-checked, every total recomputed offline).
 
 Receipt formats and their verification are in `protocol.receipts`.
 """
@@ -23,7 +22,7 @@ from node.ledger.credit import (
     Standing,
     compute_credit,
 )
-from node.ledger.export import AuditReport, audit_export, read_export, write_export
+from node.ledger.export import AuditReport, audit_export, write_export
 from node.ledger.store import AddResult, Ledger
 
 __all__ = [
@@ -38,6 +37,5 @@ __all__ = [
     "Standing",
     "audit_export",
     "compute_credit",
-    "read_export",
     "write_export",
 ]

@@ -157,7 +157,7 @@ class CreditReport:
         return counts
 
 
-@dataclass
+@dataclass(slots=True)
 class _Item:
     issued_at: float
     receipt_id: bytes

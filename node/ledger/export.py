@@ -121,30 +121,24 @@ def _envelope_of(line: bytes) -> bytes:
         raise InvalidMessage(f"malformed line: {exc}") from None
 
 
-def read_export(path: Path, *, run_id: str | None = None) -> tuple[AuditReport, list[Receipt]]:
-    """Re-verify every receipt in the export at `path`; the report (without credit) and the valid receipts."""
-    with path.open("rb") as handle:
-        header = _header(handle)
-        run = header["run_id"] if run_id is None else run_id
-        report = AuditReport(run_id=run, declared=header["receipts"])
-        receipts: list[Receipt] = []
-        seen: set[bytes] = set()
-        for number, line in _lines(handle):
-            if line is None:
-                report.invalid.append((number, f"line longer than {MAX_LINE_BYTES} bytes"))
-                continue
-            try:
-                receipt = open_receipt(_envelope_of(line), run_id=run, audit=True)
-            except InvalidMessage as exc:
-                report.invalid.append((number, str(exc)))
-                continue
-            if receipt.receipt_id in seen:
-                report.duplicates += 1
-                continue
-            seen.add(receipt.receipt_id)
-            receipts.append(receipt)
-            report.valid += 1
-    return report, receipts
+def _verified(handle: IO[bytes], report: AuditReport) -> Iterator[Receipt]:
+    """The receipts of an open export that verify, once each, recording every failure in `report`."""
+    seen: set[bytes] = set()
+    for number, line in _lines(handle):
+        if line is None:
+            report.invalid.append((number, f"line longer than {MAX_LINE_BYTES} bytes"))
+            continue
+        try:
+            receipt = open_receipt(_envelope_of(line), run_id=report.run_id, audit=True)
+        except InvalidMessage as exc:
+            report.invalid.append((number, str(exc)))
+            continue
+        if receipt.receipt_id in seen:
+            report.duplicates += 1
+            continue
+        seen.add(receipt.receipt_id)
+        report.valid += 1
+        yield receipt
 
 
 def audit_export(
@@ -156,13 +150,18 @@ def audit_export(
     half_life_s: float = DEFAULT_HALF_LIFE_S,
     rates: CreditRates | None = None,
 ) -> AuditReport:
-    """Re-verify an export and recompute the credit of its valid receipts."""
-    report, receipts = read_export(path, run_id=run_id)
-    report.credit = compute_credit(
-        receipts,
-        trusted=trusted,
-        now=time.time() if now is None else now,
-        half_life_s=half_life_s,
-        rates=rates,
-    )
+    """Re-verify every receipt of the export at `path` (of `run_id`, default the header's run) and
+    recompute the credit of those that verify; receipts are streamed, never all held in memory."""
+    with path.open("rb") as handle:
+        header = _header(handle)
+        report = AuditReport(
+            run_id=header["run_id"] if run_id is None else run_id, declared=header["receipts"]
+        )
+        report.credit = compute_credit(
+            _verified(handle, report),
+            trusted=trusted,
+            now=time.time() if now is None else now,
+            half_life_s=half_life_s,
+            rates=rates,
+        )
     return report

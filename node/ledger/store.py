@@ -23,7 +23,7 @@ from typing import Any
 
 from node.ledger.credit import DEFAULT_HALF_LIFE_S, CreditRates, CreditReport, compute_credit
 from protocol.errors import ConfigError, InvalidMessage
-from protocol.receipts import Receipt, ReceiptKind, open_receipt, receipt_id
+from protocol.receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptKind, open_receipt, receipt_id
 
 SCHEMA_VERSION = 1
 _KIND_CODES = {ReceiptKind.ROLLOUT: 1, ReceiptKind.TRAINING: 2, ReceiptKind.TRANSFER: 3, ReceiptKind.SEED: 4}
@@ -128,7 +128,11 @@ class Ledger:
         now = time.time() if now is None else now
         batch = list(envelopes)
         result = AddResult()
-        ids = [receipt_id(data) if isinstance(data, bytes) else b"" for data in batch]
+        # only what could be a receipt is hashed (open_receipt refuses the rest with its reason)
+        ids = [
+            receipt_id(data) if isinstance(data, bytes) and len(data) <= MAX_RECEIPT_BYTES else b""
+            for data in batch
+        ]
         with self._lock:
             stored = self._stored_ids(ids)
             verified: dict[bytes, Receipt] = {}

@@ -42,11 +42,12 @@ def test_invalid_receipts_are_refused_and_the_rest_of_the_batch_is_kept(tmp_path
     other_run = make.seed(key, worker, run_id="another-run")
     expired = make.seed(key, worker, issued_at=time.time() - 40 * 86400)
     with Ledger(tmp_path / "l.db", RUN) as ledger:
-        result = ledger.add_many([bytes(tampered), good, other_run, expired, b"junk"])
+        result = ledger.add_many([bytes(tampered), good, other_run, expired, b"junk", b"x" * 100_000])
         assert result.added == 1
         reasons = dict(result.refused)
-        assert set(reasons) == {0, 2, 3, 4}
+        assert set(reasons) == {0, 2, 3, 4, 5}
         assert "signature" in reasons[0] and "run" in reasons[2] and "expired" in reasons[3]
+        assert "exceeds" in reasons[5]
         with pytest.raises(InvalidMessage):
             ledger.add(bytes(tampered))
         assert len(ledger) == 1
