@@ -97,10 +97,10 @@ def credit_options(func: Any) -> Any:
 @friendly_errors
 def export(db: Path, out: Path) -> None:
     """Write every receipt of the ledger DB to FILE (JSON lines of base64 signed envelopes)."""
-    from node.ledger import Ledger, write_export
+    from node.ledger import Ledger
 
     with Ledger(db) as store:
-        written = write_export(store.envelopes(), out, run_id=store.run_id, count=len(store))
+        written = store.export(out)
         click.echo(f"exported {written} receipts of run {store.run_id} to {out}")
 
 

@@ -4,7 +4,7 @@ Map of the package:
 
 - `store.Ledger`: one run's receipts in a SQLite file (WAL); every receipt re-verified before it is
   stored; `add`, `add_many` (one transaction per batch; `AddResult`), `receipts`, `get`,
-  `envelopes`, `credit`.
+  `envelopes`, `export` (a consistent snapshot while receipts arrive), `credit`.
 - `credit`: `compute_credit` -> `CreditReport` (per contributor and role: total, recent average
   with a half-life, untrusted points; `Standing` of each receipt), `CreditRates`, the sybil rule
   (trusted signers, one hop of vouching capped by what the voucher earned).

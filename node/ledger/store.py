@@ -6,6 +6,8 @@ envelope bytes) is the primary key, so adding a receipt twice is a no-op, and a 
 stored is recognised by its id without checking its signature again. `add_many` verifies a batch
 and inserts it in one transaction, which is what makes bulk intake fast. The raw envelope is
 stored beside the decoded columns, so an export is exactly the signed bytes that were received.
+Receipts are never deleted, so their position (`seq`) only grows: an export is a consistent
+snapshot even while receipts keep arriving.
 
 One `Ledger` may be used from several threads (a node's loop offloads to worker threads): one
 connection guarded by a lock.
@@ -22,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from node.ledger.credit import DEFAULT_HALF_LIFE_S, CreditRates, CreditReport, compute_credit
+from node.ledger.export import write_export
 from protocol.errors import ConfigError, InvalidMessage
 from protocol.receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptKind, open_receipt, receipt_id
 
@@ -239,11 +242,21 @@ class Ledger:
             ).fetchone()
         return None if row is None else self._receipt(row)
 
-    def envelopes(self) -> Iterator[bytes]:
-        """Every stored envelope, in the order stored, read in batches (an export of any size)."""
-        query = f"SELECT seq, envelope FROM receipts WHERE seq > ? ORDER BY seq LIMIT {_READ_BATCH}"
+    def envelopes(self, *, upto: int | None = None) -> Iterator[bytes]:
+        """Every stored envelope (stored at or before position `upto` if given), in the order stored."""
+        bound = "" if upto is None else f"AND seq <= {int(upto)}"
+        query = f"SELECT seq, envelope FROM receipts WHERE seq > ? {bound} ORDER BY seq LIMIT {_READ_BATCH}"
         for row in self._batches(query, ()):
             yield bytes(row[1])
+
+    def export(self, out: Path) -> int:
+        """Write every receipt stored so far to `out` (`node.ledger.export` format); returns the count.
+
+        Receipts added while it runs are left for the next export (positions only grow).
+        """
+        with self._lock:
+            upto, count = self._db.execute("SELECT COALESCE(MAX(seq), 0), COUNT(*) FROM receipts").fetchone()
+        return write_export(self.envelopes(upto=upto), out, run_id=self.run_id, count=count)
 
     def _receipt(self, row: tuple[Any, ...]) -> Receipt:
         (

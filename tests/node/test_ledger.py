@@ -64,6 +64,7 @@ def test_ledger_survives_a_restart_and_keeps_its_run(tmp_path: Path) -> None:
         assert reopened.run_id == RUN
         assert [r.envelope for r in reopened.receipts(with_envelopes=True)] == batch
         assert list(reopened.envelopes()) == batch
+        assert list(reopened.envelopes(upto=5)) == batch[:5]
         assert reopened.add_many(batch).duplicates == 20
         assert sum(1 for _ in reopened.receipts(contributor=worker)) == 20
     with pytest.raises(ConfigError, match="records run"):
@@ -86,7 +87,7 @@ def test_export_then_audit_recomputes_credit_offline(tmp_path: Path) -> None:
     with Ledger(tmp_path / "l.db", RUN) as ledger:
         ledger.add_many(batch)
         out = tmp_path / "export.jsonl"
-        write_export(ledger.envelopes(), out, run_id=ledger.run_id, count=len(ledger))
+        assert ledger.export(out) == 5
         live = ledger.credit(trusted=[validator])
     report = audit_export(out, trusted=[validator])
     assert report.ok and report.valid == 5 and report.run_id == RUN
