@@ -2,6 +2,8 @@
 
 - `export --db PATH --out FILE`: write every receipt of a ledger as JSON lines (a header line,
   then `{"receipt": "<base64 envelope>"}` per receipt; see `node.ledger.export`).
+- `import FILE --db PATH`: add an export's receipts to a ledger, each re-verified as of when it
+  was issued (so an old export imports whole); exits 1 if any line is refused.
 - `verify FILE [--run R] [--trusted PEERID ...] [--json]`: re-check every signature and recompute
   every total from the receipts alone, then print the per-contributor credit table. Credit counts
   only receipts signed by the trusted PeerIDs (the run's trainers and validators) or, capped, by a
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 
 _ROLES = ("inference", "trainer", "broadcast", "seed")
 _MAX_SHOWN_INVALID = 20
+_IMPORT_BATCH = 5000
 
 
 @click.group()
@@ -102,6 +105,43 @@ def export(db: Path, out: Path) -> None:
     with Ledger(db) as store:
         written = store.export(out)
         click.echo(f"exported {written} receipts of run {store.run_id} to {out}")
+
+
+@ledger.command("import")
+@click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--db", "db", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--run", "run_id", help="The run of the ledger (default: the export's header).")
+@friendly_errors
+def import_(file: Path, db: Path, run_id: str | None) -> None:
+    """Add the receipts of an export to the ledger DB, each re-verified (as of when it was issued)."""
+    from node.ledger import Ledger, export_envelopes, export_run
+
+    added = duplicates = 0
+    refused: list[tuple[int, str]] = []
+    with Ledger(db, run_id or export_run(file)) as store:
+        batch: list[tuple[int, bytes]] = []
+
+        def flush() -> None:
+            nonlocal added, duplicates
+            result = store.add_many([data for _, data in batch], audit=True)
+            added, duplicates = added + result.added, duplicates + result.duplicates
+            refused.extend((batch[position][0], reason) for position, reason in result.refused)
+            batch.clear()
+
+        for number, item in export_envelopes(file):
+            if isinstance(item, str):
+                refused.append((number, item))
+                continue
+            batch.append((number, item))
+            if len(batch) >= _IMPORT_BATCH:
+                flush()
+        flush()
+        click.echo(f"imported {added} receipts into {db} (run {store.run_id}); {duplicates} already there")
+    for number, reason in sorted(refused)[:_MAX_SHOWN_INVALID]:
+        click.secho(f"  line {number} refused: {reason}", fg="red", err=True)
+    if refused:
+        click.secho(f"{len(refused)} line(s) refused", fg="red", err=True)
+        raise SystemExit(1)
 
 
 @ledger.command("verify")

@@ -8,7 +8,8 @@ Map of the package:
 - `credit`: `compute_credit` -> `CreditReport` (per contributor and role: total, recent average
   with a half-life, untrusted points; `Standing` of each receipt), `CreditRates`, the sybil rule
   (trusted signers, one hop of vouching capped by what the voucher earned).
-- `export`: the export format (JSON lines of base64 envelopes), `write_export`, `audit_export` -> `AuditReport` (every signature re-checked, every total recomputed offline).
+- `export`: the export format (JSON lines of base64 envelopes), `write_export`, `export_run` and `export_envelopes` (reading one back,
+  e.g. to import it into a ledger), `audit_export` -> `AuditReport` (every signature re-checked, every total recomputed offline).
 
 Receipt formats and their verification are in `protocol.receipts`.
 """
@@ -22,7 +23,7 @@ from node.ledger.credit import (
     Standing,
     compute_credit,
 )
-from node.ledger.export import AuditReport, audit_export, write_export
+from node.ledger.export import AuditReport, audit_export, export_envelopes, export_run, write_export
 from node.ledger.store import AddResult, Ledger
 
 __all__ = [
@@ -37,5 +38,7 @@ __all__ = [
     "Standing",
     "audit_export",
     "compute_credit",
+    "export_envelopes",
+    "export_run",
     "write_export",
 ]

@@ -121,6 +121,27 @@ def _envelope_of(line: bytes) -> bytes:
         raise InvalidMessage(f"malformed line: {exc}") from None
 
 
+def export_run(path: Path) -> str:
+    """The run an export's header names (InvalidMessage if it is not an export)."""
+    with path.open("rb") as handle:
+        return str(_header(handle)["run_id"])
+
+
+def export_envelopes(path: Path) -> Iterator[tuple[int, bytes | str]]:
+    """(line number, envelope bytes) for each receipt line of an export, or (line number, reason) for
+    a line that does not even decode; the envelopes themselves are not verified here."""
+    with path.open("rb") as handle:
+        _header(handle)
+        for number, line in _lines(handle):
+            if line is None:
+                yield number, f"line longer than {MAX_LINE_BYTES} bytes"
+                continue
+            try:
+                yield number, _envelope_of(line)
+            except InvalidMessage as exc:
+                yield number, str(exc)
+
+
 def _verified(handle: IO[bytes], report: AuditReport) -> Iterator[Receipt]:
     """The receipts of an open export that verify, once each, recording every failure in `report`."""
     seen: set[bytes] = set()

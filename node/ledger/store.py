@@ -126,8 +126,14 @@ class Ledger:
             raise InvalidMessage(result.refused[0][1])
         return result.added == 1
 
-    def add_many(self, envelopes: Iterable[bytes], *, now: float | None = None) -> AddResult:
-        """Verify a batch and store the new valid receipts in one transaction."""
+    def add_many(
+        self, envelopes: Iterable[bytes], *, now: float | None = None, audit: bool = False
+    ) -> AddResult:
+        """Verify a batch and store its new valid receipts in one transaction.
+
+        `audit=True` admits receipts that were valid when issued even if they have expired since
+        (importing an export); otherwise a receipt must be unexpired at `now`.
+        """
         now = time.time() if now is None else now
         batch = list(envelopes)
         result = AddResult()
@@ -138,28 +144,33 @@ class Ledger:
         ]
         with self._lock:
             stored = self._stored_ids(ids)
-            verified: dict[bytes, Receipt] = {}
-            for position, (data, rid) in enumerate(zip(batch, ids, strict=True)):
-                if rid in stored or rid in verified:
-                    result.duplicates += 1
-                    continue
-                try:
-                    verified[rid] = open_receipt(data, run_id=self.run_id, now=now)
-                except InvalidMessage as exc:
-                    result.refused.append((position, str(exc)))
-            if verified:
-                self._insert(verified.values())
-            result.added = len(verified)
+        verified: dict[bytes, Receipt] = {}
+        for position, (data, rid) in enumerate(zip(batch, ids, strict=True)):
+            if rid in stored or rid in verified:
+                result.duplicates += 1
+                continue
+            try:
+                verified[rid] = open_receipt(data, run_id=self.run_id, now=now, audit=audit)
+            except InvalidMessage as exc:
+                result.refused.append((position, str(exc)))
+        if verified:
+            with self._lock:  # verification ran unlocked, so another batch may have stored some meanwhile
+                result.added = self._insert(verified.values())
+            result.duplicates += len(verified) - result.added
         return result
 
-    def _insert(self, receipts: Iterable[Receipt]) -> None:
+    def _insert(self, receipts: Iterable[Receipt]) -> int:
+        """Insert in one transaction; returns how many were new."""
         self._db.execute("BEGIN")
         try:
             rows = [self._row(receipt) for receipt in receipts]
+            before = self._db.total_changes
             self._db.executemany(
-                f"INSERT INTO receipts ({_COLUMNS}, envelope) VALUES ({', '.join('?' * 14)})", rows
+                f"INSERT OR IGNORE INTO receipts ({_COLUMNS}, envelope) VALUES ({', '.join('?' * 14)})", rows
             )
+            added = self._db.total_changes - before
             self._db.execute("COMMIT")
+            return added
         except BaseException:
             self._db.execute("ROLLBACK")
             self._load_peers()  # peers added in the rolled-back transaction are gone

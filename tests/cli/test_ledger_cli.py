@@ -109,3 +109,23 @@ def test_ledger_help_does_not_import_torch_or_hivemind() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def test_import_an_export_into_a_new_ledger(tmp_path: Path) -> None:
+    peers = _ledger_with_receipts(tmp_path / "a.db")
+    out = tmp_path / "receipts.jsonl"
+    assert _invoke("ledger", "export", "--db", str(tmp_path / "a.db"), "--out", str(out))[0] == 0
+    code, output = _invoke("ledger", "import", str(out), "--db", str(tmp_path / "b.db"))
+    assert code == 0 and "imported 3 receipts" in output, output
+    code, output = _invoke("ledger", "import", str(out), "--db", str(tmp_path / "b.db"))
+    assert code == 0 and "imported 0 receipts" in output and "3 already there" in output
+
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join([*lines[:2], '{"receipt": 5}', *lines[2:]]) + "\n")
+    code, output = _invoke("ledger", "import", str(out), "--db", str(tmp_path / "c.db"))
+    assert code == 1 and "line 3 refused" in output and "imported 3 receipts" in output
+    code, output = _invoke(
+        "ledger", "credit", "--db", str(tmp_path / "c.db"), "--trusted", _b58(peers["validator"]), "--json"
+    )
+    totals = {row["peer_id"]: row["total"] for row in json.loads(output)["contributors"]}
+    assert totals[_b58(peers["worker"])] == 42

@@ -134,3 +134,13 @@ def test_an_oversized_line_is_reported_without_being_buffered_whole(tmp_path: Pa
     path.write_text(json.dumps(header) + "\n" + '{"receipt": "' + "A" * 100_000 + '"}\n')
     report = audit_export(path)
     assert len(report.invalid) == 1 and "longer" in report.invalid[0][1]
+
+
+def test_an_audited_intake_admits_expired_receipts_that_were_valid_when_issued(tmp_path: Path) -> None:
+    key, _ = new_peer()
+    _, worker = new_peer()
+    old = make.training(key, worker, issued_at=time.time() - 40 * 86400)
+    with Ledger(tmp_path / "l.db", RUN) as ledger:
+        assert "expired" in ledger.add_many([old]).refused[0][1]
+        assert ledger.add_many([old], audit=True).added == 1
+        assert ledger.add_many([old], audit=True).duplicates == 1
