@@ -144,3 +144,16 @@ def test_an_audited_intake_admits_expired_receipts_that_were_valid_when_issued(t
         assert "expired" in ledger.add_many([old]).refused[0][1]
         assert ledger.add_many([old], audit=True).added == 1
         assert ledger.add_many([old], audit=True).duplicates == 1
+
+
+def test_concurrent_batches_of_the_same_receipts_store_each_once(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    key, _ = new_peer()
+    _, worker = new_peer()
+    batch = [make.seed(key, worker) for _ in range(200)]
+    with Ledger(tmp_path / "l.db", RUN) as ledger, ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(ledger.add_many, [batch] * 4))
+        assert sum(r.added for r in results) == 200
+        assert sum(r.duplicates for r in results) == 600
+        assert len(ledger) == 200
