@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from cli.ledger import ledger
 from cli.node_commands import doctor, identity, join, peers, seed, simulate
 from cli.weights import weights
 
@@ -21,7 +22,7 @@ def cli() -> None:
     """
 
 
-for command in (identity, join, seed, peers, doctor, simulate, weights):
+for command in (identity, join, seed, peers, doctor, simulate, weights, ledger):
     cli.add_command(command)
 
 

@@ -1,0 +1,260 @@
+"""Benchmark: the contribution ledger behind the dashboard, on a synthetic run.
+
+Builds a synthetic run of 1,000 contributors and 1,000,000 receipts (`--quick`: 50,000, same keys
+in the result): 70% validator verdicts (a tenth of them rejections), 15% training receipts between
+the run's 50 trainers, 10% transfer receipts between contributors, 5% seed service receipts,
+issued over the last week. The receipts are signed in worker processes beforehand (not timed)
+and written to a scratch file; then, in this one process (one core):
+
+1. `receipt_verify_per_s`: intake into a fresh ledger with `Ledger.add_many` in batches of 5,000:
+   every receipt fully re-verified (`open_receipt`: canonical encoding, Ed25519 signature, run,
+   caps) and inserted, one SQLite transaction per batch (target >= 10,000/s on one core).
+   `receipt_verify_per_s_cpu` is the same in this process's CPU time, which leaves out the time
+   the scheduler gave to other processes on a shared machine.
+2. What bounds it: `open_receipt_per_s` (verification alone, no SQLite) and
+   `ed25519_verify_per_s` (one bare `cryptography` Ed25519 verify of a 200-byte message).
+3. `ledger_bytes_per_receipt`: the SQLite file after a WAL checkpoint, divided by the receipts.
+4. `duplicate_per_s`: re-offering a stored batch (recognised by id, no signature check).
+5. `credit_s`: computing the whole credit table (sybil rule, recent averages) from the ledger.
+
+`page_p95_ms` (leaderboard and node pages under 20 concurrent clients) needs the web dashboard,
+which is not built yet: that key is left out.
+
+Usage: `python bench/dashboard.py [--quick] [--receipts N]`. The last line is `RESULT key=value ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import multiprocessing
+import os
+import random
+import struct
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey  # noqa: E402
+
+from node.ledger import Ledger  # noqa: E402
+from protocol import receipts_pb2, rollouts_pb2  # noqa: E402
+from protocol.peer_keys import peer_id_from_private_key  # noqa: E402
+from protocol.receipts import (  # noqa: E402
+    open_receipt,
+    seal_seed_receipt,
+    seal_training_receipt,
+    seal_transfer_receipt,
+    seal_verdict_receipt,
+)
+
+RUN = "bench-ledger"
+CONTRIBUTORS = 1000
+TRAINERS = 50  # the first contributors train; they and the validators are the run's trusted signers
+VALIDATORS = 20
+SEEDS = 5
+BATCH = 5000
+WEEK_S = 7 * 86400.0
+GEN_CHUNK = 2000
+
+
+def _key(label: str, index: int) -> Ed25519PrivateKey:
+    return Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"{label}-{index}".encode()).digest())
+
+
+class Population:
+    """The synthetic run's keys, derived from fixed labels so every worker process rebuilds them alike."""
+
+    def __init__(self) -> None:
+        self.contributors = [_key("contributor", i) for i in range(CONTRIBUTORS)]
+        self.validators = [_key("validator", i) for i in range(VALIDATORS)]
+        self.seeds = [_key("seed", i) for i in range(SEEDS)]
+        self.contributor_ids = [peer_id_from_private_key(k) for k in self.contributors]
+        self.seed_ids = [peer_id_from_private_key(k) for k in self.seeds]
+
+    def trusted(self) -> list[bytes]:
+        return self.contributor_ids[:TRAINERS] + [peer_id_from_private_key(k) for k in self.validators]
+
+
+_POPULATION: Population | None = None
+
+
+def _receipt(population: Population, index: int, now: float) -> bytes:
+    rng = random.Random(index)
+    issued = now - rng.random() * WEEK_S
+    pick = rng.random()
+    if pick < 0.70:
+        accepted = rng.random() >= 0.1
+        verdict = rollouts_pb2.RolloutVerdict(
+            worker=population.contributor_ids[rng.randrange(CONTRIBUTORS)],
+            rollout_hash=rng.randbytes(32),
+            policy_version=rng.randrange(1000),
+            counter=index,
+            tokens=rng.randrange(64, 512),
+            accepted=accepted,
+            reason="" if accepted else rng.choice(["stale", "toploc_mantissa", "sampling"]),
+            reward=rng.random() if accepted else 0.0,
+            issued_at=issued,
+        )
+        return seal_verdict_receipt(
+            population.validators[rng.randrange(VALIDATORS)], run_id=RUN, verdict=verdict
+        )
+    if pick < 0.85:
+        signer, contributor = rng.sample(range(TRAINERS), 2)
+        return seal_training_receipt(
+            population.contributors[signer],
+            run_id=RUN,
+            contributor=population.contributor_ids[contributor],
+            outer_step=rng.randrange(10_000),
+            round_id=rng.randbytes(16),
+            tokens_trained=50 * 8 * 128,
+            bytes_exchanged=rng.randrange(1 << 20, 1 << 24),
+            issued_at=issued,
+        )
+    if pick < 0.95:
+        signer, contributor = rng.sample(range(CONTRIBUTORS), 2)
+        return seal_transfer_receipt(
+            population.contributors[signer],
+            run_id=RUN,
+            contributor=population.contributor_ids[contributor],
+            version=rng.randrange(1000),
+            manifest_hash=rng.randbytes(32),
+            chunks=rng.randrange(1, 64),
+            byte_count=rng.randrange(1 << 18, 1 << 26),
+            issued_at=issued,
+        )
+    return seal_seed_receipt(
+        population.contributors[rng.randrange(CONTRIBUTORS)],
+        run_id=RUN,
+        contributor=population.seed_ids[rng.randrange(SEEDS)],
+        service=rng.choice([receipts_pb2.SEED_SERVICE_BOOTSTRAP, receipts_pb2.SEED_SERVICE_DIAL_BACK]),
+        session_id=rng.randbytes(16),
+        issued_at=issued,
+    )
+
+
+def _generate_chunk(args: tuple[int, int, float]) -> bytes:
+    global _POPULATION
+    start, count, now = args
+    if _POPULATION is None:
+        _POPULATION = Population()
+    parts = []
+    for index in range(start, start + count):
+        data = _receipt(_POPULATION, index, now)
+        parts.append(struct.pack(">H", len(data)) + data)
+    return b"".join(parts)
+
+
+def generate(path: Path, total: int, now: float) -> None:
+    """Sign `total` receipts in worker processes into `path` (length-prefixed envelopes)."""
+    jobs = [(start, min(GEN_CHUNK, total - start), now) for start in range(0, total, GEN_CHUNK)]
+    with path.open("wb") as out, multiprocessing.Pool(os.cpu_count() or 1) as pool:
+        for done, chunk in enumerate(pool.imap(_generate_chunk, jobs), start=1):
+            out.write(chunk)
+            if done % 50 == 0 or done == len(jobs):
+                print(f"  signed {min(done * GEN_CHUNK, total):,} / {total:,}", flush=True)
+
+
+def batches(path: Path, size: int) -> Iterator[list[bytes]]:
+    with path.open("rb") as handle:
+        batch: list[bytes] = []
+        while header := handle.read(2):
+            (length,) = struct.unpack(">H", header)
+            batch.append(handle.read(length))
+            if len(batch) == size:
+                yield batch
+                batch = []
+        if batch:
+            yield batch
+
+
+def bare_verify_rate(samples: int = 2000) -> float:
+    key = Ed25519PrivateKey.generate()
+    public, message = key.public_key(), b"m" * 200
+    signature = key.sign(message)
+    started = time.process_time()
+    for _ in range(samples):
+        public.verify(signature, message)
+    return samples / (time.process_time() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="50,000 receipts (under 3 minutes)")
+    parser.add_argument("--receipts", type=int, help="receipts in the synthetic ledger (default 1,000,000)")
+    args = parser.parse_args()
+    total = args.receipts or (50_000 if args.quick else 1_000_000)
+    now = time.time()
+    population = Population()
+
+    with tempfile.TemporaryDirectory(prefix="bench-ledger-") as scratch:
+        receipts_file = Path(scratch) / "receipts.bin"
+        print(f"signing {total:,} receipts of {CONTRIBUTORS:,} contributors (not timed)", flush=True)
+        generate(receipts_file, total, now)
+
+        sample = next(batches(receipts_file, BATCH))
+        started = time.process_time()
+        for data in sample:
+            open_receipt(data, run_id=RUN, now=now)
+        open_rate = len(sample) / (time.process_time() - started)
+
+        db = Path(scratch) / "ledger.db"
+        added = 0
+        with Ledger(db, RUN) as ledger:
+            wall, cpu = time.perf_counter(), time.process_time()
+            for batch in batches(receipts_file, BATCH):
+                result = ledger.add_many(batch, now=now)
+                if result.refused:
+                    raise SystemExit(f"synthetic receipts refused: {result.refused[:3]}")
+                added += result.added
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            print(f"  ingested {added:,} receipts in {wall:.1f} s ({cpu:.1f} s CPU)", flush=True)
+
+            started = time.perf_counter()
+            duplicates = ledger.add_many(sample, now=now).duplicates
+            duplicate_rate = duplicates / (time.perf_counter() - started)
+
+            started = time.perf_counter()
+            report = ledger.credit(trusted=population.trusted(), now=now)
+            credit_s = time.perf_counter() - started
+        # a fresh connection checkpoints the WAL into the main file when the last one closes
+        size = db.stat().st_size + sum(p.stat().st_size for p in db.parent.glob("ledger.db-*"))
+        counts = report.standing_counts()
+    verify_rate = bare_verify_rate()
+
+    fields = {
+        "receipts": added,
+        "contributors": len(report.contributors),
+        "receipt_verify_per_s": round(added / wall),
+        "receipt_verify_per_s_cpu": round(added / cpu),
+        "open_receipt_per_s": round(open_rate),
+        "ed25519_verify_per_s": round(verify_rate),
+        "ledger_bytes_per_receipt": round(size / added),
+        "duplicate_per_s": round(duplicate_rate),
+        "credit_s": f"{credit_s:.2f}",
+    }
+    print()
+    print(f"{'measure':<34} | value")
+    print(f"{'receipts / contributors':<34} | {added:,} / {len(report.contributors):,}")
+    print(f"{'intake, verify + insert (wall)':<34} | {fields['receipt_verify_per_s']:,} receipts/s")
+    print(f"{'intake, verify + insert (CPU)':<34} | {fields['receipt_verify_per_s_cpu']:,} receipts/s")
+    print(f"{'open_receipt alone (CPU)':<34} | {fields['open_receipt_per_s']:,} receipts/s")
+    print(f"{'bare Ed25519 verify (CPU)':<34} | {fields['ed25519_verify_per_s']:,} /s")
+    print(f"{'re-offered duplicates':<34} | {fields['duplicate_per_s']:,} receipts/s")
+    print(f"{'ledger size':<34} | {fields['ledger_bytes_per_receipt']} bytes/receipt")
+    print(f"{'credit table (whole ledger)':<34} | {credit_s:.2f} s")
+    print(f"{'receipt standing':<34} | {', '.join(f'{k} {v:,}' for k, v in counts.items() if v)}")
+    print("(page_p95_ms needs the web dashboard, not built yet)")
+    print("RESULT " + " ".join(f"{key}={value}" for key, value in fields.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,331 @@
+"""The ledger: a SQLite store (standard library, WAL) of verified receipts of one run.
+
+Every receipt is re-verified (`protocol.receipts.open_receipt`: canonical encoding, signature,
+run, kind, caps, expiry, not self-issued) before it is stored. The receipt id (sha256 of the
+envelope bytes) is the primary key, so adding a receipt twice is a no-op, and a receipt already
+stored is recognised by its id without checking its signature again. `add_many` verifies a batch
+and inserts it in one transaction, which is what makes bulk intake fast. The raw envelope is
+stored beside the decoded columns, so an export is exactly the signed bytes that were received.
+Receipts are never deleted, so their position (`seq`) only grows: an export is a consistent
+snapshot even while receipts keep arriving.
+
+One `Ledger` may be used from several threads (a node's loop offloads to worker threads): one
+connection guarded by a lock.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node.ledger.credit import DEFAULT_HALF_LIFE_S, CreditRates, CreditReport, compute_credit
+from node.ledger.export import write_export
+from protocol.errors import ConfigError, InvalidMessage
+from protocol.receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptKind, open_receipt, receipt_id
+
+SCHEMA_VERSION = 1
+_KIND_CODES = {ReceiptKind.ROLLOUT: 1, ReceiptKind.TRAINING: 2, ReceiptKind.TRANSFER: 3, ReceiptKind.SEED: 4}
+_KIND_OF_CODE = {code: kind for kind, code in _KIND_CODES.items()}
+_READ_BATCH = 10_000
+"""Rows read per query when iterating over the ledger (the lock is released between batches)."""
+_LOOKUP_BATCH = 500
+"""Ids per `IN (...)` query when looking up which receipts of a batch are already stored."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS peers (id INTEGER PRIMARY KEY, peer_id BLOB NOT NULL UNIQUE);
+CREATE TABLE IF NOT EXISTS receipts (
+    seq INTEGER PRIMARY KEY,
+    receipt_id BLOB NOT NULL UNIQUE,
+    kind INTEGER NOT NULL,
+    signer INTEGER NOT NULL REFERENCES peers(id),
+    contributor INTEGER NOT NULL REFERENCES peers(id),
+    evidence BLOB NOT NULL,
+    issued_at REAL NOT NULL,
+    step INTEGER NOT NULL,
+    tokens INTEGER NOT NULL,
+    byte_count INTEGER NOT NULL,
+    chunks INTEGER NOT NULL,
+    count INTEGER NOT NULL,
+    accepted INTEGER NOT NULL,
+    reason TEXT NOT NULL,
+    envelope BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS receipts_by_contributor ON receipts (contributor);
+"""
+
+_COLUMNS = (
+    "receipt_id, kind, signer, contributor, evidence, issued_at, step, tokens, byte_count, chunks, count, "
+    "accepted, reason"
+)
+
+
+@dataclass
+class AddResult:
+    """What a batch did: receipts stored, already present, and refused (position in the batch, reason)."""
+
+    added: int = 0
+    duplicates: int = 0
+    refused: list[tuple[int, str]] = field(default_factory=list)
+
+
+class Ledger:
+    """The receipts of one run in a SQLite file; see the module docstring."""
+
+    def __init__(self, path: Path | str, run_id: str | None = None) -> None:
+        """Open (or create) the ledger at `path`. `run_id` may be omitted for an existing ledger."""
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute(
+                "PRAGMA synchronous=NORMAL"
+            )  # durable at each checkpoint; WAL keeps it consistent
+            self._db.executescript(_SCHEMA)
+            self.run_id = self._bind_run(run_id)
+        except (sqlite3.DatabaseError, ConfigError) as exc:
+            self._db.close()
+            if isinstance(exc, ConfigError):
+                raise
+            raise ConfigError(f"{self.path} is not a usable ledger: {exc}") from None
+        self._peer_ids: dict[bytes, int] = {}
+        self._peers: dict[int, bytes] = {}
+        self._load_peers()
+
+    def _bind_run(self, run_id: str | None) -> str:
+        meta = dict(self._db.execute("SELECT key, value FROM meta"))
+        if meta and int(meta.get("schema_version", -1)) != SCHEMA_VERSION:
+            raise ConfigError(
+                f"{self.path} has ledger schema {meta.get('schema_version')}, expected {SCHEMA_VERSION}"
+            )
+        stored = meta.get("run_id")
+        if stored is None:
+            if run_id is None:
+                raise ConfigError(f"{self.path} is a new ledger: give the run it records")
+            self._db.executemany(
+                "INSERT INTO meta (key, value) VALUES (?, ?)",
+                [("schema_version", str(SCHEMA_VERSION)), ("run_id", run_id)],
+            )
+            return run_id
+        if run_id is not None and run_id != stored:
+            raise ConfigError(f"{self.path} records run {stored!r}, not {run_id!r}")
+        return stored
+
+    # --- intake ---
+
+    def add(self, envelope: bytes, *, now: float | None = None) -> bool:
+        """Verify and store one receipt; True if new, False if already stored; InvalidMessage if refused."""
+        result = self.add_many([envelope], now=now)
+        if result.refused:
+            raise InvalidMessage(result.refused[0][1])
+        return result.added == 1
+
+    def add_many(
+        self, envelopes: Iterable[bytes], *, now: float | None = None, audit: bool = False
+    ) -> AddResult:
+        """Verify a batch and store its new valid receipts in one transaction.
+
+        `audit=True` admits receipts that were valid when issued even if they have expired since
+        (importing an export); otherwise a receipt must be unexpired at `now`.
+        """
+        now = time.time() if now is None else now
+        batch = list(envelopes)
+        result = AddResult()
+        # only what could be a receipt is hashed (open_receipt refuses the rest with its reason)
+        ids = [
+            receipt_id(data) if isinstance(data, bytes) and len(data) <= MAX_RECEIPT_BYTES else b""
+            for data in batch
+        ]
+        with self._lock:
+            stored = self._stored_ids(ids)
+        verified: dict[bytes, Receipt] = {}
+        for position, (data, rid) in enumerate(zip(batch, ids, strict=True)):
+            if rid in stored or rid in verified:
+                result.duplicates += 1
+                continue
+            try:
+                verified[rid] = open_receipt(data, run_id=self.run_id, now=now, audit=audit)
+            except InvalidMessage as exc:
+                result.refused.append((position, str(exc)))
+        if verified:
+            with self._lock:  # verification ran unlocked, so another batch may have stored some meanwhile
+                result.added = self._insert(verified.values())
+            result.duplicates += len(verified) - result.added
+        return result
+
+    def _insert(self, receipts: Iterable[Receipt]) -> int:
+        """Insert in one transaction; returns how many were new."""
+        self._db.execute("BEGIN")
+        try:
+            rows = [self._row(receipt) for receipt in receipts]
+            before = self._db.total_changes
+            self._db.executemany(
+                f"INSERT OR IGNORE INTO receipts ({_COLUMNS}, envelope) VALUES ({', '.join('?' * 14)})", rows
+            )
+            added = self._db.total_changes - before
+            self._db.execute("COMMIT")
+            return added
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            self._load_peers()  # peers added in the rolled-back transaction are gone
+            raise
+
+    def _load_peers(self) -> None:
+        self._peer_ids = dict(self._db.execute("SELECT peer_id, id FROM peers"))
+        self._peers = {index: peer for peer, index in self._peer_ids.items()}
+
+    def _stored_ids(self, ids: list[bytes]) -> set[bytes]:
+        found: set[bytes] = set()
+        for start in range(0, len(ids), _LOOKUP_BATCH):
+            part = ids[start : start + _LOOKUP_BATCH]
+            query = f"SELECT receipt_id FROM receipts WHERE receipt_id IN ({', '.join('?' * len(part))})"
+            found.update(row[0] for row in self._db.execute(query, part))
+        return found
+
+    def _peer(self, peer_id: bytes) -> int:
+        index = self._peer_ids.get(peer_id)
+        if index is None:
+            cursor = self._db.execute("INSERT INTO peers (peer_id) VALUES (?)", (peer_id,))
+            index = self._peer_ids[peer_id] = int(cursor.lastrowid or 0)
+            self._peers[index] = peer_id
+        return index
+
+    def _row(self, receipt: Receipt) -> tuple[object, ...]:
+        return (
+            receipt.receipt_id,
+            _KIND_CODES[receipt.kind],
+            self._peer(receipt.signer),
+            self._peer(receipt.contributor),
+            receipt.evidence,
+            receipt.issued_at,
+            receipt.step,
+            receipt.tokens,
+            receipt.byte_count,
+            receipt.chunks,
+            receipt.count,
+            int(receipt.accepted),
+            receipt.reason,
+            receipt.envelope,
+        )
+
+    # --- reading ---
+
+    def __len__(self) -> int:
+        with self._lock:
+            return int(self._db.execute("SELECT COUNT(*) FROM receipts").fetchone()[0])
+
+    def receipts(
+        self, *, contributor: bytes | None = None, with_envelopes: bool = False
+    ) -> Iterator[Receipt]:
+        """Stored receipts in the order they were stored (all, or one contributor's), read in batches."""
+        columns = _COLUMNS + (", envelope" if with_envelopes else "")
+        where = ""
+        args: tuple[object, ...] = ()
+        if contributor is not None:
+            if contributor not in self._peer_ids:
+                return
+            where, args = "AND contributor = ?", (self._peer_ids[contributor],)
+        query = f"SELECT seq, {columns} FROM receipts WHERE seq > ? {where} ORDER BY seq LIMIT {_READ_BATCH}"
+        for row in self._batches(query, args):
+            yield self._receipt(row[1:])
+
+    def _batches(self, query: str, args: tuple[object, ...]) -> Iterator[tuple[Any, ...]]:
+        """Rows of `query` (whose first column is seq and first parameter a seq bound), batch after batch."""
+        last = 0
+        while True:
+            with self._lock:
+                rows = self._db.execute(query, (last, *args)).fetchall()
+            if not rows:
+                return
+            last = rows[-1][0]
+            yield from rows
+
+    def get(self, receipt_id: bytes) -> Receipt | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_COLUMNS}, envelope FROM receipts WHERE receipt_id = ?", (receipt_id,)
+            ).fetchone()
+        return None if row is None else self._receipt(row)
+
+    def envelopes(self, *, upto: int | None = None) -> Iterator[bytes]:
+        """Every stored envelope (stored at or before position `upto` if given), in the order stored."""
+        bound = "" if upto is None else f"AND seq <= {int(upto)}"
+        query = f"SELECT seq, envelope FROM receipts WHERE seq > ? {bound} ORDER BY seq LIMIT {_READ_BATCH}"
+        for row in self._batches(query, ()):
+            yield bytes(row[1])
+
+    def export(self, out: Path) -> int:
+        """Write every receipt stored so far to `out` (`node.ledger.export` format); returns the count.
+
+        Receipts added while it runs are left for the next export (positions only grow).
+        """
+        with self._lock:
+            upto, count = self._db.execute("SELECT COALESCE(MAX(seq), 0), COUNT(*) FROM receipts").fetchone()
+        return write_export(self.envelopes(upto=upto), out, run_id=self.run_id, count=count)
+
+    def _receipt(self, row: tuple[Any, ...]) -> Receipt:
+        (
+            rid,
+            kind,
+            signer,
+            contributor,
+            evidence,
+            issued,
+            step,
+            tokens,
+            nbytes,
+            chunks,
+            count,
+            accepted,
+            reason,
+        ) = row[:13]
+        return Receipt(
+            receipt_id=bytes(rid),
+            kind=_KIND_OF_CODE[kind],
+            signer=self._peers[signer],
+            contributor=self._peers[contributor],
+            run_id=self.run_id,
+            evidence=bytes(evidence),
+            issued_at=issued,
+            step=step,
+            tokens=tokens,
+            byte_count=nbytes,
+            chunks=chunks,
+            count=count,
+            accepted=bool(accepted),
+            reason=reason,
+            envelope=bytes(row[13]) if len(row) > 13 else b"",
+        )
+
+    def credit(
+        self,
+        *,
+        trusted: Iterable[bytes],
+        now: float | None = None,
+        half_life_s: float = DEFAULT_HALF_LIFE_S,
+        rates: CreditRates | None = None,
+    ) -> CreditReport:
+        """Credit from every stored receipt (`node.ledger.credit.compute_credit`)."""
+        return compute_credit(
+            self.receipts(),
+            trusted=trusted,
+            now=time.time() if now is None else now,
+            half_life_s=half_life_s,
+            rates=rates,
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,400 @@
+"""Contribution receipts: sealing each kind, and opening any of them into one typed `Receipt`.
+
+A receipt is signed by whoever received the work, never by the contributor: a validator signs a
+verdict per rollout (`RolloutVerdict`, domain "rollout-verdict"), an averaging peer signs another
+trainer's participation in an outer step ("receipt-training"), a fetcher signs what it received
+from a source in the weight broadcast ("receipt-transfer") and a node signs a seed's bootstrap or
+dial-back service ("receipt-seed"). Every receipt is an envelope (`protocol.envelope`), so it is
+bound to the run and the protocol version, and it names its evidence (rollout hash, round id,
+manifest hash, service session id).
+
+`open_receipt` verifies any of them strictly: canonical encoding, size caps, signature, run,
+expiry, field caps, and refuses a receipt whose signer is its contributor (self-issued). The
+receipt id is the sha256 of the envelope bytes; the canonical-encoding check makes it unique per
+signed receipt. With `audit=True` a receipt is checked as it stood when issued, not against
+today's clock, so an exported ledger can be re-verified long after its receipts expired.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import hashlib
+import math
+import time
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from protocol import hivenet_pb2, rollouts_pb2
+from protocol import receipts_pb2 as pb
+from protocol.envelope import open_envelope, seal
+from protocol.errors import InvalidMessage
+from protocol.limits import MAX_CLOCK_SKEW_S
+from protocol.peer_keys import peer_id_from_private_key, public_key_from_peer_id
+from protocol.untrusted import capped_bytes, parse_untrusted
+
+DOMAIN_VERDICT = "rollout-verdict"
+"""The validator's verdict on one rollout (protocol/rollouts.proto), also the inference receipt."""
+DOMAIN_TRAINING = "receipt-training"
+DOMAIN_TRANSFER = "receipt-transfer"
+DOMAIN_SEED = "receipt-seed"
+
+RECEIPT_TTL_S = 30 * 86400.0
+"""How long a receipt may be admitted into a ledger after it was issued (its envelope's expiry)."""
+
+MAX_RECEIPT_BYTES = 2048
+"""Largest receipt envelope accepted (the biggest, a verdict with its detail, is well under 1 KiB)."""
+MAX_PEER_ID_BYTES = 64
+MAX_ROUND_ID_BYTES = 64
+MAX_SESSION_ID_BYTES = 64
+MIN_SESSION_ID_BYTES = 16
+HASH_BYTES = 32
+MAX_REASON_CHARS = 64
+MAX_DETAIL_CHARS = 512
+MAX_TOKENS = 1 << 40
+"""Cap on any token count in a receipt (far above any real outer step or rollout)."""
+MAX_BYTES = 1 << 50
+MAX_CHUNKS = 1 << 24
+MAX_SERVICE_COUNT = 1 << 20
+
+
+class ReceiptKind(enum.StrEnum):
+    """What a receipt attests; each kind earns credit in one role."""
+
+    ROLLOUT = "rollout"
+    TRAINING = "training"
+    TRANSFER = "transfer"
+    SEED = "seed"
+
+    @property
+    def role(self) -> str:
+        return ROLE_OF_KIND[self]
+
+
+ROLE_OF_KIND = {
+    ReceiptKind.ROLLOUT: "inference",
+    ReceiptKind.TRAINING: "trainer",
+    ReceiptKind.TRANSFER: "broadcast",
+    ReceiptKind.SEED: "seed",
+}
+ROLES = tuple(ROLE_OF_KIND.values())
+
+DOMAIN_OF_KIND = {
+    ReceiptKind.ROLLOUT: DOMAIN_VERDICT,
+    ReceiptKind.TRAINING: DOMAIN_TRAINING,
+    ReceiptKind.TRANSFER: DOMAIN_TRANSFER,
+    ReceiptKind.SEED: DOMAIN_SEED,
+}
+KIND_OF_DOMAIN = {domain: kind for kind, domain in DOMAIN_OF_KIND.items()}
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    """A verified receipt. Amount fields a kind does not carry are 0.
+
+    - rollout: `step` = policy version, `tokens` = completion tokens, `accepted`, `reason`.
+    - training: `step` = outer step, `tokens` = tokens trained, `byte_count` = bytes exchanged.
+    - transfer: `step` = weights version, `chunks`, `byte_count`.
+    - seed: `step` = the `SeedService` value, `count` = requests served.
+    """
+
+    receipt_id: bytes
+    """sha256 of `envelope`."""
+    kind: ReceiptKind
+    signer: bytes
+    contributor: bytes
+    run_id: str
+    evidence: bytes
+    """Rollout hash, round id, manifest hash or service session id."""
+    issued_at: float
+    step: int = 0
+    tokens: int = 0
+    byte_count: int = 0
+    chunks: int = 0
+    count: int = 0
+    accepted: bool = True
+    reason: str = ""
+    envelope: bytes = b""
+    """The raw signed envelope; empty when a ledger loaded the receipt without it."""
+
+    @property
+    def role(self) -> str:
+        return ROLE_OF_KIND[self.kind]
+
+
+def receipt_id(envelope: bytes) -> bytes:
+    """The id of a receipt: sha256 of its envelope bytes."""
+    return hashlib.sha256(envelope).digest()
+
+
+# --- sealing ---
+
+
+def _seal(
+    private_key: Ed25519PrivateKey, kind: ReceiptKind, run_id: str, payload: bytes, issued_at: float
+) -> bytes:
+    # the receiver's field checks, so that a node never signs a receipt others would refuse
+    fields = _FIELDS_OF_KIND[kind](payload)
+    if fields["contributor"] == peer_id_from_private_key(private_key):
+        raise InvalidMessage("a node cannot sign a receipt for its own work")
+    return seal(
+        private_key,
+        domain=DOMAIN_OF_KIND[kind],
+        run_id=run_id,
+        payload=payload,
+        expires_at=issued_at + RECEIPT_TTL_S,
+        seq=0,
+    )
+
+
+def _issued(issued_at: float | None) -> float:
+    return time.time() if issued_at is None else issued_at
+
+
+def seal_training_receipt(
+    private_key: Ed25519PrivateKey,
+    *,
+    run_id: str,
+    contributor: bytes,
+    outer_step: int,
+    round_id: bytes,
+    tokens_trained: int,
+    bytes_exchanged: int,
+    issued_at: float | None = None,
+) -> bytes:
+    """Attest that trainer `contributor` averaged with the signer in `outer_step` (round `round_id`)."""
+    issued = _issued(issued_at)
+    payload = pb.TrainingReceipt(
+        contributor=contributor,
+        outer_step=outer_step,
+        round_id=round_id,
+        tokens_trained=tokens_trained,
+        bytes_exchanged=bytes_exchanged,
+        issued_at=issued,
+    ).SerializeToString()
+    return _seal(private_key, ReceiptKind.TRAINING, run_id, payload, issued)
+
+
+def seal_transfer_receipt(
+    private_key: Ed25519PrivateKey,
+    *,
+    run_id: str,
+    contributor: bytes,
+    version: int,
+    manifest_hash: bytes,
+    chunks: int,
+    byte_count: int,
+    issued_at: float | None = None,
+) -> bytes:
+    """Attest that the signer received `chunks` verified chunks (`byte_count` bytes) of a version from `contributor`."""
+    issued = _issued(issued_at)
+    payload = pb.TransferReceipt(
+        contributor=contributor,
+        version=version,
+        manifest_hash=manifest_hash,
+        chunks=chunks,
+        byte_count=byte_count,
+        issued_at=issued,
+    ).SerializeToString()
+    return _seal(private_key, ReceiptKind.TRANSFER, run_id, payload, issued)
+
+
+def seal_seed_receipt(
+    private_key: Ed25519PrivateKey,
+    *,
+    run_id: str,
+    contributor: bytes,
+    service: pb.SeedService,
+    session_id: bytes,
+    count: int = 1,
+    issued_at: float | None = None,
+) -> bytes:
+    """Attest that seed `contributor` served the signer (`service` is a `SeedService` value)."""
+    issued = _issued(issued_at)
+    payload = pb.SeedServiceReceipt(
+        contributor=contributor, service=service, session_id=session_id, count=count, issued_at=issued
+    ).SerializeToString()
+    return _seal(private_key, ReceiptKind.SEED, run_id, payload, issued)
+
+
+def seal_verdict_receipt(
+    private_key: Ed25519PrivateKey, *, run_id: str, verdict: rollouts_pb2.RolloutVerdict
+) -> bytes:
+    """A validator's verdict in a "rollout-verdict" envelope that lives as long as any receipt."""
+    return _seal(private_key, ReceiptKind.ROLLOUT, run_id, verdict.SerializeToString(), verdict.issued_at)
+
+
+# --- opening ---
+
+
+@functools.lru_cache(maxsize=65536)
+def _signing_peer(peer_id: bytes) -> bool:
+    """Whether `peer_id` is an Ed25519 PeerID (raises InvalidMessage if not); cached: ledgers see the same peers."""
+    public_key_from_peer_id(peer_id)
+    return True
+
+
+def _check_peer_id(value: bytes, what: str) -> bytes:
+    if not 0 < len(value) <= MAX_PEER_ID_BYTES:
+        raise InvalidMessage(f"receipt {what} is {len(value)} bytes, expected a PeerID")
+    _signing_peer(value)  # only Ed25519 PeerIDs name a peer that can sign
+    return value
+
+
+def _check_id(value: bytes, what: str, low: int, high: int) -> bytes:
+    if not low <= len(value) <= high:
+        size = str(low) if low == high else f"{low}-{high}"
+        raise InvalidMessage(f"receipt {what} is {len(value)} bytes, expected {size}")
+    return value
+
+
+def _check_count(value: int, cap: int, what: str) -> int:
+    if value > cap:
+        raise InvalidMessage(f"receipt {what} {value} exceeds the cap of {cap}")
+    return value
+
+
+def _check_time(value: float) -> float:
+    if not math.isfinite(value) or value <= 0:
+        raise InvalidMessage(f"receipt issue time {value!r} is not a valid unix time")
+    return value
+
+
+def _fields_of_verdict(payload: bytes) -> dict[str, object]:
+    verdict = parse_untrusted(rollouts_pb2.RolloutVerdict, payload, "rollout verdict")
+    if len(verdict.reason) > MAX_REASON_CHARS or len(verdict.detail) > MAX_DETAIL_CHARS:
+        raise InvalidMessage("rollout verdict reason or detail is too long")
+    if verdict.accepted == bool(verdict.reason):
+        raise InvalidMessage("rollout verdict must give a reason exactly when it rejects")
+    if not math.isfinite(verdict.reward):
+        raise InvalidMessage("rollout verdict reward is not a finite number")
+    return dict(
+        contributor=_check_peer_id(verdict.worker, "worker"),
+        evidence=_check_id(verdict.rollout_hash, "rollout hash", HASH_BYTES, HASH_BYTES),
+        issued_at=_check_time(verdict.issued_at),
+        step=verdict.policy_version,
+        tokens=_check_count(verdict.tokens, MAX_TOKENS, "tokens"),
+        accepted=verdict.accepted,
+        reason=verdict.reason,
+    )
+
+
+def _fields_of_training(payload: bytes) -> dict[str, object]:
+    message = parse_untrusted(pb.TrainingReceipt, payload, "training receipt")
+    return dict(
+        contributor=_check_peer_id(message.contributor, "contributor"),
+        evidence=_check_id(message.round_id, "round id", 1, MAX_ROUND_ID_BYTES),
+        issued_at=_check_time(message.issued_at),
+        step=message.outer_step,
+        tokens=_check_count(message.tokens_trained, MAX_TOKENS, "tokens trained"),
+        byte_count=_check_count(message.bytes_exchanged, MAX_BYTES, "bytes exchanged"),
+    )
+
+
+def _fields_of_transfer(payload: bytes) -> dict[str, object]:
+    message = parse_untrusted(pb.TransferReceipt, payload, "transfer receipt")
+    return dict(
+        contributor=_check_peer_id(message.contributor, "contributor"),
+        evidence=_check_id(message.manifest_hash, "manifest hash", HASH_BYTES, HASH_BYTES),
+        issued_at=_check_time(message.issued_at),
+        step=message.version,
+        chunks=_check_count(message.chunks, MAX_CHUNKS, "chunks"),
+        byte_count=_check_count(message.byte_count, MAX_BYTES, "bytes"),
+    )
+
+
+def _fields_of_seed(payload: bytes) -> dict[str, object]:
+    message = parse_untrusted(pb.SeedServiceReceipt, payload, "seed service receipt")
+    if message.service not in (pb.SEED_SERVICE_BOOTSTRAP, pb.SEED_SERVICE_DIAL_BACK):
+        raise InvalidMessage(f"seed service receipt names an unknown service {message.service}")
+    return dict(
+        contributor=_check_peer_id(message.contributor, "contributor"),
+        evidence=_check_id(message.session_id, "session id", MIN_SESSION_ID_BYTES, MAX_SESSION_ID_BYTES),
+        issued_at=_check_time(message.issued_at),
+        step=message.service,
+        count=_check_count(message.count, MAX_SERVICE_COUNT, "service count"),
+    )
+
+
+_FIELDS_OF_KIND = {
+    ReceiptKind.ROLLOUT: _fields_of_verdict,
+    ReceiptKind.TRAINING: _fields_of_training,
+    ReceiptKind.TRANSFER: _fields_of_transfer,
+    ReceiptKind.SEED: _fields_of_seed,
+}
+
+
+def open_receipt(
+    data: object,
+    *,
+    run_id: str | None = None,
+    kinds: frozenset[ReceiptKind] | None = None,
+    now: float | None = None,
+    audit: bool = False,
+) -> Receipt:
+    """Verify an untrusted receipt envelope of any kind and return it typed.
+
+    Raises InvalidMessage if it is not canonical, oversized, malformed, of an unknown domain or a
+    kind outside `kinds`, of another run or protocol version, badly signed, self-issued, out of
+    its field caps, issued after its expiry or valid for longer than `RECEIPT_TTL_S`, and (unless
+    `audit`) expired or issued in the future at `now`.
+    """
+    data = capped_bytes(data, MAX_RECEIPT_BYTES, "receipt")
+    outer = parse_untrusted(hivenet_pb2.SignedEnvelope, data, "receipt envelope")
+    if hivenet_pb2.SignedEnvelope(body=outer.body, signature=outer.signature).SerializeToString() != data:
+        raise InvalidMessage("receipt envelope is not canonically encoded")
+    body = parse_untrusted(hivenet_pb2.EnvelopeBody, outer.body, "receipt envelope body")
+    kind = KIND_OF_DOMAIN.get(body.domain)
+    if kind is None:
+        raise InvalidMessage(f"{body.domain!r} is not a receipt")
+    if kinds is not None and kind not in kinds:
+        raise InvalidMessage(f"{kind} receipts are not accepted here")
+
+    clock = time.time() if now is None else now
+    # an audit checks the receipt as of its own expiry: every signature and context check, no clock
+    envelope = open_envelope(
+        data,
+        domain=body.domain,
+        run_id=run_id,
+        now=body.expires_at if audit else clock,
+        max_ttl_s=None if audit else RECEIPT_TTL_S,
+    )
+    fields = _FIELDS_OF_KIND[kind](envelope.payload)
+    issued_at = fields["issued_at"]
+    assert isinstance(issued_at, float)
+    if not issued_at <= envelope.expires_at + MAX_CLOCK_SKEW_S:
+        raise InvalidMessage("receipt was issued after its own expiry")
+    if not envelope.expires_at <= issued_at + RECEIPT_TTL_S + MAX_CLOCK_SKEW_S:
+        raise InvalidMessage(f"receipt claims validity beyond {RECEIPT_TTL_S:.0f} s after issue")
+    if not audit and not issued_at <= clock + MAX_CLOCK_SKEW_S:
+        raise InvalidMessage("receipt is issued in the future")
+    if fields["contributor"] == envelope.signer:
+        raise InvalidMessage("receipt is self-issued: a contributor cannot sign for its own work")
+    return Receipt(
+        receipt_id=receipt_id(data),
+        kind=kind,
+        signer=envelope.signer,
+        run_id=envelope.run_id,
+        envelope=data,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+__all__ = [
+    "DOMAIN_SEED",
+    "DOMAIN_TRAINING",
+    "DOMAIN_TRANSFER",
+    "DOMAIN_VERDICT",
+    "RECEIPT_TTL_S",
+    "ROLES",
+    "ROLE_OF_KIND",
+    "Receipt",
+    "ReceiptKind",
+    "open_receipt",
+    "receipt_id",
+    "seal_seed_receipt",
+    "seal_training_receipt",
+    "seal_transfer_receipt",
+    "seal_verdict_receipt",
+]

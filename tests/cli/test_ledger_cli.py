@@ -1,0 +1,131 @@
+"""`hivenet ledger`: export a ledger, verify the export offline, and see credit only from trusted signers."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+from hivemind.p2p import PeerID
+
+from cli.main import cli
+from node.ledger import Ledger
+from tests.helpers import receipts as make
+from tests.helpers.receipts import RUN, new_peer
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _b58(peer: bytes) -> str:
+    return PeerID(peer).to_base58()
+
+
+def _ledger_with_receipts(path: Path) -> dict[str, bytes]:
+    """A validator credits a worker; a sybil credits a friend; returns the PeerIDs by name."""
+    validator_key, validator = new_peer()
+    sybil_key, sybil = new_peer()
+    _, worker = new_peer()
+    _, friend = new_peer()
+    with Ledger(path, RUN) as ledger:
+        result = ledger.add_many(
+            [
+                make.verdict(validator_key, worker, tokens=40),
+                make.verdict(validator_key, worker, tokens=2),
+                make.training(sybil_key, friend, tokens=10**6),
+            ]
+        )
+        assert result.added == 3
+    return {"validator": validator, "sybil": sybil, "worker": worker, "friend": friend}
+
+
+def _invoke(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(cli, list(args), env={"COLUMNS": "200"})
+    return result.exit_code, result.output
+
+
+def test_export_then_verify_recomputes_credit_and_sybils_count_zero(tmp_path: Path) -> None:
+    peers = _ledger_with_receipts(tmp_path / "l.db")
+    out = tmp_path / "receipts.jsonl"
+    code, output = _invoke("ledger", "export", "--db", str(tmp_path / "l.db"), "--out", str(out))
+    assert code == 0 and "exported 3 receipts" in output, output
+
+    code, output = _invoke("ledger", "verify", str(out), "--trusted", _b58(peers["validator"]), "--json")
+    assert code == 0, output
+    report = json.loads(output)
+    assert report["ok"] and report["valid"] == 3 and report["run_id"] == RUN
+    by_peer = {row["peer_id"]: row for row in report["contributors"]}
+    worker = by_peer[_b58(peers["worker"])]
+    assert worker["total"] == 42 and worker["roles"]["inference"]["total"] == 42
+    friend = by_peer[_b58(peers["friend"])]
+    assert friend["total"] == 0 and friend["untrusted"] == 10**6
+    assert report["standing"]["untrusted"] == 1
+
+    code, output = _invoke("ledger", "verify", str(out), "--trusted", _b58(peers["validator"]))
+    assert code == 0, output
+    assert "all receipts verify" in output and _b58(peers["worker"]) in output and "1 untrusted" in output
+
+
+def test_verify_reports_a_tampered_receipt_and_exits_1(tmp_path: Path) -> None:
+    peers = _ledger_with_receipts(tmp_path / "l.db")
+    out = tmp_path / "receipts.jsonl"
+    assert _invoke("ledger", "export", "--db", str(tmp_path / "l.db"), "--out", str(out))[0] == 0
+    lines = out.read_text().splitlines()
+    envelope = bytearray(base64.b64decode(json.loads(lines[1])["receipt"]))
+    envelope[-1] ^= 0x01  # the last byte of the signature
+    lines[1] = json.dumps({"receipt": base64.b64encode(bytes(envelope)).decode()})
+    out.write_text("\n".join(lines) + "\n")
+
+    code, output = _invoke("ledger", "verify", str(out), "--trusted", _b58(peers["validator"]), "--json")
+    assert code == 1
+    report = json.loads(output)
+    assert not report["ok"] and report["valid"] == 2
+    assert report["invalid"][0]["line"] == 2 and "signature" in report["invalid"][0]["reason"]
+    code, output = _invoke("ledger", "verify", str(out))
+    assert code == 1 and "line 2" in output and "does not fully verify" in output
+
+
+def test_credit_from_a_ledger_and_bad_trusted_peer_id(tmp_path: Path) -> None:
+    peers = _ledger_with_receipts(tmp_path / "l.db")
+    code, output = _invoke(
+        "ledger", "credit", "--db", str(tmp_path / "l.db"), "--trusted", _b58(peers["validator"])
+    )
+    assert code == 0 and "inference" in output and _b58(peers["worker"]) in output, output
+    code, output = _invoke("ledger", "credit", "--db", str(tmp_path / "l.db"), "--trusted", "not-a-peer")
+    assert code == 2 and "not an Ed25519 PeerID" in output
+
+
+def test_ledger_help_does_not_import_torch_or_hivemind() -> None:
+    code = (
+        "import sys\nfrom click.testing import CliRunner\nfrom cli.main import cli\n"
+        "for sub in (['ledger', '--help'], ['ledger', 'verify', '--help'], ['ledger', 'export', '--help']):\n"
+        "    assert CliRunner().invoke(cli, sub).exit_code == 0\n"
+        "print(sorted(m for m in ('torch', 'hivemind') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_import_an_export_into_a_new_ledger(tmp_path: Path) -> None:
+    peers = _ledger_with_receipts(tmp_path / "a.db")
+    out = tmp_path / "receipts.jsonl"
+    assert _invoke("ledger", "export", "--db", str(tmp_path / "a.db"), "--out", str(out))[0] == 0
+    code, output = _invoke("ledger", "import", str(out), "--db", str(tmp_path / "b.db"))
+    assert code == 0 and "imported 3 receipts" in output, output
+    code, output = _invoke("ledger", "import", str(out), "--db", str(tmp_path / "b.db"))
+    assert code == 0 and "imported 0 receipts" in output and "3 already there" in output
+
+    lines = out.read_text().splitlines()
+    out.write_text("\n".join([*lines[:2], '{"receipt": 5}', *lines[2:]]) + "\n")
+    code, output = _invoke("ledger", "import", str(out), "--db", str(tmp_path / "c.db"))
+    assert code == 1 and "line 3 refused" in output and "imported 3 receipts" in output
+    code, output = _invoke(
+        "ledger", "credit", "--db", str(tmp_path / "c.db"), "--trusted", _b58(peers["validator"]), "--json"
+    )
+    totals = {row["peer_id"]: row["total"] for row in json.loads(output)["contributors"]}
+    assert totals[_b58(peers["worker"])] == 42

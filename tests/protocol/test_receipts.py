@@ -1,0 +1,164 @@
+"""Receipts: each kind round-trips into a typed Receipt, and each forged or out-of-bounds one is refused."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import pytest
+
+from protocol import hivenet_pb2, receipts_pb2, rollouts_pb2
+from protocol.envelope import seal
+from protocol.errors import InvalidMessage
+from protocol.receipts import (
+    DOMAIN_TRAINING,
+    RECEIPT_TTL_S,
+    ReceiptKind,
+    open_receipt,
+    seal_training_receipt,
+)
+from tests.helpers import receipts as make
+from tests.helpers.receipts import RUN, new_peer
+
+
+def test_each_kind_opens_into_a_typed_receipt() -> None:
+    signer_key, signer = new_peer()
+    _, contributor = new_peer()
+    cases = {
+        ReceiptKind.ROLLOUT: (make.verdict(signer_key, contributor, tokens=77), "inference"),
+        ReceiptKind.TRAINING: (make.training(signer_key, contributor, tokens=900), "trainer"),
+        ReceiptKind.TRANSFER: (make.transfer(signer_key, contributor, byte_count=5000), "broadcast"),
+        ReceiptKind.SEED: (make.seed(signer_key, contributor), "seed"),
+    }
+    for kind, (data, role) in cases.items():
+        receipt = open_receipt(data, run_id=RUN)
+        assert (receipt.kind, receipt.role) == (kind, role)
+        assert receipt.signer == signer and receipt.contributor == contributor
+        assert receipt.run_id == RUN and receipt.envelope == data
+        assert receipt.receipt_id == hashlib.sha256(data).digest()
+    assert open_receipt(cases[ReceiptKind.ROLLOUT][0]).tokens == 77
+    assert open_receipt(cases[ReceiptKind.TRAINING][0]).tokens == 900
+    transfer = open_receipt(cases[ReceiptKind.TRANSFER][0])
+    assert (transfer.byte_count, transfer.chunks, len(transfer.evidence)) == (5000, 4, 32)
+    assert open_receipt(cases[ReceiptKind.SEED][0]).count == 1
+
+
+def test_rejected_verdict_keeps_its_reason() -> None:
+    key, _ = new_peer()
+    _, worker = new_peer()
+    receipt = open_receipt(make.verdict(key, worker, accepted=False, reason="stale"))
+    assert not receipt.accepted and receipt.reason == "stale"
+
+
+def test_self_issued_receipt_is_refused_when_sealed_and_when_opened() -> None:
+    key, me = new_peer()
+    with pytest.raises(InvalidMessage, match="own work"):
+        make.training(key, me)
+    # a receipt sealed without the helper's check is refused by every receiver
+    payload = receipts_pb2.TrainingReceipt(
+        contributor=me, outer_step=1, round_id=b"r", tokens_trained=10, issued_at=time.time()
+    ).SerializeToString()
+    data = seal(key, domain=DOMAIN_TRAINING, run_id=RUN, payload=payload, expires_at=time.time() + 60, seq=0)
+    with pytest.raises(InvalidMessage, match="self-issued"):
+        open_receipt(data)
+
+
+def test_tampered_payload_and_other_run_are_refused() -> None:
+    key, _ = new_peer()
+    _, worker = new_peer()
+    data = make.training(key, worker, tokens=10)
+    outer = hivenet_pb2.SignedEnvelope.FromString(data)
+    body = hivenet_pb2.EnvelopeBody.FromString(outer.body)
+    inner = receipts_pb2.TrainingReceipt.FromString(body.payload)
+    inner.tokens_trained = 10**9
+    body.payload = inner.SerializeToString()
+    forged = hivenet_pb2.SignedEnvelope(body=body.SerializeToString(), signature=outer.signature)
+    with pytest.raises(InvalidMessage, match="signature"):
+        open_receipt(forged.SerializeToString())
+    with pytest.raises(InvalidMessage, match="run"):
+        open_receipt(data, run_id="another-run")
+
+
+def test_non_canonical_encoding_is_refused() -> None:
+    """Appending an unknown field keeps the signature valid but would give the receipt a second id."""
+    key, _ = new_peer()
+    _, worker = new_peer()
+    data = make.seed(key, worker)
+    with pytest.raises(InvalidMessage, match="canonical"):
+        open_receipt(data + b"\x78\x01")  # field 15, varint 1
+
+
+def test_expiry_is_checked_now_but_not_in_an_audit() -> None:
+    key, _ = new_peer()
+    _, worker = new_peer()
+    issued = time.time() - 40 * 86400
+    old = make.transfer(key, worker, issued_at=issued)
+    with pytest.raises(InvalidMessage, match="expired"):
+        open_receipt(old)
+    assert open_receipt(old, audit=True).issued_at == issued
+    with pytest.raises(InvalidMessage, match=r"beyond|future"):
+        open_receipt(make.transfer(key, worker, issued_at=time.time() + 3600))
+
+
+def test_validity_beyond_the_receipt_ttl_is_refused_even_in_an_audit() -> None:
+    key, _ = new_peer()
+    _, worker = new_peer()
+    now = time.time()
+    payload = receipts_pb2.TrainingReceipt(
+        contributor=worker, outer_step=1, round_id=b"r", tokens_trained=1, issued_at=now
+    ).SerializeToString()
+    data = seal(
+        key, domain=DOMAIN_TRAINING, run_id=RUN, payload=payload, expires_at=now + 2 * RECEIPT_TTL_S, seq=0
+    )
+    for audit in (False, True):
+        with pytest.raises(InvalidMessage, match="beyond"):
+            open_receipt(data, audit=audit)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(rollout_hash=b"short"), "rollout hash"),
+        (dict(worker=b"\x00\x02ab"), "peer id"),
+        (dict(accepted=True, reason="stale"), "reason"),
+        (dict(accepted=False, reason=""), "reason"),
+        (dict(reward=float("nan")), "finite"),
+        (dict(issued_at=float("nan")), "unix time"),
+        (dict(detail="x" * 600), "too long"),
+    ],
+)
+def test_verdict_fields_out_of_bounds_are_refused(change: dict, match: str) -> None:
+    key, _ = new_peer()
+    _, worker = new_peer()
+    fields: dict = dict(worker=worker, rollout_hash=b"h" * 32, tokens=5, accepted=True, issued_at=time.time())
+    fields.update(change)
+    payload = rollouts_pb2.RolloutVerdict(**fields).SerializeToString()
+    data = seal(
+        key, domain="rollout-verdict", run_id=RUN, payload=payload, expires_at=time.time() + 60, seq=0
+    )
+    with pytest.raises(InvalidMessage, match=match):
+        open_receipt(data)
+
+
+def test_unknown_domain_kind_filter_and_oversize_are_refused() -> None:
+    key, _ = new_peer()
+    _, worker = new_peer()
+    record = seal(key, domain="node-record", run_id=RUN, payload=b"x", expires_at=time.time() + 60, seq=0)
+    with pytest.raises(InvalidMessage, match="not a receipt"):
+        open_receipt(record)
+    with pytest.raises(InvalidMessage, match="not accepted"):
+        open_receipt(make.seed(key, worker), kinds=frozenset({ReceiptKind.ROLLOUT}))
+    with pytest.raises(InvalidMessage, match="exceeds"):
+        open_receipt(b"\x00" * 5000)
+    with pytest.raises(InvalidMessage, match="must be bytes"):
+        open_receipt("text")
+    with pytest.raises(InvalidMessage, match="cap"):
+        seal_training_receipt(
+            key,
+            run_id=RUN,
+            contributor=worker,
+            outer_step=1,
+            round_id=b"r",
+            tokens_trained=1 << 41,
+            bytes_exchanged=0,
+        )
