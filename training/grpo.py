@@ -186,7 +186,10 @@ class GRPOLearner:
                         f"with async level {self.config.async_level} and holds versions {self.known_versions}"
                     )
 
-    def _behaviour_model(self, version: int) -> TinyGPT:
+    def model_at(self, version: int) -> TinyGPT:
+        """A model holding the weights of a known `version` (a scratch copy, reloaded on every call)."""
+        if version not in self._history:
+            raise StaleRolloutError(f"version {version} is not held; known versions: {self.known_versions}")
         if self._scratch is None:
             self._scratch = copy.deepcopy(self.model)
         self._scratch.load_state_dict(self._history[version])
@@ -238,7 +241,7 @@ class GRPOLearner:
             behaviour: dict[int, torch.Tensor] = {}
             for v in sorted({r.policy_version for r in rollouts} - {self.version}):
                 batch = [r for r in rollouts if r.policy_version == v]
-                for r, lp in zip(batch, self.token_logprobs(self._behaviour_model(v), batch), strict=True):
+                for r, lp in zip(batch, self.token_logprobs(self.model_at(v), batch), strict=True):
                     behaviour[id(r)] = lp
 
         self.model.train()

@@ -91,7 +91,7 @@ def pretrained_policy(
         try:
             model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
             return model
-        except (OSError, RuntimeError, EOFError) as e:  # a torn or foreign file: retrain over it
+        except Exception as e:  # torch.load of a torn or foreign file raises many kinds: retrain over it
             logger.warning("ignoring unreadable cached policy %s (%s)", path, e)
     torch.manual_seed(seed)
     model = TinyGPT(model_config)
