@@ -19,4 +19,9 @@ interfaces (`diloco.RoundAverager`, `diloco.StateSource`); `trainer` plugs `node
 - `checkpoint`: safetensors checkpoints (`save_checkpoint`, `load_checkpoint`, `latest_checkpoint`).
 - `sampling`: seeded Gumbel-max sampling (`SamplingParams`, `sample_tokens`).
 - `generation`: `generate`, which samples and builds TOPLOC proofs every 32 tokens.
+- `tasks`: RL tasks with verifiable rewards (`Task`, `TASKS`, `get_task`, `LineLengthTask`).
+- `grpo`: `GRPOConfig`, `ScoredRollout`, `GRPOLearner` (group-relative advantages, two-sided clipped
+  token-level loss, behaviour log-probs of rollouts up to `async_level` versions old), `StaleRolloutError`.
+- `rl_sync`: `pretrained_policy` (brief, cached pretraining of the RL policy) and `run_sync_grpo`
+  (the single-process synchronous GRPO baseline).
 """

@@ -1,0 +1,104 @@
+"""Tests for training.rl_sync: the cached pretrained policy and the synchronous GRPO baseline."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from training.data import DataConfig
+from training.grpo import GRPOConfig, GRPOStepReport
+from training.model import ModelConfig, TinyGPT
+from training.rl_sync import pretrained_policy, rollout_seed, run_sync_grpo
+from training.tasks import LineLengthTask, Task
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+SMALL = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=64)
+STDLIB = DataConfig(source="stdlib", max_corpus_bytes=200_000, seq_len=32, batch_size=4)
+
+
+def same_weights(a: TinyGPT, b: TinyGPT) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_pretrained_policy_is_cached_by_its_settings(tmp_path):
+    first = pretrained_policy(SMALL, steps=3, seed=1, data=STDLIB, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("tinygpt-*.pt"))) == 1
+    again = pretrained_policy(SMALL, steps=3, seed=1, data=STDLIB, cache_dir=tmp_path)
+    assert same_weights(first, again)
+    other_seed = pretrained_policy(SMALL, steps=3, seed=2, data=STDLIB, cache_dir=tmp_path)
+    assert not same_weights(first, other_seed)
+    pretrained_policy(SMALL, steps=4, seed=1, data=STDLIB, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("tinygpt-*.pt"))) == 3
+    # Training changed the weights away from the seeded initialisation.
+    torch.manual_seed(1)
+    assert not same_weights(first, TinyGPT(SMALL))
+
+
+def test_an_unreadable_cache_file_is_retrained(tmp_path):
+    first = pretrained_policy(SMALL, steps=2, seed=0, data=STDLIB, cache_dir=tmp_path)
+    (path,) = tmp_path.glob("tinygpt-*.pt")
+    path.write_bytes(b"torn")
+    again = pretrained_policy(SMALL, steps=2, seed=0, data=STDLIB, cache_dir=tmp_path)
+    assert same_weights(first, again)
+
+
+def test_rollout_seeds_are_deterministic_and_distinct():
+    seeds = {rollout_seed(0, s, g, i) for s in range(3) for g in range(3) for i in (None, 0, 1)}
+    assert len(seeds) == 27
+    assert rollout_seed(5, 1, 2, 3) == rollout_seed(5, 1, 2, 3) != rollout_seed(6, 1, 2, 3)
+    assert all(0 <= s < 2**64 for s in seeds)
+
+
+@dataclass(frozen=True)
+class LowBytesTask:
+    """A test task any random model earns varied rewards on: the share of bytes below the prompt's byte."""
+
+    name: str = "low-bytes"
+    max_new_tokens: int = 6
+    stop_token: int | None = None
+
+    def prompt(self, prompt_seed: int) -> list[int]:
+        return [64 + prompt_seed % 128]
+
+    def reward(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> float:
+        return sum(t < prompt_ids[0] for t in completion_ids) / self.max_new_tokens
+
+
+def record(into: list[GRPOStepReport], _step: int, report: GRPOStepReport) -> None:
+    into.append(report)
+
+
+def test_sync_grpo_is_deterministic_and_trains_the_model_in_place():
+    task = LowBytesTask()
+    assert isinstance(task, Task)
+    config = GRPOConfig(group_size=3, groups_per_step=2)
+    torch.manual_seed(0)
+    start = TinyGPT(SMALL)
+    runs = []
+    for _ in range(2):
+        model = TinyGPT(SMALL)
+        model.load_state_dict(start.state_dict())
+        reports: list[GRPOStepReport] = []
+        curve = run_sync_grpo(task, config, 2, 0, model, on_step=functools.partial(record, reports))
+        assert [r.version for r in reports] == [1, 2] and len(curve) == 2
+        assert curve == [r.mean_reward for r in reports]
+        assert all(0.0 <= r <= 1.0 for r in curve) and max(curve) > 0.0
+        runs.append((curve, model))
+    assert runs[0][0] == runs[1][0]
+    assert same_weights(runs[0][1], runs[1][1])
+    assert not same_weights(runs[0][1], start)
+
+
+@pytest.mark.slow
+def test_sync_grpo_improves_the_pretrained_policy_on_line_length():
+    """The baseline's hyper-parameters: reward rises well above its start within 25 steps."""
+    curve = run_sync_grpo(LineLengthTask(), GRPOConfig(), 25, 0, pretrained_policy())
+    early, late = sum(curve[:5]) / 5, sum(curve[-10:]) / 10
+    assert late > early + 0.1, curve
+    assert late > 0.25, curve
