@@ -193,7 +193,9 @@ def _add_broadcast(node: HivenetNode, config: BroadcastConfig) -> WeightBroadcas
     from node.broadcast.broadcaster import WeightBroadcast
 
     assert node.dht is not None, "start the node first"
-    return node.add_service(WeightBroadcast(dht=node.dht, identity=node.identity, config=config))
+    return node.add_service(
+        WeightBroadcast(dht=node.dht, identity=node.identity, config=config, metrics=node.metrics)
+    )
 
 
 def _human(num_bytes: float) -> str:
