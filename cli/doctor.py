@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -142,13 +142,19 @@ def run_doctor(
     timeout_s: float,
     host: str = "0.0.0.0",
     port: int = 0,
+    as_json: bool = False,
 ) -> bool:
-    """Run every check, print the report, and return whether all passed."""
-    console = Console()
+    """Run every check, print the report (one JSON document with `as_json`), and return whether all passed."""
+    from cli.output import echo_json
+
+    console = Console(stderr=as_json)
     checks = [_check_identity(identity_path), _check_versions()]
     checks += _check_resources((identity_path or Path.home()).parent)
     with console.status("checking the network (dialling seeds)..."):
         checks += _check_network(initial_peers, timeout_s, host, port)
+    if as_json:
+        echo_json({"ok": all(check.ok for check in checks), "checks": [asdict(check) for check in checks]})
+        return all(check.ok for check in checks)
     for check in checks:
         mark = "[green]ok  [/]" if check.ok else "[red]FAIL[/]"
         console.print(f"{mark} {check.name:<12} {check.detail}", highlight=False)

@@ -9,16 +9,22 @@ import click
 
 from cli.ledger import ledger
 from cli.node_commands import doctor, identity, join, peers, seed, simulate
+from cli.output import log_level_option
 from cli.weights import weights
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hivenet")
+@log_level_option
 def cli() -> None:
     """hivenet: an open peer-to-peer network for training AI models together.
 
     Start with `hivenet simulate` to watch a swarm on this machine, or
     `hivenet join --initial-peers ADDR` to contribute to a real one.
+
+    Every setting can also come from an environment variable named after it
+    (HIVENET_RUN_ID, HIVENET_INITIAL_PEERS, HIVENET_STATUS_PORT, HIVENET_TRAINER_INNER_STEPS, ...)
+    or from the --config TOML file; a flag wins over the variable, which wins over the file.
     """
 
 

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cli.errors import friendly_errors
-from cli.train import build_trainer_config, describe_report, trainer_options
+from cli.output import echo_json, json_option, setup_logging
+from cli.train import (
+    TRAINER_OPTION_NAMES,
+    build_trainer_config,
+    describe_report,
+    resolve_trainer_options,
+    trainer_options,
+)
 from protocol.node_record import Role
 
 if TYPE_CHECKING:
@@ -22,16 +29,6 @@ ROLES_WITHOUT_WORK_YET = {
     Role.INFERENCE: "the inference worker arrives with the verified-inference work",
 }
 DEFAULT_SEED_PORT = 31337
-TRAINER_OPTION_NAMES = (
-    "inner_steps", "max_outer_steps", "outer_lr", "compression", "data_paths", "checkpoint_dir", "seq_len",
-    "batch_size", "target_group_size", "matchmaking_time_s",
-)  # fmt: skip
-
-
-def _setup_logging(verbose: bool) -> None:
-    from node.logs import configure_logging
-
-    configure_logging(verbose)
 
 
 def _node_options(func: Any) -> Any:
@@ -141,14 +138,18 @@ def _wait_for_trainers(node: HivenetNode, count: int, stop: Any, console: Any) -
     "--identity", "identity_path", type=click.Path(path_type=Path), help="Key file (default: user data dir)."
 )
 @click.option("--create", is_flag=True, help="Create the key file if it does not exist.")
+@json_option
 @friendly_errors
-def identity(identity_path: Path | None, create: bool) -> None:
+def identity(identity_path: Path | None, create: bool, as_json: bool) -> None:
     """Show this node's PeerID and key file."""
-    from node.config import default_identity_path
+    from node.config import NodeConfig, default_identity_path, env_settings
     from node.identity import load_identity, load_or_create_identity
 
-    path = identity_path or default_identity_path()
+    path = identity_path or Path(env_settings(NodeConfig).get("identity_path") or default_identity_path())
     loaded = load_or_create_identity(path) if create else load_identity(path)
+    if as_json:
+        echo_json({"peer_id": loaded.peer_id.to_base58(), "key_file": str(path)})
+        return
     click.echo(f"peer id:  {loaded.peer_id.to_base58()}")
     click.echo(f"key file: {path}")
 
@@ -185,7 +186,9 @@ def join(
     With --role trainer the node trains the run's model with DiLoCo and prints one line per
     outer step (loss, peers in the round, bytes sent).
     """
-    trainer_flags = {key: flags.pop(key) for key in TRAINER_OPTION_NAMES}
+    trainer_flags = resolve_trainer_options(
+        config_file, {key: flags.pop(key) for key in TRAINER_OPTION_NAMES}
+    )
     config = _build_config(config_file, roles=roles, **flags)
     for role in config.roles:
         if role in ROLES_WITHOUT_WORK_YET:
@@ -198,7 +201,7 @@ def join(
             "no --initial-peers: give the multiaddr of a seed of the swarm to join (a seed prints its own), "
             "or pass --new-swarm to start a new, empty swarm on purpose"
         )
-    _setup_logging(verbose)
+    setup_logging(verbose)
     from node.node import HivenetNode
 
     trainer = build_trainer_config(config.run_id, **trainer_flags) if Role.TRAINER in config.roles else None
@@ -230,10 +233,17 @@ def seed(announce_ip: str | None, config_file: Path | None, verbose: bool, **fla
             f"/{kind}/{announce_ip}/tcp/{flags['port']}",
         ]
     config = _build_config(config_file, roles=[Role.SEED.value], **flags)
-    _setup_logging(verbose)
+    setup_logging(verbose)
     from node.node import HivenetNode
 
     _run_until_interrupted(HivenetNode(config, dht_only=True), "seed")
+
+
+def _initial_peers(given: tuple[str, ...]) -> list[str]:
+    """The --initial-peers given, else those of HIVENET_INITIAL_PEERS."""
+    from node.config import NodeConfig, env_settings
+
+    return list(given) or list(env_settings(NodeConfig).get("initial_peers", []))
 
 
 def _ephemeral_client(initial_peers: tuple[str, ...], run_id: str, timeout_s: float) -> HivenetNode:
@@ -241,10 +251,13 @@ def _ephemeral_client(initial_peers: tuple[str, ...], run_id: str, timeout_s: fl
     from node.config import load_config
     from node.node import HivenetNode
 
-    if not initial_peers:
-        raise click.UsageError("give at least one --initial-peers address (a seed prints its own)")
+    seeds = _initial_peers(initial_peers)
+    if not seeds:
+        raise click.UsageError(
+            "give at least one --initial-peers address (or HIVENET_INITIAL_PEERS; a seed prints its own)"
+        )
     config = load_config(
-        initial_peers=list(initial_peers),
+        initial_peers=seeds,
         run_id=run_id,
         host="127.0.0.1",
         bootstrap_timeout_s=timeout_s,
@@ -256,9 +269,11 @@ def _ephemeral_client(initial_peers: tuple[str, ...], run_id: str, timeout_s: fl
 
 @click.command()
 @click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable).")
-@click.option("--run", "run_id", default="default", show_default=True, help="Run id.")
+@click.option(
+    "--run", "run_id", default="default", show_default=True, envvar="HIVENET_RUN_ID", help="Run id."
+)
 @click.option("--role", type=click.Choice([r.value for r in Role]), help="Only nodes with this role.")
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@json_option
 @click.option(
     "--timeout", "timeout_s", type=float, default=15.0, show_default=True, help="Seconds to reach seeds."
 )
@@ -315,19 +330,26 @@ def peers(
 @click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True, help="Seconds per seed.")
 @click.option("--host", default="0.0.0.0", show_default=True, help="IP the node will listen on.")
 @click.option("--port", type=int, default=0, help="TCP port the node will listen on (the one you forwarded).")
+@json_option
 @friendly_errors
 def doctor(
-    initial_peers: tuple[str, ...], identity_path: Path | None, timeout_s: float, host: str, port: int
+    initial_peers: tuple[str, ...],
+    identity_path: Path | None,
+    timeout_s: float,
+    host: str,
+    port: int,
+    as_json: bool,
 ) -> None:
     """Check what usually goes wrong for a volunteer and print a fix for each failure."""
     from cli.doctor import run_doctor
 
     ok = run_doctor(
-        initial_peers=list(initial_peers),
+        initial_peers=_initial_peers(initial_peers),
         identity_path=identity_path,
         timeout_s=timeout_s,
         host=host,
         port=port,
+        as_json=as_json,
     )
     raise SystemExit(0 if ok else 1)
 
@@ -361,7 +383,7 @@ def simulate(
     if num_trainers:
         from cli.simulate import run_training_simulation
 
-        trainer_flags.setdefault("max_outer_steps", None)
+        trainer_flags = resolve_trainer_options(None, trainer_flags)
         if trainer_flags["max_outer_steps"] is None:
             trainer_flags["max_outer_steps"] = 10
         if trainer_flags.get("inner_steps") is None:

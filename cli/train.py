@@ -1,15 +1,61 @@
 """Trainer options shared by `hivenet join --role trainer` and `hivenet simulate --trainers N`,
-and the progress line both print."""
+and the progress line both print.
+
+Each option can also be set in the `[trainer]` table of the config file or by an environment
+variable `HIVENET_TRAINER_<OPTION>` (`HIVENET_TRAINER_INNER_STEPS=20`); a flag wins over the
+variable, which wins over the file (`resolve_trainer_options`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from protocol.errors import ConfigError
+
+TRAINER_ENV_PREFIX = "HIVENET_TRAINER_"
+
+
+class TrainerOptions(BaseModel):
+    """The trainer options as the config file's [trainer] table and the environment give them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    inner_steps: int | None = None
+    max_outer_steps: int | None = None
+    outer_lr: float | None = None
+    compression: Literal["fp32", "fp16", "int8"] | None = None
+    data_paths: list[Path] | None = None
+    checkpoint_dir: Path | None = None
+    seq_len: int | None = None
+    batch_size: int | None = None
+    target_group_size: int | None = None
+    matchmaking_time_s: float | None = None
+
+
+TRAINER_OPTION_NAMES = tuple(TrainerOptions.model_fields)
+
+
+def resolve_trainer_options(config_file: Path | None, flags: dict[str, Any]) -> dict[str, Any]:
+    """The trainer options from the config file's [trainer] table, then the environment, then the
+    `flags` that are set (None or an empty tuple: not given)."""
+    from node.config import TRAINER_TABLE, config_table, env_settings, explain_validation_error
+
+    values: dict[str, Any] = dict(config_table(config_file, TRAINER_TABLE))
+    values.update(env_settings(TrainerOptions, TRAINER_ENV_PREFIX))
+    values.update({key: value for key, value in flags.items() if value not in (None, ())})
+    try:
+        options = TrainerOptions(**values)
+    except ValidationError as exc:
+        where = f"[{TRAINER_TABLE}] of {config_file}, " if config_file else ""
+        raise explain_validation_error(
+            exc, TrainerOptions, "trainer options", f"{where}{TRAINER_ENV_PREFIX}* variables and flags"
+        ) from None
+    return options.model_dump()
 
 
 def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:

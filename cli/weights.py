@@ -4,7 +4,7 @@
   serve it until Ctrl-C (peers fetch from the publisher and from each other).
 - `fetch --run R [--version V] --out DIR`: download a version from every holder at once with a
   progress bar (bytes, rate, sources, ETA); `--follow` keeps fetching new versions.
-- `status --run R`: versions, holders and completeness.
+- `status --run R [--json]`: versions, holders and completeness.
 
 The shared options (run, seeds, publishers, identity, listen address, upload cap, timeout,
 verbosity) are one decorator, `weights_options`, that hands each command one `WeightsOptions`.
@@ -32,6 +32,7 @@ import click
 from pydantic import BaseModel, ConfigDict, Field
 
 from cli.errors import friendly_errors
+from cli.output import echo_json, json_option, setup_logging
 from node.runtime import offload
 from node.shutdown import StopRequest
 
@@ -61,18 +62,20 @@ class WeightsOptions(BaseModel):
     """Base58 PeerIDs authorised to publish for the run."""
     identity_path: Path | None = None
     """Key file; None for a throwaway identity."""
-    host: str = "0.0.0.0"
-    port: int = 0
+    host: str | None = None
+    """IP to listen on; None: HIVENET_HOST or the node default (0.0.0.0)."""
+    port: int | None = None
+    """TCP port; None: HIVENET_PORT or the node default (any free port)."""
     upload_bytes_per_s: float | None = None
-    timeout_s: float = 30.0
-    """How long to keep trying the seeds."""
+    timeout_s: float | None = None
+    """How long to keep trying the seeds; None: HIVENET_BOOTSTRAP_TIMEOUT_S or the node default (30 s)."""
     verbose: bool = False
 
     def node_config(self) -> NodeConfig:
         from node.config import load_config
 
         return load_config(
-            initial_peers=self.initial_peers,
+            initial_peers=self.initial_peers or None,
             run_id=self.run_id,
             host=self.host,
             port=self.port,
@@ -101,7 +104,9 @@ class WeightsOptions(BaseModel):
 
 
 _SHARED_OPTIONS = [
-    click.option("--run", "run_id", required=True, help="Run id."),
+    click.option(
+        "--run", "run_id", required=True, envvar="HIVENET_RUN_ID", help="Run id (env HIVENET_RUN_ID)."
+    ),
     click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable)."),
     click.option(
         "--publisher",
@@ -110,22 +115,15 @@ _SHARED_OPTIONS = [
         help="Base58 PeerID authorised to publish for the run (repeatable; from the run's config).",
     ),
     click.option("--identity", "identity_path", type=click.Path(path_type=Path), help="Key file."),
-    click.option("--host", default="0.0.0.0", show_default=True, help="IP to listen on."),
-    click.option("--port", type=int, default=0, show_default=True, help="TCP port (0: any free port)."),
+    click.option("--host", help="IP to listen on (default 0.0.0.0)."),
+    click.option("--port", type=int, help="TCP port (default 0: any free port)."),
     click.option(
         "--upload-limit",
         "upload_bytes_per_s",
         type=float,
         help="Cap this node's upload in bytes/s (application-level).",
     ),
-    click.option(
-        "--timeout",
-        "timeout_s",
-        type=float,
-        default=30.0,
-        show_default=True,
-        help="Seconds to reach seeds.",
-    ),
+    click.option("--timeout", "timeout_s", type=float, help="Seconds to reach seeds (default 30)."),
     click.option("-v", "--verbose", is_flag=True, help="Debug logging."),
 ]
 
@@ -136,7 +134,7 @@ def weights_options(func: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(func)
     def command(**kwargs: Any) -> Any:
         shared = {name: kwargs.pop(name) for name in WeightsOptions.model_fields}
-        return func(options=WeightsOptions(**shared), **kwargs)
+        return func(options=WeightsOptions(**{k: v for k, v in shared.items() if v is not None}), **kwargs)
 
     for option in reversed(_SHARED_OPTIONS):
         command = option(command)
@@ -144,9 +142,7 @@ def weights_options(func: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _setup_logging(verbose: bool) -> None:
-    from node.logs import configure_logging
-
-    configure_logging(verbose, quiet=True)
+    setup_logging(verbose, quiet=True)
     if verbose:
         logging.getLogger("node.broadcast").setLevel(logging.INFO)
 
@@ -193,7 +189,9 @@ def _add_broadcast(node: HivenetNode, config: BroadcastConfig) -> WeightBroadcas
     from node.broadcast.broadcaster import WeightBroadcast
 
     assert node.dht is not None, "start the node first"
-    return node.add_service(WeightBroadcast(dht=node.dht, identity=node.identity, config=config))
+    return node.add_service(
+        WeightBroadcast(dht=node.dht, identity=node.identity, config=config, metrics=node.metrics)
+    )
 
 
 def _human(num_bytes: float) -> str:
@@ -386,11 +384,28 @@ def fetch(
             console.print("stopped; chunks on disk are kept and a new fetch resumes from them.")
 
 
+def _version_json(item: Any) -> dict[str, Any]:
+    """One VersionStatus as plain JSON values."""
+    return {
+        "version": item.version,
+        "manifest_sha256": item.manifest_sha256.hex(),
+        "publisher": item.publisher.to_base58(),
+        "total_bytes": item.total_bytes,
+        "num_chunks": item.num_chunks,
+        "local_chunks": item.local_chunks,
+        "holders": [
+            {"peer_id": h.peer_id.to_base58(), "chunks_held": h.chunks_held, "num_chunks": h.num_chunks}
+            for h in item.holders
+        ],
+    }
+
+
 @weights.command("status")
 @click.option("--store", "store_dir", type=click.Path(path_type=Path), help="Local chunk store to report on.")
+@json_option
 @weights_options
 @friendly_errors
-def status(store_dir: Path | None, options: WeightsOptions) -> None:
+def status(store_dir: Path | None, as_json: bool, options: WeightsOptions) -> None:
     """Show a run's versions with their holders and how complete each holder is."""
     from rich.console import Console
     from rich.table import Table
@@ -409,6 +424,9 @@ def status(store_dir: Path | None, options: WeightsOptions) -> None:
             statuses = node.call(_until_stopped(broadcast.status(run_id), stop))
         except _Stopped:
             raise KeyboardInterrupt from None
+    if as_json:
+        echo_json([_version_json(item) for item in statuses])
+        return
     if not statuses:
         console.print(f"no versions of run {run_id!r} announced by the given publishers")
         return

@@ -3,14 +3,18 @@
 - `runtime`: `NodeRuntime` (one event loop per process; `call` from sync code, `offload` and `in_dht`
   from the loop) and the `Service` lifecycle every component below follows.
 - `identity`: `Identity`, `load_or_create_identity` (Ed25519 key file in libp2p format, 0600, lock).
-- `config`: `NodeConfig`, `load_config` (flags > TOML file > defaults; unknown keys are errors).
+- `config`: `NodeConfig`, `load_config` (flags > `HIVENET_*` environment > TOML file > defaults;
+  unknown keys are errors), `env_settings`, `config_table`.
 - `dht_node`: `start_dht` (p2pd in its own process group), `bootstrap` (per-seed retries and report).
 - `signed_records`: `SignedRecords` (store our signed DHT values, read others' verified ones).
 - `dht_guard`: `GuardedDHTProtocol` (store/find requests checked before hivemind; bad senders banned).
 - `membership`: `Membership` service (signed node record, refresh, clean leave), `discover`, `LiveNode`.
 - `bans`: `BanList` (growing bans with counted reasons, shared by every service).
 - `node`: `HivenetNode`, which owns the runtime, hosts the services and writes the status snapshot.
-- `status`: `NodeStatusSnapshot`, the status file and `StatusServer` service (JSON health over HTTP).
+- `status`: `NodeStatusSnapshot`, the status file and `StatusServer` service (JSON health and
+  Prometheus `/metrics` over HTTP).
+- `metrics`: `NodeMetrics` (one registry per node: `hivenet_*` counters, gauges, a histogram),
+  `TransferMetrics` (what the weight broadcast counts), `MetricsFigures` (the same for the JSON status).
 - `reachability`: the seeds' dial-back service and `call_dial_back` (used by `hivenet doctor`).
 - `shutdown`: `StopRequest` (first Ctrl-C asks loops to finish; a second one forces).
 - `logs`: `configure_logging` (short PeerID on every line).

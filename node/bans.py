@@ -1,10 +1,14 @@
-"""Bans of peers that sent bad data: each ban of the same peer lasts twice as long as the last."""
+"""Bans of peers that sent bad data: each ban of the same peer lasts twice as long as the last.
+
+`on_ban(reason)` (for instance `NodeMetrics.peer_banned`) is told of every ban.
+"""
 
 from __future__ import annotations
 
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hivemind.p2p import PeerID
@@ -21,10 +25,13 @@ class _BanState:
 class BanList:
     """Who is banned until when, with the reasons counted."""
 
-    def __init__(self, base_s: float, max_s: float, owner: str = "") -> None:
+    def __init__(
+        self, base_s: float, max_s: float, owner: str = "", on_ban: Callable[[str], None] | None = None
+    ) -> None:
         self.base_s = base_s
         self.max_s = max_s
         self.owner = owner
+        self.on_ban = on_ban
         self._bans: dict[bytes, _BanState] = {}
         self.reasons: Counter[str] = Counter()
 
@@ -38,6 +45,8 @@ class BanList:
         state.until = time.monotonic() + duration
         self._bans[key] = state
         self.reasons[reason.split(":")[0]] += 1
+        if self.on_ban is not None:
+            self.on_ban(reason)
         logger.warning(
             "[%s] banned %s for %.0f s (strike %d): %s",
             self.owner,

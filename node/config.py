@@ -1,7 +1,12 @@
-"""Node configuration: one pydantic model, built from defaults, a TOML file and CLI flags.
+"""Node configuration: one pydantic model, built from defaults, a TOML file, `HIVENET_*`
+environment variables and CLI flags.
 
-Precedence is flags over config file over defaults; unknown keys are an error. Runtime
-objects (the DHT, models) never live here: they are passed to components as arguments.
+Precedence is flag over environment variable over config file over default. Every setting
+has an environment variable named after it (`run_id`: `HIVENET_RUN_ID`, `initial_peers`:
+`HIVENET_INITIAL_PEERS`, a JSON list or comma-separated); unknown keys in the file are an
+error. The file's `[trainer]` table belongs to the trainer options (`cli.train`), which read
+it with `config_table`. Runtime objects (the DHT, models) never live here: they are passed to
+components as arguments.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from typing import Any
 import platformdirs
 from multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import EnvSettingsSource
 
 from protocol.dht_keys import validate_run_id
 from protocol.errors import ConfigError
@@ -20,6 +27,10 @@ from protocol.limits import MAX_NODE_RECORD_TTL_S, MAX_PUBLIC_NAME_CHARS
 from protocol.node_record import Role
 
 INITIAL_PEER_EXAMPLE = "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooWExamplePeerId..."
+ENV_PREFIX = "HIVENET_"
+"""Prefix of the environment variables that configure a node (`HIVENET_RUN_ID`, ...)."""
+TRAINER_TABLE = "trainer"
+"""The config file's table of trainer options (read by the trainer, not by NodeConfig)."""
 
 
 def default_identity_path() -> Path:
@@ -123,28 +134,74 @@ class NodeConfig(BaseModel):
         return [f"/{kind}/{self.host}/tcp/{self.port}"]
 
 
+class _EnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source; a list may also be given comma-separated."""
+
+    def decode_complex_value(self, field_name: str, field: FieldInfo, value: Any) -> Any:
+        if isinstance(value, str) and not value.lstrip().startswith(("[", "{")):
+            return [item.strip() for item in value.split(",") if item.strip()]
+        return super().decode_complex_value(field_name, field, value)
+
+
+def env_settings(model: type[BaseModel], prefix: str = ENV_PREFIX) -> dict[str, Any]:
+    """The fields of `model` set by environment variables `<prefix><FIELD NAME>` (any case)."""
+    try:
+        return dict(_EnvSource(model, env_prefix=prefix, case_sensitive=False, env_ignore_empty=True)())  # type: ignore[arg-type]
+    except Exception as exc:  # pydantic-settings' SettingsError: a list that is not valid JSON
+        raise ConfigError(f"invalid {prefix}* environment variable: {exc}") from None
+
+
+def read_config_file(config_file: Path) -> dict[str, Any]:
+    """The whole TOML config file as a dict; ConfigError if it is missing or malformed."""
+    try:
+        return tomllib.loads(config_file.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {config_file} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from None
+
+
+def config_table(config_file: Path | None, table: str) -> dict[str, Any]:
+    """The `[table]` of the config file ({} without a file or without that table)."""
+    if config_file is None:
+        return {}
+    values = read_config_file(config_file).get(table, {})
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {config_file}: {table!r} must be a table ([{table}])")
+    return values
+
+
+def explain_validation_error(
+    exc: ValidationError, model: type[BaseModel], what: str, sources: str
+) -> ConfigError:
+    """One ConfigError listing every problem of `exc`, with the known settings for an unknown key."""
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "config"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = f"unknown setting (known: {', '.join(sorted(model.model_fields))})"
+        problems.append(f"{where}: {message}")
+    return ConfigError(f"invalid {what} (from {sources}):\n  " + "\n  ".join(problems))
+
+
 def load_config(config_file: Path | None = None, **flags: Any) -> NodeConfig:
-    """Build a NodeConfig: defaults, then `config_file` (TOML), then `flags` whose value is not None."""
+    """Build a NodeConfig: defaults, then `config_file` (TOML, less its [trainer] table), then
+    `HIVENET_*` environment variables, then `flags` whose value is not None."""
     values: dict[str, Any] = {}
     if config_file is not None:
-        try:
-            values.update(tomllib.loads(config_file.read_text()))
-        except FileNotFoundError:
-            raise ConfigError(f"config file {config_file} does not exist") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"config file {config_file} is not valid TOML: {exc}") from None
+        values.update(read_config_file(config_file))
+        values.pop(TRAINER_TABLE, None)
+    values.update(env_settings(NodeConfig))
     values.update({key: value for key, value in flags.items() if value is not None})
     try:
         return NodeConfig(**values)
     except ConfigError:
         raise
     except ValidationError as exc:
-        problems = []
-        for error in exc.errors():
-            where = ".".join(str(part) for part in error["loc"]) or "config"
-            message = error["msg"].removeprefix("Value error, ")
-            if error["type"] == "extra_forbidden":
-                message = f"unknown setting (known: {', '.join(sorted(NodeConfig.model_fields))})"
-            problems.append(f"{where}: {message}")
-        source = f" (from {config_file} and flags)" if config_file else ""
-        raise ConfigError("invalid configuration" + source + ":\n  " + "\n  ".join(problems)) from None
+        sources = (
+            f"{config_file}, {ENV_PREFIX}* variables and flags"
+            if config_file
+            else f"{ENV_PREFIX}* variables and flags"
+        )
+        raise explain_validation_error(exc, NodeConfig, "configuration", sources) from None

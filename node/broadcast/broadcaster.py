@@ -38,6 +38,7 @@ from node.broadcast.records import BroadcastRecords, HolderInfo
 from node.broadcast.service import BroadcastService
 from node.broadcast.store import ChunkStore, VersionEntry
 from node.identity import Identity
+from node.metrics import NO_TRANSFER_METRICS, NodeMetrics, TransferMetrics
 from node.runtime import in_dht, offload
 from node.signed_records import SignedRecords
 from protocol.dht_keys import validate_run_id
@@ -84,16 +85,27 @@ class WeightBroadcast:
     name = "weight-broadcast"
 
     def __init__(
-        self, *, dht: hivemind.DHT, identity: Identity, config: BroadcastConfig, p2p: P2P | None = None
+        self,
+        *,
+        dht: hivemind.DHT,
+        identity: Identity,
+        config: BroadcastConfig,
+        p2p: P2P | None = None,
+        metrics: NodeMetrics | None = None,
     ) -> None:
+        """`metrics`: the hosting node's metrics, which count chunks, bytes and bans (default: none)."""
         self.dht = dht
         self.identity = identity
         self.config = config
+        self.metrics: TransferMetrics = metrics if metrics is not None else NO_TRANSFER_METRICS
         self.peer_id = identity.peer_id
         self.owner = identity.short_id
         self.authorized = {PeerID.from_base58(text).to_bytes() for text in config.authorized_publishers}
         self.store = ChunkStore(config.store_dir)
-        self.bans = BanList(config.ban_base_s, config.ban_max_s, owner=self.owner)
+        self.bans = BanList(
+            config.ban_base_s, config.ban_max_s, owner=self.owner,
+            on_ban=metrics.peer_banned if metrics is not None else None,
+        )  # fmt: skip
         self.last_fetch: VersionFetch | None = None
         self._given_p2p = p2p
         self._running: _Running | None = None
@@ -124,7 +136,9 @@ class WeightBroadcast:
         if p2p is None:
             # a replica of our own (hivemind's cached one is bound to the first event loop that made it)
             p2p = await P2P.replicate(await in_dht(self.dht, hivemind.DHT._get_p2p_daemon_listen_maddr))
-        service = BroadcastService(p2p=p2p, config=self.config, bans=self.bans, owner=self.owner)
+        service = BroadcastService(
+            p2p=p2p, config=self.config, bans=self.bans, owner=self.owner, metrics=self.metrics
+        )
         records = BroadcastRecords(
             signed=SignedRecords(self.dht, self.identity),
             p2p=p2p,
@@ -333,6 +347,7 @@ class WeightBroadcast:
                     on_request=lambda index: self.service.chunk_requested(entry, index),
                     progress=progress,
                     owner=self.owner,
+                    metrics=self.metrics,
                 )
                 self.last_fetch = fetcher
                 await fetcher.run()

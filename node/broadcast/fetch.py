@@ -38,6 +38,7 @@ from node.broadcast.config import BroadcastConfig
 from node.broadcast.errors import DiskFull, FetchStalled, StoreError
 from node.broadcast.requests import NotHeld, Stream, open_watch, read_have_update, request_chunk
 from node.broadcast.store import VersionEntry
+from node.metrics import NO_TRANSFER_METRICS, TransferMetrics
 from node.runtime import offload
 from protocol.errors import InvalidMessage
 from protocol.manifest import bitmap_get, parse_bitmap
@@ -91,6 +92,7 @@ class VersionFetch:
         on_request: Callable[[int], None] | None = None,
         progress: Callable[[FetchProgress], None] | None = None,
         owner: str = "",
+        metrics: TransferMetrics = NO_TRANSFER_METRICS,
     ) -> None:
         self.p2p = p2p
         self.entry = entry
@@ -104,6 +106,7 @@ class VersionFetch:
         self.on_request = on_request
         self.progress = progress
         self.owner = owner
+        self.metrics = metrics
         self.sources: dict[bytes, _Source] = {}
         self.availability = [0] * self.manifest.num_chunks
         self.fetching_elsewhere = [0] * self.manifest.num_chunks
@@ -260,6 +263,7 @@ class VersionFetch:
             elapsed = max(time.monotonic() - started, 1e-3)
             self.bytes_downloaded += len(data)
             self.bytes_by_source[key] += len(data)
+            self.metrics.chunk_received(len(data))
             # verifying, writing and announcing a received chunk is never cut short, even when the
             # fetch completes (or a duplicate wins) meanwhile
             await asyncio.shield(self._store(source, index, data, elapsed))
@@ -292,6 +296,7 @@ class VersionFetch:
         source.last_delivery = time.monotonic()
         self._rate_window.append((time.monotonic(), len(data)))
         if written:
+            self.metrics.chunk_fetched()
             self.on_chunk(index)
             for other_key in self.requested.get(index, set()) - {key}:
                 other = self.sources.get(other_key)

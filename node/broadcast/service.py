@@ -31,6 +31,7 @@ from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
 from node.broadcast.wire import RateLimiter, read_frame, write_frame, write_payload
+from node.metrics import NO_TRANSFER_METRICS, TransferMetrics
 from protocol import broadcast_pb2 as bpb
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_BROADCAST_REQUEST_BYTES, MAX_HAVE_BATCH
@@ -68,8 +69,17 @@ async def send_header(
 class BroadcastService:
     """Serves the versions offered to it to any peer that is not banned."""
 
-    def __init__(self, *, p2p: P2P, config: BroadcastConfig, bans: BanList, owner: str = "") -> None:
+    def __init__(
+        self,
+        *,
+        p2p: P2P,
+        config: BroadcastConfig,
+        bans: BanList,
+        owner: str = "",
+        metrics: TransferMetrics = NO_TRANSFER_METRICS,
+    ) -> None:
         self.p2p = p2p
+        self.metrics = metrics
         self.config = config
         self.bans = bans
         self.owner = owner
@@ -189,6 +199,7 @@ class BroadcastService:
             await send_header(writer, bpb.STATUS_OK, len(raw))
             await write_payload(writer, raw, self.limiter)
             self.uploaded_bytes += len(raw)
+            self.metrics.manifest_served(len(raw))
 
     async def rpc_chunk(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -209,6 +220,7 @@ class BroadcastService:
                 await send_header(writer, bpb.STATUS_OK, len(data))
                 await write_payload(writer, data, self.limiter)
                 self.uploaded_bytes += len(data)
+                self.metrics.chunk_served(len(data))
 
     async def rpc_watch(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter

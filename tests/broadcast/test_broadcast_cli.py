@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -72,6 +73,13 @@ def test_publish_fetch_status_round_trip(tmp_path: Path) -> None:
         status = _cli("status", "--store", str(tmp_path / "out" / ".store"), *common)
         assert status.returncode == 0, status.stderr
         assert "2/2" in status.stdout  # publisher and fetcher both hold the whole version
+        as_json = _cli("status", "--json", "--store", str(tmp_path / "out" / ".store"), *common)
+        assert as_json.returncode == 0, as_json.stderr
+        [version] = json.loads(as_json.stdout)
+        assert version["version"] == 3 and version["publisher"] == publisher_id
+        assert version["local_chunks"] == version["num_chunks"] > 1
+        assert len(version["holders"]) == 2
+        assert all(holder["chunks_held"] == version["num_chunks"] for holder in version["holders"])
     finally:
         publisher.terminate()
         try:

@@ -36,6 +36,10 @@ def test_trainer_node_trains_checkpoints_and_leaves(tmp_path: Path) -> None:
         )  # 5 steps x 4 x 32 tokens per round
         assert "left." in log
         assert sorted(p.name for p in tmp_path.iterdir())[-1] == "outer-00000002.safetensors"
+        # the last snapshot, written as the node left: its metrics counted the training
+        status = node.status()
+        assert status is not None and status.metrics.outer_steps == 2, status
+        assert status.metrics.tokens == {"trainer": 1280} and status.metrics.train_loss is not None
 
 
 @pytest.mark.timeout(900)

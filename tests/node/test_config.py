@@ -1,4 +1,4 @@
-"""Configuration: precedence flags > file > defaults, unknown keys, malformed addresses."""
+"""Configuration: precedence flags > HIVENET_* environment > file > defaults, unknown keys, malformed addresses."""
 
 from __future__ import annotations
 
@@ -59,3 +59,46 @@ def test_malformed_initial_peer_shows_expected_form(address: str) -> None:
 def test_refresh_must_be_shorter_than_ttl() -> None:
     with pytest.raises(ConfigError, match="refresh_interval_s"):
         load_config(record_ttl_s=10, refresh_interval_s=20)
+
+
+OTHER_SEED = "/ip4/127.0.0.2/tcp/31338/p2p/12D3KooWJUW8TJkrraxJRkC9EqBfTAGLumGNHJczTAy783LYjpkV"
+
+
+def test_environment_sits_between_the_file_and_the_flags(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_file = tmp_path / "node.toml"
+    config_file.write_text('run_id = "file-run"\nport = 4000\npublic_name = "from-file"\n')
+    monkeypatch.setenv("HIVENET_RUN_ID", "env-run")
+    monkeypatch.setenv("hivenet_port", "5000")  # any case
+    monkeypatch.setenv("HIVENET_STATUS_PORT", "9100")
+    from_env = load_config(config_file)
+    assert (from_env.run_id, from_env.port, from_env.status_port) == ("env-run", 5000, 9100)
+    assert from_env.public_name == "from-file"  # not set in the environment: the file's value stays
+    flagged = load_config(config_file, run_id="flag-run", port=None)
+    assert (flagged.run_id, flagged.port) == ("flag-run", 5000)
+
+
+def test_lists_from_the_environment_are_json_or_comma_separated(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HIVENET_INITIAL_PEERS", f"{SEED}, {OTHER_SEED}")
+    assert load_config().initial_peers == [SEED, OTHER_SEED]
+    monkeypatch.setenv("HIVENET_INITIAL_PEERS", f'["{OTHER_SEED}"]')
+    assert load_config().initial_peers == [OTHER_SEED]
+    monkeypatch.setenv("HIVENET_INITIAL_PEERS", "")  # empty: as if unset
+    assert load_config().initial_peers == []
+
+
+def test_a_bad_environment_value_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HIVENET_PORT", "eighty")
+    with pytest.raises(ConfigError, match=r"HIVENET_\* variables and flags\):\n  port: .*integer"):
+        load_config()
+    monkeypatch.delenv("HIVENET_PORT")
+    monkeypatch.setenv("HIVENET_INITIAL_PEERS", "[not json")
+    with pytest.raises(ConfigError, match="HIVENET_"):
+        load_config()
+
+
+def test_the_trainer_table_of_the_file_is_not_a_node_setting(tmp_path: Path) -> None:
+    config_file = tmp_path / "node.toml"
+    config_file.write_text('run_id = "r"\n[trainer]\ninner_steps = 7\n')
+    assert load_config(config_file).run_id == "r"

@@ -1,0 +1,63 @@
+"""What every command shares for its output: the global log level and machine-readable JSON.
+
+`hivenet --log-level LEVEL CMD` (or `HIVENET_LOG_LEVEL`) sets the level for the whole
+invocation; a command's `-v` still means debug when no level is given. `--json` commands
+print exactly one JSON document on stdout (progress and logs go to stderr).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import click
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+_LOG_LEVEL_KEY = "hivenet.log_level"
+
+
+def log_level_option(func: Any) -> Any:
+    """The global `--log-level` option of the `hivenet` group (stored for every subcommand)."""
+
+    def remember(ctx: click.Context, _param: click.Parameter, value: str | None) -> str | None:
+        ctx.meta[_LOG_LEVEL_KEY] = value.lower() if value else None
+        return value
+
+    return click.option(
+        "--log-level",
+        type=click.Choice(LOG_LEVELS, case_sensitive=False),
+        envvar="HIVENET_LOG_LEVEL",
+        callback=remember,
+        expose_value=False,
+        is_eager=True,
+        help="Log level of every command (env HIVENET_LOG_LEVEL; default: info, -v: debug).",
+    )(func)
+
+
+def chosen_log_level() -> str | None:
+    """The level given with --log-level / HIVENET_LOG_LEVEL, if any."""
+    ctx = click.get_current_context(silent=True)
+    return None if ctx is None else ctx.meta.get(_LOG_LEVEL_KEY)
+
+
+def setup_logging(verbose: bool = False, *, quiet: bool = False) -> None:
+    """Configure logging for a command: the global level if one was chosen, else -v / the command's default."""
+    from node.logs import configure_logging
+
+    level = chosen_log_level()
+    configure_logging(verbose or level == "debug", quiet=quiet)
+    if level is not None:
+        logging.getLogger().setLevel(level.upper())
+
+
+def json_option(func: Any) -> Any:
+    """A command's `--json` flag (received as `as_json`)."""
+    return click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON on stdout.")(
+        func
+    )
+
+
+def echo_json(data: Any) -> None:
+    """Print `data` as one JSON document on stdout."""
+    click.echo(json.dumps(data, indent=2, default=str))

@@ -1,0 +1,280 @@
+"""Prometheus metrics of one node: what it trained, served, fetched, judged and banned.
+
+`NodeMetrics` owns its own `CollectorRegistry` (never the global one: several nodes share a
+process in tests and simulations) and defines every metric a node exports:
+
+- `hivenet_outer_steps_total`, `hivenet_train_loss`: DiLoCo outer steps applied and the last
+  mean inner training loss;
+- `hivenet_tokens_total{role}`: tokens processed (`trainer`: trained, `inference`: generated);
+- `hivenet_bytes_sent_total{channel}`, `hivenet_bytes_received_total{channel}`: payload bytes
+  (`averaging`: pseudo-gradients, `broadcast`: weight chunks and manifests);
+- `hivenet_chunks_served_total`, `hivenet_chunks_fetched_total`: weight-broadcast chunks;
+- `hivenet_rollouts_total{outcome,reason}`: rollouts `generated`, `accepted` or `rejected`
+  (the reason labels rejections; it is empty otherwise);
+- `hivenet_verification_seconds`: time to judge one rollout (histogram);
+- `hivenet_bans_total{reason}`: peers banned, by the category of the offence;
+- `hivenet_live_peers{role}`: live nodes of the run this node discovers, by role.
+
+Components take the narrow piece they need (`TransferMetrics` for the weight broadcast, a
+`(reason) -> None` callback for a `BanList`), so that a component built without a node uses
+`NO_TRANSFER_METRICS` and counts nothing. `figures()` reads the same registry back for the
+JSON status, so the two views cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Literal, Protocol
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "METRICS_CONTENT_TYPE",
+    "NO_TRANSFER_METRICS",
+    "MetricsFigures",
+    "NoTransferMetrics",
+    "NodeMetrics",
+    "RolloutOutcome",
+    "TransferMetrics",
+    "ban_category",
+]
+
+METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+"""HTTP Content-Type of the Prometheus text exposition format."""
+
+RolloutOutcome = Literal["accepted", "rejected"]
+
+VERIFICATION_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+"""Histogram buckets of the time to verify one rollout (a TOPLOC check is sub-second on a GPU)."""
+
+MAX_LABEL_CHARS = 64
+"""Label values come from code, but a reason may quote a peer's data: cap it to bound the series."""
+
+
+def ban_category(reason: str) -> str:
+    """The label of a ban reason: what precedes the first ':' ('bad chunk: hash mismatch' -> 'bad chunk')."""
+    return reason.split(":", 1)[0].strip()[:MAX_LABEL_CHARS] or "unspecified"
+
+
+class TransferMetrics(Protocol):
+    """What the weight broadcast counts: chunks and manifests served, chunks received and fetched."""
+
+    def chunk_served(self, num_bytes: int) -> None:
+        """A chunk of `num_bytes` was uploaded to a peer."""
+
+    def manifest_served(self, num_bytes: int) -> None:
+        """A signed manifest of `num_bytes` was uploaded to a peer."""
+
+    def chunk_received(self, num_bytes: int) -> None:
+        """A chunk payload arrived from a peer (before verification: bad ones and duplicates count)."""
+
+    def chunk_fetched(self) -> None:
+        """A received chunk was verified and stored (a new chunk of the version)."""
+
+
+class NoTransferMetrics:
+    """Counts nothing: the default of a weight broadcast that is not hosted by a node."""
+
+    def chunk_served(self, num_bytes: int) -> None:
+        pass
+
+    def manifest_served(self, num_bytes: int) -> None:
+        pass
+
+    def chunk_received(self, num_bytes: int) -> None:
+        pass
+
+    def chunk_fetched(self) -> None:
+        pass
+
+
+NO_TRANSFER_METRICS = NoTransferMetrics()
+
+
+class MetricsFigures(BaseModel):
+    """The node's metrics as plain numbers, for the JSON status (same values as /metrics)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    outer_steps: int = 0
+    train_loss: float | None = None
+    """Last mean inner training loss; None before the first outer step."""
+    tokens: dict[str, int] = Field(default_factory=dict)
+    """Tokens by role."""
+    bytes_sent: dict[str, int] = Field(default_factory=dict)
+    """Bytes sent by channel."""
+    bytes_received: dict[str, int] = Field(default_factory=dict)
+    """Bytes received by channel."""
+    chunks_served: int = 0
+    chunks_fetched: int = 0
+    rollouts: dict[str, dict[str, int]] = Field(default_factory=dict)
+    """Rollouts by outcome, then by reason ('' when the outcome has none)."""
+    verifications: int = 0
+    """Rollouts judged."""
+    verification_seconds: float = 0.0
+    """Total time spent judging them."""
+    bans: dict[str, int] = Field(default_factory=dict)
+    """Bans by reason."""
+    live_peers: dict[str, int] = Field(default_factory=dict)
+    """Live nodes of the run by role."""
+
+
+class NodeMetrics:
+    """Every metric of one node, in a registry of its own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        registry = self.registry
+        self._outer_steps = Counter(
+            "hivenet_outer_steps", "DiLoCo outer steps applied by this node.", registry=registry
+        )
+        self._train_loss = Gauge(
+            "hivenet_train_loss", "Mean inner training loss of the last outer step.", registry=registry
+        )
+        self._tokens = Counter(
+            "hivenet_tokens", "Tokens processed, by role (trainer: trained, inference: generated).",
+            ["role"], registry=registry,
+        )  # fmt: skip
+        self._bytes_sent = Counter(
+            "hivenet_bytes_sent", "Payload bytes sent to other peers, by channel.", ["channel"],
+            registry=registry,
+        )  # fmt: skip
+        self._bytes_received = Counter(
+            "hivenet_bytes_received", "Payload bytes received from other peers, by channel.", ["channel"],
+            registry=registry,
+        )  # fmt: skip
+        self._chunks_served = Counter(
+            "hivenet_chunks_served", "Weight-broadcast chunks uploaded to other peers.", registry=registry
+        )
+        self._chunks_fetched = Counter(
+            "hivenet_chunks_fetched",
+            "Weight-broadcast chunks downloaded from other peers.",
+            registry=registry,
+        )
+        self._rollouts = Counter(
+            "hivenet_rollouts", "Rollouts generated, accepted or rejected (with the reason).",
+            ["outcome", "reason"], registry=registry,
+        )  # fmt: skip
+        self._verification = Histogram(
+            "hivenet_verification_seconds", "Time to judge one rollout.",
+            buckets=VERIFICATION_BUCKETS_S, registry=registry,
+        )  # fmt: skip
+        self._bans = Counter("hivenet_bans", "Peers banned, by reason.", ["reason"], registry=registry)
+        self._live_peers = Gauge(
+            "hivenet_live_peers", "Live nodes of the run this node discovers, by role.", ["role"],
+            registry=registry,
+        )  # fmt: skip
+        self._live_roles: set[str] = set()
+
+    # ---- training --------------------------------------------------------------------
+
+    def outer_step_done(self, *, train_loss: float, tokens_trained: int, averaging_bytes_sent: int) -> None:
+        """One outer step applied; `tokens_trained` and `averaging_bytes_sent` are what it added (not totals)."""
+        self._outer_steps.inc()
+        self._train_loss.set(train_loss)
+        self.tokens_processed("trainer", tokens_trained)
+        self.bytes_sent("averaging", averaging_bytes_sent)
+
+    def tokens_processed(self, role: str, count: int) -> None:
+        if count > 0:
+            self._tokens.labels(role=role).inc(count)
+
+    def bytes_sent(self, channel: str, count: int) -> None:
+        if count > 0:
+            self._bytes_sent.labels(channel=channel).inc(count)
+
+    def bytes_received(self, channel: str, count: int) -> None:
+        if count > 0:
+            self._bytes_received.labels(channel=channel).inc(count)
+
+    # ---- weight broadcast (TransferMetrics) -------------------------------------------
+
+    def chunk_served(self, num_bytes: int) -> None:
+        self._chunks_served.inc()
+        self.bytes_sent("broadcast", num_bytes)
+
+    def manifest_served(self, num_bytes: int) -> None:
+        self.bytes_sent("broadcast", num_bytes)
+
+    def chunk_received(self, num_bytes: int) -> None:
+        self.bytes_received("broadcast", num_bytes)
+
+    def chunk_fetched(self) -> None:
+        self._chunks_fetched.inc()
+
+    # ---- rollouts and verification (fed by the RL roles) -------------------------------
+
+    def rollouts_generated(self, count: int = 1, *, tokens: int = 0) -> None:
+        """An inference worker produced `count` rollouts holding `tokens` generated tokens."""
+        if count > 0:
+            self._rollouts.labels(outcome="generated", reason="").inc(count)
+        self.tokens_processed("inference", tokens)
+
+    def rollout_judged(self, outcome: RolloutOutcome, reason: str = "", seconds: float | None = None) -> None:
+        """A validator judged one rollout: `accepted`, or `rejected` with a reason; `seconds` it took."""
+        if outcome not in ("accepted", "rejected"):
+            raise ValueError(f"rollout outcome must be 'accepted' or 'rejected', not {outcome!r}")
+        label = "" if outcome == "accepted" else (reason[:MAX_LABEL_CHARS] or "unspecified")
+        self._rollouts.labels(outcome=outcome, reason=label).inc()
+        if seconds is not None:
+            self._verification.observe(max(0.0, seconds))
+
+    # ---- bans and membership ----------------------------------------------------------
+
+    def peer_banned(self, reason: str) -> None:
+        """A peer was banned; `reason` is a BanList reason ('bad chunk: ...' counts as 'bad chunk')."""
+        self._bans.labels(reason=ban_category(reason)).inc()
+
+    def set_live_peers(self, roles_of_live_nodes: Iterable[Iterable[str]]) -> None:
+        """The live nodes now discovered, each given by its roles (a node with two roles counts in both)."""
+        counts: dict[str, int] = {}
+        for roles in roles_of_live_nodes:
+            for role in set(roles):
+                counts[role] = counts.get(role, 0) + 1
+        for role in self._live_roles - counts.keys():
+            self._live_peers.labels(role=role).set(0)
+        for role, count in counts.items():
+            self._live_peers.labels(role=role).set(count)
+        self._live_roles |= counts.keys()
+
+    # ---- reading -----------------------------------------------------------------------
+
+    def exposition(self) -> bytes:
+        """The Prometheus text format of every metric (what /metrics serves)."""
+        return generate_latest(self.registry)
+
+    def figures(self) -> MetricsFigures:
+        """The same values as plain numbers (read from the registry)."""
+        figures = MetricsFigures()
+        for family in self.registry.collect():
+            for sample in family.samples:
+                name, labels, value = sample.name, sample.labels, sample.value
+                if name == "hivenet_outer_steps_total":
+                    figures.outer_steps = int(value)
+                elif name == "hivenet_train_loss":
+                    figures.train_loss = value
+                elif name == "hivenet_tokens_total":
+                    figures.tokens[labels["role"]] = int(value)
+                elif name == "hivenet_bytes_sent_total":
+                    figures.bytes_sent[labels["channel"]] = int(value)
+                elif name == "hivenet_bytes_received_total":
+                    figures.bytes_received[labels["channel"]] = int(value)
+                elif name == "hivenet_chunks_served_total":
+                    figures.chunks_served = int(value)
+                elif name == "hivenet_chunks_fetched_total":
+                    figures.chunks_fetched = int(value)
+                elif name == "hivenet_rollouts_total":
+                    figures.rollouts.setdefault(labels["outcome"], {})[labels["reason"]] = int(value)
+                elif name == "hivenet_verification_seconds_count":
+                    figures.verifications = int(value)
+                elif name == "hivenet_verification_seconds_sum":
+                    figures.verification_seconds = value
+                elif name == "hivenet_bans_total":
+                    figures.bans[labels["reason"]] = int(value)
+                elif name == "hivenet_live_peers":
+                    figures.live_peers[labels["role"]] = int(value)
+        if not figures.outer_steps:
+            figures.train_loss = None  # the gauge reads 0 before any loss was reported
+        return figures

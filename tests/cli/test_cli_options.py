@@ -1,0 +1,117 @@
+"""Options shared by the commands: trainer options from file/env/flags, --log-level, --json output."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cli
+from cli.output import setup_logging
+from cli.train import resolve_trainer_options
+from protocol.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_trainer_options_flag_over_environment_over_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config_file = tmp_path / "node.toml"
+    config_file.write_text(
+        'run_id = "r"\n[trainer]\ninner_steps = 7\nouter_lr = 0.5\ncompression = "int8"\ndata_paths = ["a.txt"]\n'
+    )
+    from_file = resolve_trainer_options(config_file, {})
+    assert (from_file["inner_steps"], from_file["outer_lr"], from_file["compression"]) == (7, 0.5, "int8")
+    assert from_file["data_paths"] == [Path("a.txt")]
+    monkeypatch.setenv("HIVENET_TRAINER_INNER_STEPS", "9")
+    monkeypatch.setenv("HIVENET_TRAINER_BATCH_SIZE", "4")
+    from_env = resolve_trainer_options(config_file, {"inner_steps": None, "data_paths": ()})
+    assert (from_env["inner_steps"], from_env["batch_size"], from_env["outer_lr"]) == (9, 4, 0.5)
+    assert from_env["data_paths"] == [Path("a.txt")]  # an absent repeatable flag keeps the file's list
+    flagged = resolve_trainer_options(config_file, {"inner_steps": 11})
+    assert (flagged["inner_steps"], flagged["batch_size"]) == (11, 4)
+
+
+def test_bad_trainer_options_are_clear_errors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config_file = tmp_path / "node.toml"
+    config_file.write_text("[trainer]\ninner_stepz = 7\n")
+    with pytest.raises(ConfigError, match=r"inner_stepz: unknown setting \(known: .*inner_steps"):
+        resolve_trainer_options(config_file, {})
+    monkeypatch.setenv("HIVENET_TRAINER_COMPRESSION", "zip")
+    with pytest.raises(ConfigError, match="compression"):
+        resolve_trainer_options(None, {})
+
+
+@pytest.fixture
+def probe_group() -> Iterator[click.Group]:
+    """The real `hivenet` group with one more command that sets up logging like the others."""
+
+    @click.command("probe")
+    @click.option("-v", "--verbose", is_flag=True)
+    def probe(verbose: bool) -> None:
+        setup_logging(verbose)
+        click.echo(logging.getLevelName(logging.getLogger().level))
+
+    group = click.Group("hivenet", params=cli.params, commands={**cli.commands, "probe": probe})
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield group
+    root.setLevel(level)
+    root.handlers[:] = handlers
+
+
+def test_global_log_level_option_and_environment(probe_group: click.Group) -> None:
+    runner = CliRunner()
+    assert runner.invoke(probe_group, ["probe"]).output.strip() == "INFO"
+    assert runner.invoke(probe_group, ["probe", "-v"]).output.strip() == "DEBUG"
+    assert runner.invoke(probe_group, ["--log-level", "error", "probe"]).output.strip() == "ERROR"
+    assert runner.invoke(probe_group, ["--log-level", "WARNING", "probe"]).output.strip() == "WARNING"
+    from_env = runner.invoke(probe_group, ["probe"], env={"HIVENET_LOG_LEVEL": "debug"})
+    assert from_env.output.strip() == "DEBUG"
+    flag_wins = runner.invoke(
+        probe_group, ["--log-level", "error", "probe"], env={"HIVENET_LOG_LEVEL": "debug"}
+    )
+    assert flag_wins.output.strip() == "ERROR"
+    bad = runner.invoke(probe_group, ["--log-level", "loud", "probe"])
+    assert bad.exit_code == 2 and "loud" in bad.output
+
+
+def _hivenet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args],
+        capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )  # fmt: skip
+
+
+def test_identity_json_parses_and_follows_the_environment(tmp_path: Path) -> None:
+    key = tmp_path / "k"
+    shown = _hivenet("identity", "--create", "--json", env={"HIVENET_IDENTITY_PATH": str(key)})
+    assert shown.returncode == 0, shown.stderr
+    document = json.loads(shown.stdout)
+    assert document["key_file"] == str(key) and document["peer_id"].startswith("12D3KooW") and key.exists()
+
+
+def test_doctor_json_is_one_document_with_every_check(tmp_path: Path) -> None:
+    result = _hivenet("doctor", "--json", "--identity", str(tmp_path / "k"))
+    assert result.returncode == 1  # no seeds given: that check fails
+    document = json.loads(result.stdout)
+    names = [check["name"] for check in document["checks"]]
+    assert names[:2] == ["identity", "versions"] and "seeds" in names
+    assert document["ok"] is False
+    seeds = next(check for check in document["checks"] if check["name"] == "seeds")
+    assert seeds["ok"] is False and "initial-peers" in seeds["detail"]
+
+
+def test_every_command_that_prints_state_offers_json() -> None:
+    runner = CliRunner()
+    for command in (["identity"], ["peers"], ["doctor"], ["weights", "status"]):
+        assert "--json" in runner.invoke(cli, [*command, "--help"]).output, command

@@ -1,0 +1,162 @@
+"""Node metrics: the Prometheus exposition parses, counters move with the events, nodes do not share them."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import json
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from node.bans import BanList
+from node.metrics import NodeMetrics, ban_category
+from node.status import NodeStatusSnapshot, StatusServer
+
+
+def samples(metrics_text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of a Prometheus text exposition, by (name, sorted labels)."""
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(metrics_text)
+        for sample in family.samples
+    }
+
+
+def value(metrics: NodeMetrics, name: str, **labels: str) -> float:
+    return samples(metrics.exposition().decode()).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_every_metric_is_exported_with_its_conventional_name() -> None:
+    exported = text_string_to_metric_families(NodeMetrics().exposition().decode())
+    # the `*_created` gauges are the client library's creation timestamps of the counters
+    families = {family.name: family.type for family in exported if not family.name.endswith("_created")}
+    assert families == {
+        "hivenet_outer_steps": "counter",
+        "hivenet_train_loss": "gauge",
+        "hivenet_tokens": "counter",
+        "hivenet_bytes_sent": "counter",
+        "hivenet_bytes_received": "counter",
+        "hivenet_chunks_served": "counter",
+        "hivenet_chunks_fetched": "counter",
+        "hivenet_rollouts": "counter",
+        "hivenet_verification_seconds": "histogram",
+        "hivenet_bans": "counter",
+        "hivenet_live_peers": "gauge",
+    }
+
+
+def test_counters_move_with_the_events_and_the_figures_agree() -> None:
+    metrics = NodeMetrics()
+    metrics.outer_step_done(train_loss=2.5, tokens_trained=1000, averaging_bytes_sent=4096)
+    metrics.outer_step_done(train_loss=2.25, tokens_trained=1000, averaging_bytes_sent=4096)
+    metrics.chunk_served(100)
+    metrics.manifest_served(10)
+    metrics.chunk_received(100)
+    metrics.chunk_received(100)  # a duplicate: received, but only one new chunk
+    metrics.chunk_fetched()
+    metrics.rollouts_generated(3, tokens=300)
+    metrics.rollout_judged("accepted", seconds=0.2)
+    metrics.rollout_judged("rejected", "toploc mismatch", seconds=0.4)
+    metrics.rollout_judged("rejected", "toploc mismatch", seconds=0.1)
+    metrics.peer_banned("bad chunk: hash mismatch at 3")
+    metrics.set_live_peers([["trainer"], ["trainer", "validator"], ["seed"]])
+
+    assert value(metrics, "hivenet_outer_steps_total") == 2
+    assert value(metrics, "hivenet_train_loss") == 2.25
+    assert value(metrics, "hivenet_tokens_total", role="trainer") == 2000
+    assert value(metrics, "hivenet_tokens_total", role="inference") == 300
+    assert value(metrics, "hivenet_bytes_sent_total", channel="averaging") == 8192
+    assert value(metrics, "hivenet_bytes_sent_total", channel="broadcast") == 110
+    assert value(metrics, "hivenet_bytes_received_total", channel="broadcast") == 200
+    assert value(metrics, "hivenet_chunks_served_total") == 1
+    assert value(metrics, "hivenet_chunks_fetched_total") == 1
+    assert value(metrics, "hivenet_rollouts_total", outcome="generated", reason="") == 3
+    assert value(metrics, "hivenet_rollouts_total", outcome="accepted", reason="") == 1
+    assert value(metrics, "hivenet_rollouts_total", outcome="rejected", reason="toploc mismatch") == 2
+    assert value(metrics, "hivenet_verification_seconds_count") == 3
+    assert value(metrics, "hivenet_verification_seconds_sum") == pytest.approx(0.7)
+    assert value(metrics, "hivenet_bans_total", reason="bad chunk") == 1
+    assert value(metrics, "hivenet_live_peers", role="trainer") == 2
+    assert value(metrics, "hivenet_live_peers", role="validator") == 1
+
+    figures = metrics.figures()
+    assert figures.outer_steps == 2 and figures.train_loss == 2.25
+    assert figures.tokens == {"trainer": 2000, "inference": 300}
+    assert figures.bytes_sent == {"averaging": 8192, "broadcast": 110}
+    assert figures.chunks_served == 1 and figures.chunks_fetched == 1
+    assert figures.rollouts == {"generated": {"": 3}, "accepted": {"": 1}, "rejected": {"toploc mismatch": 2}}
+    assert figures.verifications == 3 and figures.verification_seconds == pytest.approx(0.7)
+    assert figures.bans == {"bad chunk": 1}
+    assert figures.live_peers == {"trainer": 2, "validator": 1, "seed": 1}
+
+    metrics.set_live_peers([["trainer"]])  # the others left: their roles drop to zero, not stay stale
+    assert metrics.figures().live_peers == {"trainer": 1, "validator": 0, "seed": 0}
+
+
+def test_a_fresh_node_reports_no_loss_and_an_unknown_outcome_is_refused() -> None:
+    metrics = NodeMetrics()
+    assert metrics.figures().train_loss is None and metrics.figures().outer_steps == 0
+    with pytest.raises(ValueError, match="outcome"):
+        metrics.rollout_judged("maybe", "")  # type: ignore[arg-type]
+
+
+def test_two_nodes_in_one_process_keep_separate_metrics() -> None:
+    first, second = NodeMetrics(), NodeMetrics()
+    first.chunk_served(10)
+    assert value(first, "hivenet_chunks_served_total") == 1
+    assert value(second, "hivenet_chunks_served_total") == 0
+
+
+def test_a_ban_list_counts_its_bans_by_category() -> None:
+    metrics = NodeMetrics()
+    bans = BanList(1.0, 10.0, owner="t", on_ban=metrics.peer_banned)
+    bans.ban(b"\x00" * 34, "bad request: truncated")
+    bans.ban(b"\x01" * 34, "bad request: oversized")
+    bans.ban(b"\x01" * 34, "protocol violation")
+    assert metrics.figures().bans == {"bad request": 2, "protocol violation": 1}
+    assert ban_category("x" * 500 + ": y") == "x" * 64
+
+
+def _get(port: int, path: str, host: str) -> tuple[int, str, bytes]:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    connection.putrequest("GET", path, skip_host=True)
+    connection.putheader("Host", host)
+    connection.endheaders()
+    response = connection.getresponse()
+    return response.status, response.getheader("Content-Type", ""), response.read()
+
+
+def test_the_status_server_serves_metrics_and_the_json_status_carries_them() -> None:
+    metrics = NodeMetrics()
+    server = StatusServer(0, metrics)
+    asyncio.run(server.start())
+    try:
+        assert server.port is not None
+        local = f"127.0.0.1:{server.port}"
+        server.update(
+            NodeStatusSnapshot(
+                peer_id="p", public_name="n", roles=["trainer"], run_id="r", multiaddrs=[], pid=1,
+                uptime_s=1.0, dht_peers=0, live_nodes=[], record_published=True, state="running",
+            )
+        )  # fmt: skip
+        status, content_type, body = _get(server.port, "/metrics", local)
+        assert status == 200 and content_type.startswith("text/plain")
+        assert samples(body.decode())[("hivenet_outer_steps_total", ())] == 0
+
+        metrics.outer_step_done(train_loss=3.0, tokens_trained=512, averaging_bytes_sent=64)
+        metrics.chunk_fetched()
+        parsed = samples(_get(server.port, "/metrics", local)[2].decode())
+        assert parsed[("hivenet_outer_steps_total", ())] == 1
+        assert parsed[("hivenet_chunks_fetched_total", ())] == 1
+        assert parsed[("hivenet_tokens_total", (("role", "trainer"),))] == 512
+
+        status, _, body = _get(server.port, "/status", local)
+        assert status == 200
+        figures = json.loads(body)["metrics"]
+        assert figures["outer_steps"] == 1 and figures["train_loss"] == 3.0 and figures["chunks_fetched"] == 1
+
+        status, _, body = _get(server.port, "/metrics", "attacker.example")  # DNS rebinding
+        assert status == 403 and b"hivenet_" not in body
+    finally:
+        asyncio.run(server.stop())
