@@ -12,6 +12,7 @@ from node.rollouts.errors import (
 )
 from node.rollouts.forward import PROTO_FORWARD, ForwardHandler, ForwardIntake, forward_group
 from node.rollouts.intake import PROTO_SUBMIT, GroupHandler, RolloutIntake
+from node.rollouts.peers import connect_member, replicate_p2p
 
 __all__ = [
     "PROTO_FORWARD",
@@ -28,7 +29,9 @@ __all__ = [
     "RolloutTransportError",
     "SubmissionRefused",
     "SubmissionTimeout",
+    "connect_member",
     "forward_group",
+    "replicate_p2p",
     "submit_group",
     "submit_group_receipts",
 ]

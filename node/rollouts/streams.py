@@ -27,7 +27,7 @@ from node.bans import BanList
 from node.broadcast.wire import read_frame, write_frame
 from node.rollouts.config import StreamServiceConfig
 from node.rollouts.errors import PeerUnavailable, SubmissionTimeout
-from node.runtime import in_dht
+from node.rollouts.peers import replicate_p2p
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_SUBMIT_ERROR_CHARS
 
@@ -79,8 +79,7 @@ class FramedService:
         p2p = self._given_p2p
         if p2p is None:
             assert self.dht is not None
-            # a replica of our own (hivemind's cached one is bound to the first event loop that made it)
-            p2p = await P2P.replicate(await in_dht(self.dht, hivemind.DHT._get_p2p_daemon_listen_maddr))
+            p2p = await replicate_p2p(self.dht)
         self._p2p = p2p
         try:
             await p2p.add_binary_stream_handler(self.proto, self._serve)
