@@ -57,8 +57,6 @@ class FramedService:
         bans: BanList | None = None,
         owner: str = "",
     ) -> None:
-        if p2p is None and dht is None:
-            raise ValueError("give a DHT (to replicate its P2P daemon) or a P2P instance")
         self.dht = dht
         self.config = config
         self.max_frame_bytes = max_frame_bytes
@@ -78,7 +76,8 @@ class FramedService:
     async def start(self) -> None:
         p2p = self._given_p2p
         if p2p is None:
-            assert self.dht is not None
+            if self.dht is None:
+                raise ValueError(f"{self.name} needs a DHT (to replicate its P2P daemon) or a P2P instance")
             p2p = await replicate_p2p(self.dht)
         self._p2p = p2p
         try:
