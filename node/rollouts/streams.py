@@ -21,7 +21,7 @@ from collections import Counter
 import hivemind
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
-from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError, P2PHandlerError
 
 from node.bans import BanList
 from node.broadcast.wire import read_frame, write_frame
@@ -200,13 +200,15 @@ async def exchange(
         async with asyncio.timeout(timeout_s):
             _, reader, writer = await p2p.call_binary_stream_handler(peer, proto)
             try:
-                await write_frame(writer, request)
+                # a peer that refuses us answers first and closes: its reason is still there to be read
+                with contextlib.suppress(ConnectionError, OSError):
+                    await write_frame(writer, request)
                 response = await read_frame(reader, max_response_bytes)
             finally:
                 writer.close()
     except TimeoutError:
         raise SubmissionTimeout(f"peer {short} gave no answer on {proto} within {timeout_s:g} s") from None
-    except (P2PDaemonError, ConnectionError, OSError) as exc:
+    except (P2PDaemonError, P2PHandlerError, ConnectionError, OSError) as exc:
         raise PeerUnavailable(f"could not exchange with peer {short} on {proto}: {exc}") from None
     if response is None:
         raise PeerUnavailable(f"peer {short} closed the {proto} stream without an answer")

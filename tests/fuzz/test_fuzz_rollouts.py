@@ -209,7 +209,7 @@ def _intake(calls: list[Any]) -> RolloutIntake:
         identity=Identity(private_key=VALIDATOR, path=Path("/nonexistent/validator.key")),
         run_id=RUN,
         handler=handler,
-        config=IntakeConfig(max_group_bytes=_CAP, frame_timeout_s=0.2),
+        config=IntakeConfig(max_group_bytes=_CAP, frame_timeout_s=0.05),
     )
 
 
