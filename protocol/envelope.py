@@ -48,8 +48,9 @@ def seal(
     expires_at: float,
     seq: int,
     dht_key: str = "",
+    max_bytes: int = MAX_ENVELOPE_BYTES,
 ) -> bytes:
-    """Sign `payload` in context and return the serialized SignedEnvelope."""
+    """Sign `payload` in context and return the serialized SignedEnvelope (at most `max_bytes`)."""
     body = pb.EnvelopeBody(
         domain=domain,
         protocol_version=PROTOCOL_VERSION,
@@ -62,13 +63,13 @@ def seal(
     ).SerializeToString()
     signature = private_key.sign(SIGNATURE_CONTEXT + body)
     data = pb.SignedEnvelope(body=body, signature=signature).SerializeToString()
-    if len(data) > MAX_ENVELOPE_BYTES:
-        raise InvalidMessage(f"envelope of {len(data)} bytes exceeds the {MAX_ENVELOPE_BYTES}-byte limit")
+    if len(data) > max_bytes:
+        raise InvalidMessage(f"envelope of {len(data)} bytes exceeds the {max_bytes}-byte limit")
     return data
 
 
-def _parse(data: object) -> tuple[pb.SignedEnvelope, pb.EnvelopeBody]:
-    data = capped_bytes(data, MAX_ENVELOPE_BYTES, "envelope")
+def _parse(data: object, max_bytes: int = MAX_ENVELOPE_BYTES) -> tuple[pb.SignedEnvelope, pb.EnvelopeBody]:
+    data = capped_bytes(data, max_bytes, "envelope")
     envelope = parse_untrusted(pb.SignedEnvelope, data, "envelope")
     return envelope, parse_untrusted(pb.EnvelopeBody, envelope.body, "envelope body")
 
@@ -87,14 +88,16 @@ def open_envelope(
     signer: bytes | None = None,
     max_ttl_s: float | None = None,
     now: float | None = None,
+    max_bytes: int = MAX_ENVELOPE_BYTES,
 ) -> Envelope:
     """Verify an untrusted serialized envelope and return its contents.
 
-    Raises InvalidMessage if it is not bytes, too large, malformed, of another domain,
+    Raises InvalidMessage if it is not bytes, larger than `max_bytes` (the DHT value limit
+    unless the caller's domain allows more), malformed, of another domain,
     protocol version, run or DHT key, signed by someone other than `signer`, badly
     signed, expired, or valid for longer than `max_ttl_s`.
     """
-    envelope, body = _parse(data)
+    envelope, body = _parse(data, max_bytes)
     if body.domain != domain:
         raise InvalidMessage(f"envelope is a {body.domain!r} message, expected {domain!r}")
     if body.protocol_version != PROTOCOL_VERSION:

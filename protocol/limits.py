@@ -78,3 +78,62 @@ codec metadata)."""
 
 MAX_END_OF_STREAM_BYTES = 1024
 """Cap on an end-of-stream (error) frame; hivemind's is empty, an error message is short."""
+
+# --- rollout transport (protocol.rollout_messages, node.rollouts) ---
+
+MAX_ROLLOUTS_PER_GROUP = 64
+"""Most completions one submitted group may hold (GRPO groups are 8 by default)."""
+
+MAX_ROLLOUT_PROMPT_TOKENS = 4096
+"""Longest prompt a rollout may carry."""
+
+MAX_ROLLOUT_COMPLETION_TOKENS = 4096
+"""Longest completion a rollout may carry (a validator recomputes every token, so this bounds its work)."""
+
+MAX_ROLLOUT_TOKEN_ID = 2**31 - 1
+"""Largest token id accepted (the same bound as `verification.rollout.RolloutClaim`)."""
+
+MAX_ROLLOUT_PROOF_BYTES = 4096
+"""Cap on one TOPLOC proof (258 bytes for k = 128; the same bound as `verification.rollout.MAX_PROOF_BYTES`)."""
+
+MIN_ROLLOUT_PROOF_BYTES = 4
+"""Shortest proof that can be well formed: a 2-byte modulus and at least one 2-byte coefficient."""
+
+MAX_ROLLOUT_TEMPERATURE = 100.0
+"""Highest sampling temperature a rollout may claim (the bound of `training.sampling.SamplingParams`)."""
+
+MAX_TASK_NAME_CHARS = 64
+"""Longest task name a group may carry."""
+
+MAX_ROLLOUT_GROUP_BYTES = 16 * 1024 * 1024
+"""Largest sealed rollout group accepted (64 completions of 4096 tokens with 258-byte proofs are about
+3 MiB; the cap leaves room for larger proofs). Intakes may configure a lower cap."""
+
+MAX_VERDICT_REASON_CHARS = 64
+"""Longest reason code a verdict may carry."""
+
+MAX_VERDICT_DETAIL_CHARS = 1024
+"""Longest human-readable detail a verdict may carry (a sealed verdict stays under MAX_ENVELOPE_BYTES)."""
+
+ROLLOUT_GROUP_TTL_S = 600.0
+"""Validity of a sealed group: a validator refuses a submission signed for longer, or expired."""
+
+ROLLOUT_VERDICT_TTL_S = 90 * 24 * 3600.0
+"""Validity of a sealed verdict: it is the worker's receipt, shown long after the submission."""
+
+ROLLOUT_FORWARD_TTL_S = 600.0
+"""Validity of a validator's forward of a verified group to a trainer."""
+
+MAX_SUBMIT_ERROR_CHARS = 1024
+"""Longest error text a submit or forward response may carry."""
+
+MAX_SUBMIT_RESPONSE_BYTES = (
+    MAX_ROLLOUTS_PER_GROUP * (MAX_ENVELOPE_BYTES + 8) + 4 * MAX_SUBMIT_ERROR_CHARS + 64
+)
+"""Largest submit response frame a worker reads: one sealed verdict per rollout, or an error."""
+
+MAX_ROLLOUT_FORWARD_BYTES = MAX_ROLLOUT_GROUP_BYTES + MAX_ROLLOUTS_PER_GROUP * (MAX_ENVELOPE_BYTES + 8) + 4096
+"""Largest sealed forward accepted: the worker's group, the verdicts and the forward envelope's own fields."""
+
+MAX_FORWARD_RESPONSE_BYTES = 4 * MAX_SUBMIT_ERROR_CHARS + 16
+"""Largest forward response frame a validator reads."""

@@ -1,0 +1,215 @@
+"""The stream machinery shared by the rollout intakes: one request frame in, one response frame out.
+
+Frames are those of the weight broadcast (`node.broadcast.wire`: a 4-byte length, then the
+bytes), so a frame longer than the service's cap is refused after reading its length alone.
+`FramedService` serves one libp2p protocol with the hardening every intake needs: banned peers
+and peers over the per-peer or total stream cap get an error response without a single byte
+being read; the first and every later frame must arrive within `frame_timeout_s`; a frame that
+is oversized or that the subclass finds malformed (`InvalidMessage`) gets its sender banned and
+an error response. `exchange` is the requesting side: it dials a peer **by PeerID only** (its
+addresses come from the node's own peer store, never from a message), sends one frame and reads
+the capped answer under one overall timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+
+import hivemind
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError, P2PHandlerError
+
+from node.bans import BanList
+from node.broadcast.wire import read_frame, write_frame
+from node.rollouts.config import StreamServiceConfig
+from node.rollouts.errors import PeerUnavailable, SubmissionTimeout
+from node.rollouts.peers import replicate_p2p
+from protocol.errors import InvalidMessage
+from protocol.limits import MAX_SUBMIT_ERROR_CHARS
+
+logger = logging.getLogger(__name__)
+
+
+def clip(text: str) -> str:
+    """An error text short enough for a response frame."""
+    return text[:MAX_SUBMIT_ERROR_CHARS]
+
+
+class FramedService:
+    """Serves one stream protocol: admission, capped timed frames, bans; subclasses answer frames."""
+
+    name = "framed-service"
+    proto = ""
+    what = "message"
+    """What a frame holds, for ban reasons and logs."""
+
+    def __init__(
+        self,
+        *,
+        dht: hivemind.DHT | None,
+        config: StreamServiceConfig,
+        max_frame_bytes: int,
+        p2p: P2P | None = None,
+        bans: BanList | None = None,
+        owner: str = "",
+    ) -> None:
+        self.dht = dht
+        self.config = config
+        self.max_frame_bytes = max_frame_bytes
+        self.owner = owner
+        self.bans = bans if bans is not None else BanList(config.ban_base_s, config.ban_max_s, owner=owner)
+        self._given_p2p = p2p
+        self._p2p: P2P | None = None
+        self._streams = 0
+        self._streams_per_peer: Counter[bytes] = Counter()
+
+    @property
+    def p2p(self) -> P2P:
+        if self._p2p is None:
+            raise RuntimeError(f"{self.name} is not running: await start() first")
+        return self._p2p
+
+    async def start(self) -> None:
+        p2p = self._given_p2p
+        if p2p is None:
+            if self.dht is None:
+                raise ValueError(f"{self.name} needs a DHT (to replicate its P2P daemon) or a P2P instance")
+            p2p = await replicate_p2p(self.dht)
+        self._p2p = p2p
+        try:
+            await p2p.add_binary_stream_handler(self.proto, self._serve)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def stop(self) -> None:
+        p2p, self._p2p = self._p2p, None
+        if p2p is None:
+            return
+        with contextlib.suppress(Exception):
+            await p2p.remove_binary_stream_handler(self.proto)
+        if self._given_p2p is None:
+            with contextlib.suppress(Exception):
+                await p2p.shutdown()
+
+    # ---- subclass hooks ------------------------------------------------------------------
+
+    def error_response(self, error: str) -> bytes:
+        """The serialized response frame that tells the peer `error`."""
+        raise NotImplementedError
+
+    def refusal(self, peer: PeerID) -> str | None:
+        """Why `peer` may not use this service at all (checked before reading), or None."""
+        return None
+
+    async def answer(self, peer: PeerID, frame: bytes) -> bytes:
+        """The response frame to one request frame; raise InvalidMessage to refuse and ban the sender."""
+        raise NotImplementedError
+
+    # ---- serving -------------------------------------------------------------------------
+
+    async def _serve(
+        self, info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        await self.handle_stream(info.peer_id, reader, writer)
+
+    def _admission(self, peer: PeerID) -> str | None:
+        if self.bans.is_banned(peer):
+            return "refused: this peer is banned for sending malformed or oversized messages"
+        refusal = self.refusal(peer)
+        if refusal is not None:
+            return refusal
+        if self._streams >= self.config.max_streams:
+            return "busy: too many streams, try again later"
+        if self._streams_per_peer[peer.to_bytes()] >= self.config.max_streams_per_peer:
+            return f"busy: at most {self.config.max_streams_per_peer} streams per peer"
+        return None
+
+    async def _respond(self, writer: asyncio.StreamWriter, response: bytes) -> None:
+        await asyncio.wait_for(write_frame(writer, response), self.config.frame_timeout_s)
+
+    async def handle_stream(
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        """Serve one inbound stream of `peer` to its end (public so tests can drive it without libp2p)."""
+        key = peer.to_bytes()
+        try:
+            refusal = self._admission(peer)
+            if refusal is not None:
+                await self._respond(writer, self.error_response(clip(refusal)))
+                return
+            self._streams += 1
+            self._streams_per_peer[key] += 1
+            try:
+                await self._serve_frames(peer, reader, writer)
+            finally:
+                self._streams -= 1
+                self._streams_per_peer[key] -= 1
+                if self._streams_per_peer[key] <= 0:
+                    del self._streams_per_peer[key]
+        except InvalidMessage as exc:
+            self.bans.ban(peer, f"bad {self.what}: {exc}")
+            with contextlib.suppress(Exception):
+                await self._respond(writer, self.error_response(clip(f"refused, sender banned: {exc}")))
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, OSError):
+            pass
+        except Exception as exc:  # one bad stream must never take the node down
+            logger.info(
+                "[%s] %s stream from %s failed: %r", self.owner, self.name, peer.to_base58()[-8:], exc
+            )
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
+
+    async def _serve_frames(
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        while True:
+            try:
+                frame = await asyncio.wait_for(
+                    read_frame(reader, self.max_frame_bytes), self.config.frame_timeout_s
+                )
+            except TimeoutError:
+                await self._respond(
+                    writer,
+                    self.error_response(
+                        f"timed out: no {self.what} within {self.config.frame_timeout_s:g} s"
+                    ),
+                )
+                return
+            if frame is None:
+                return
+            await self._respond(writer, await self.answer(peer, frame))
+
+
+async def exchange(
+    p2p: P2P, peer: PeerID, proto: str, request: bytes, *, max_response_bytes: int, timeout_s: float
+) -> bytes:
+    """Send one frame to `peer` on a new `proto` stream and return its answer frame.
+
+    Raises SubmissionTimeout if the whole exchange takes longer than `timeout_s`, PeerUnavailable
+    if the peer cannot be reached or closes the stream without an answer, and InvalidMessage if
+    the answer declares more than `max_response_bytes` (refused before it is buffered).
+    """
+    short = peer.to_base58()[-8:]
+    try:
+        async with asyncio.timeout(timeout_s):
+            _, reader, writer = await p2p.call_binary_stream_handler(peer, proto)
+            try:
+                # a peer that refuses us answers first and closes: its reason is still there to be read
+                with contextlib.suppress(ConnectionError, OSError):
+                    await write_frame(writer, request)
+                response = await read_frame(reader, max_response_bytes)
+            finally:
+                writer.close()
+    except TimeoutError:
+        raise SubmissionTimeout(f"peer {short} gave no answer on {proto} within {timeout_s:g} s") from None
+    except (P2PDaemonError, P2PHandlerError, ConnectionError, OSError) as exc:
+        raise PeerUnavailable(f"could not exchange with peer {short} on {proto}: {exc}") from None
+    if response is None:
+        raise PeerUnavailable(f"peer {short} closed the {proto} stream without an answer")
+    return response

@@ -1,0 +1,391 @@
+"""The rollout transport on a loopback swarm of real p2pd daemons: worker -> validator -> trainer.
+
+Three DHT nodes (a worker, a validator, a trainer); each test starts its services on its own
+event loop. The validator's judgement is a stub handler that seals one verdict per rollout: the
+transport under test moves bytes and checks them, it does not judge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hivemind.p2p import P2P
+
+from node.broadcast.wire import read_frame, write_frame
+from node.identity import Identity
+from node.rollouts import (
+    PROTO_SUBMIT,
+    ForwardConfig,
+    ForwardIntake,
+    GroupRefused,
+    IntakeConfig,
+    RolloutIntake,
+    SubmissionRefused,
+    SubmissionTimeout,
+    forward_group,
+    replicate_p2p,
+    submit_group,
+    submit_group_receipts,
+)
+from protocol import rollout_forward_pb2 as fpb
+from protocol import rollouts_pb2 as rpb
+from protocol.envelope import Envelope
+from protocol.errors import InvalidMessage
+from protocol.rollout_messages import Forwarded, open_verdict, rollout_hash, seal_group
+from tests.helpers.broadcast import Swarm, SwarmNode, async_wait_until, open_swarm
+from tests.helpers.rollouts import RUN, key, make_group, verdicts_for
+
+SMALL_GROUP_CAP = 64 * 1024
+
+
+@pytest.fixture(scope="module")
+def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
+    yield from open_swarm(tmp_path_factory.mktemp("rollout-swarm"), num_nodes=3)
+
+
+def _ids(swarm: Swarm) -> tuple[SwarmNode, SwarmNode, SwarmNode]:
+    worker, validator, trainer = swarm.nodes
+    return worker, validator, trainer
+
+
+class StubValidator:
+    """Seals one accepted verdict per rollout and records what it was handed."""
+
+    def __init__(
+        self, identity: Identity, *, delay_s: float = 0.0, refuse: str = "", signer: Any = None
+    ) -> None:
+        self.identity = identity
+        self.delay_s = delay_s
+        self.refuse = refuse
+        self.signer = signer if signer is not None else identity.private_key
+        self.calls: list[tuple[bytes, Envelope, rpb.RolloutGroup]] = []
+
+    async def __call__(self, worker: bytes, envelope: Envelope, group: rpb.RolloutGroup) -> list[bytes]:
+        self.calls.append((worker, envelope, group))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        if self.refuse:
+            raise GroupRefused(self.refuse)
+        return verdicts_for(self.signer, worker, group)
+
+
+@asynccontextmanager
+async def intake_on(node: SwarmNode, handler: Any, **config: Any) -> AsyncIterator[RolloutIntake]:
+    intake = RolloutIntake(
+        dht=node.dht,
+        identity=node.identity,
+        run_id=RUN,
+        handler=handler,
+        config=IntakeConfig(**{"max_group_bytes": SMALL_GROUP_CAP, **config}),
+    )
+    await intake.start()
+    try:
+        yield intake
+    finally:
+        await intake.stop()
+
+
+@asynccontextmanager
+async def client_of(node: SwarmNode) -> AsyncIterator[P2P]:
+    p2p = await replicate_p2p(node.dht)
+    try:
+        yield p2p
+    finally:
+        await p2p.shutdown()
+
+
+def _sealed(node: SwarmNode, group: rpb.RolloutGroup | None = None) -> tuple[rpb.RolloutGroup, bytes]:
+    group = group if group is not None else make_group(4)
+    return group, seal_group(node.identity.private_key, run_id=RUN, group=group, seq=1)
+
+
+def test_submission_gets_its_signed_verdicts(swarm: Swarm) -> None:
+    worker, validator, _ = _ids(swarm)
+
+    async def main() -> None:
+        stub = StubValidator(validator.identity)
+        async with intake_on(validator, stub) as intake, client_of(worker) as p2p:
+            group, sealed = _sealed(worker)
+            receipts = await submit_group_receipts(
+                p2p, validator.identity.peer_id, sealed, run_id=RUN, timeout_s=20
+            )
+            assert [r.verdict.index for r in receipts] == [0, 1, 2, 3]
+            for receipt, data in zip(receipts, group.rollouts, strict=True):
+                assert receipt.verdict.accepted and receipt.verdict.rollout_hash == rollout_hash(data)
+                assert receipt.verdict.worker == worker.identity.peer_id_bytes
+                # the receipt is the validator's envelope, checkable by anyone later
+                _, again = open_verdict(
+                    receipt.envelope, run_id=RUN, validator=validator.identity.peer_id_bytes
+                )
+                assert again == receipt.verdict
+            assert len(stub.calls) == 1 and stub.calls[0][0] == worker.identity.peer_id_bytes
+            assert stub.calls[0][2] == group and intake.groups_received == 1
+            # a second group on another stream works the same
+            verdicts = await submit_group(
+                p2p,
+                validator.identity.peer_id,
+                _sealed(worker, make_group(2, counter=8))[1],
+                run_id=RUN,
+                timeout_s=20,
+            )
+            assert [v.counter for v in verdicts] == [8, 8]
+            assert not intake.bans.is_banned(worker.identity.peer_id)
+
+    asyncio.run(main())
+
+
+def test_oversized_declared_frame_is_refused_before_buffering_and_sender_banned(swarm: Swarm) -> None:
+    worker, validator, _ = _ids(swarm)
+
+    async def main() -> None:
+        stub = StubValidator(validator.identity)
+        async with intake_on(validator, stub) as intake, client_of(worker) as p2p:
+            _, reader, writer = await p2p.call_binary_stream_handler(validator.identity.peer_id, PROTO_SUBMIT)
+            # declare 1 GiB and send only a few bytes: the intake must answer without waiting for the rest
+            writer.write((1 << 30).to_bytes(4, "big") + b"\x00" * 16)
+            await writer.drain()
+            frame = await asyncio.wait_for(read_frame(reader, 1 << 16), 10)
+            assert frame is not None
+            response = rpb.SubmitResponse.FromString(frame)
+            assert "exceeds the 65536-byte limit" in response.error and "banned" in response.error
+            writer.close()
+            assert intake.bans.is_banned(worker.identity.peer_id)
+            assert not stub.calls
+            # a banned worker's next submission is refused with a clear reason, before it is read
+            with pytest.raises(SubmissionRefused, match="banned"):
+                await submit_group(
+                    p2p, validator.identity.peer_id, _sealed(worker)[1], run_id=RUN, timeout_s=20
+                )
+            assert not stub.calls
+
+    asyncio.run(main())
+
+
+def test_group_over_the_configured_cap_is_refused(swarm: Swarm) -> None:
+    worker, validator, _ = _ids(swarm)
+
+    async def main() -> None:
+        stub = StubValidator(validator.identity)
+        async with intake_on(validator, stub, max_group_bytes=4096) as intake, client_of(worker) as p2p:
+            sealed = _sealed(worker, make_group(16))[1]
+            assert len(sealed) > 4096
+            with pytest.raises(SubmissionRefused, match="exceeds the 4096-byte limit"):
+                await submit_group(p2p, validator.identity.peer_id, sealed, run_id=RUN, timeout_s=20)
+            assert intake.bans.is_banned(worker.identity.peer_id) and not stub.calls
+
+    asyncio.run(main())
+
+
+def test_silent_stream_times_out_without_a_ban(swarm: Swarm) -> None:
+    worker, validator, _ = _ids(swarm)
+
+    async def main() -> None:
+        async with (
+            intake_on(validator, StubValidator(validator.identity), frame_timeout_s=0.5) as intake,
+            client_of(worker) as p2p,
+        ):
+            _, reader, writer = await p2p.call_binary_stream_handler(validator.identity.peer_id, PROTO_SUBMIT)
+            frame = await asyncio.wait_for(read_frame(reader, 1 << 16), 10)
+            assert frame is not None and "timed out" in rpb.SubmitResponse.FromString(frame).error
+            assert await asyncio.wait_for(reader.read(1), 10) == b""  # and the stream is closed
+            writer.close()
+            assert not intake.bans.is_banned(worker.identity.peer_id)
+            # after a first frame, a silent continuation of the same stream times out too
+            _, reader, writer = await p2p.call_binary_stream_handler(validator.identity.peer_id, PROTO_SUBMIT)
+            await write_frame(writer, _sealed(worker)[1])
+            first = await asyncio.wait_for(read_frame(reader, 1 << 20), 10)
+            assert first is not None and len(rpb.SubmitResponse.FromString(first).verdicts) == 4
+            second = await asyncio.wait_for(read_frame(reader, 1 << 16), 10)
+            assert second is not None and "timed out" in rpb.SubmitResponse.FromString(second).error
+            writer.close()
+
+    asyncio.run(main())
+
+
+def test_group_relayed_by_another_peer_is_refused_and_relay_banned(swarm: Swarm) -> None:
+    worker, validator, trainer = _ids(swarm)
+
+    async def main() -> None:
+        stub = StubValidator(validator.identity)
+        async with intake_on(validator, stub) as intake, client_of(trainer) as p2p:
+            with pytest.raises(SubmissionRefused, match="signed by another peer"):
+                await submit_group(
+                    p2p, validator.identity.peer_id, _sealed(worker)[1], run_id=RUN, timeout_s=20
+                )
+            assert intake.bans.is_banned(trainer.identity.peer_id) and not stub.calls
+
+    asyncio.run(main())
+
+
+def test_refusal_handler_timeout_and_forged_receipts(swarm: Swarm) -> None:
+    worker, validator, _ = _ids(swarm)
+
+    async def main() -> None:
+        peer = validator.identity.peer_id
+        async with client_of(worker) as p2p:
+            async with intake_on(
+                validator, StubValidator(validator.identity, refuse="stale: v3 < 5 - 2")
+            ) as intake:
+                with pytest.raises(SubmissionRefused, match="group refused: stale"):
+                    await submit_group(p2p, peer, _sealed(worker)[1], run_id=RUN, timeout_s=20)
+                assert not intake.bans.is_banned(worker.identity.peer_id)
+            # verdicts signed by someone else than the validator called are worthless
+            async with intake_on(validator, StubValidator(validator.identity, signer=key("impostor"))):
+                with pytest.raises(InvalidMessage, match="signed by another peer"):
+                    await submit_group(p2p, peer, _sealed(worker)[1], run_id=RUN, timeout_s=20)
+            # a validator that does not answer in time
+            async with intake_on(validator, StubValidator(validator.identity, delay_s=30)):
+                with pytest.raises(SubmissionTimeout, match="within 1 s"):
+                    await submit_group(p2p, peer, _sealed(worker)[1], run_id=RUN, timeout_s=1)
+
+    asyncio.run(main())
+
+
+def test_streams_per_peer_are_capped(swarm: Swarm) -> None:
+    worker, validator, _ = _ids(swarm)
+
+    async def main() -> None:
+        async with (
+            intake_on(validator, StubValidator(validator.identity), max_streams_per_peer=1) as intake,
+            client_of(worker) as p2p,
+        ):
+            _, _, idle = await p2p.call_binary_stream_handler(validator.identity.peer_id, PROTO_SUBMIT)
+            await async_wait_until(lambda: intake._streams == 1, timeout_s=10)
+            with pytest.raises(SubmissionRefused, match="at most 1 streams per peer"):
+                await submit_group(
+                    p2p, validator.identity.peer_id, _sealed(worker)[1], run_id=RUN, timeout_s=20
+                )
+            idle.close()
+            await async_wait_until(lambda: intake._streams == 0, timeout_s=10)
+            assert (
+                len(
+                    await submit_group(
+                        p2p, validator.identity.peer_id, _sealed(worker)[1], run_id=RUN, timeout_s=20
+                    )
+                )
+                == 4
+            )
+
+    asyncio.run(main())
+
+
+# --- forward ------------------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def forward_intake_on(
+    node: SwarmNode, trusted: list[SwarmNode], received: list[Forwarded]
+) -> AsyncIterator[ForwardIntake]:
+    async def handler(validator: bytes, forwarded: Forwarded) -> None:
+        received.append(forwarded)
+
+    intake = ForwardIntake(
+        dht=node.dht,
+        identity=node.identity,
+        run_id=RUN,
+        handler=handler,
+        config=ForwardConfig(trusted_validators=[t.identity.peer_id.to_base58() for t in trusted]),
+    )
+    await intake.start()
+    try:
+        yield intake
+    finally:
+        await intake.stop()
+
+
+def test_forward_from_trusted_validator_is_checked_and_delivered(swarm: Swarm) -> None:
+    worker, validator, trainer = _ids(swarm)
+
+    async def main() -> None:
+        received: list[Forwarded] = []
+        async with forward_intake_on(trainer, [validator], received) as intake, client_of(validator) as p2p:
+            group, sealed = _sealed(worker)
+            verdicts = verdicts_for(validator.identity.private_key, worker.identity.peer_id_bytes, group)
+            await forward_group(
+                p2p,
+                trainer.identity.peer_id,
+                private_key=validator.identity.private_key,
+                run_id=RUN,
+                sealed_group=sealed,
+                sealed_verdicts=verdicts,
+                timeout_s=20,
+            )
+            assert len(received) == 1 and intake.forwards_accepted == 1
+            assert received[0].group == group
+            assert received[0].group_envelope.signer == worker.identity.peer_id_bytes
+            assert received[0].envelope.signer == validator.identity.peer_id_bytes
+            # verdicts that do not match the group: refused and the (trusted) validator banned
+            other = make_group(4, temperature=0.5)
+            bad = verdicts_for(validator.identity.private_key, worker.identity.peer_id_bytes, other)
+            with pytest.raises(SubmissionRefused, match="rollout_hash mismatch"):
+                await forward_group(
+                    p2p,
+                    trainer.identity.peer_id,
+                    private_key=validator.identity.private_key,
+                    run_id=RUN,
+                    sealed_group=sealed,
+                    sealed_verdicts=bad,
+                    timeout_s=20,
+                )
+            assert len(received) == 1 and intake.bans.is_banned(validator.identity.peer_id)
+
+    asyncio.run(main())
+
+
+def test_forward_from_untrusted_validator_is_refused_unread(swarm: Swarm) -> None:
+    worker, validator, trainer = _ids(swarm)
+
+    async def main() -> None:
+        received: list[Forwarded] = []
+        async with forward_intake_on(trainer, [validator], received), client_of(worker) as p2p:
+            group, sealed = _sealed(worker)
+            # the worker poses as a validator: its own verdicts, its own forward, all validly signed
+            verdicts = verdicts_for(worker.identity.private_key, worker.identity.peer_id_bytes, group)
+            with pytest.raises(SubmissionRefused, match="only from its trusted validators"):
+                await forward_group(
+                    p2p,
+                    trainer.identity.peer_id,
+                    private_key=worker.identity.private_key,
+                    run_id=RUN,
+                    sealed_group=sealed,
+                    sealed_verdicts=verdicts,
+                    timeout_s=20,
+                )
+            assert not received
+            # a raw stream from an untrusted peer is answered before anything is read
+            _, reader, writer = await p2p.call_binary_stream_handler(
+                trainer.identity.peer_id, "/hivenet/1/rollouts/forward"
+            )
+            frame = await asyncio.wait_for(read_frame(reader, 1 << 16), 10)
+            assert frame is not None and "trusted" in fpb.ForwardResponse.FromString(frame).error
+            writer.close()
+
+    asyncio.run(main())
+
+
+def test_forward_signed_by_another_validator_than_the_stream_is_refused(swarm: Swarm, tmp_path: Path) -> None:
+    worker, validator, trainer = _ids(swarm)
+
+    async def main() -> None:
+        received: list[Forwarded] = []
+        async with forward_intake_on(trainer, [validator], received) as intake, client_of(validator) as p2p:
+            group, sealed = _sealed(worker)
+            impostor = key("another validator")
+            with pytest.raises(SubmissionRefused, match="signed by another peer"):
+                await forward_group(
+                    p2p,
+                    trainer.identity.peer_id,
+                    private_key=impostor,
+                    run_id=RUN,
+                    sealed_group=sealed,
+                    sealed_verdicts=verdicts_for(impostor, worker.identity.peer_id_bytes, group),
+                    timeout_s=20,
+                )
+            assert not received and intake.bans.is_banned(validator.identity.peer_id)
+
+    asyncio.run(main())
