@@ -12,6 +12,7 @@ import click
 
 from cli.errors import friendly_errors
 from cli.output import echo_json, json_option, setup_logging
+from cli.rl import CHEAT_CHOICES, RL_OPTION_NAMES, build_rl_config, rl_options
 from cli.train import (
     TRAINER_OPTION_NAMES,
     build_trainer_config,
@@ -25,9 +26,6 @@ if TYPE_CHECKING:
     from node.node import HivenetNode
     from training.trainer_thread import TrainerThread
 
-ROLES_WITHOUT_WORK_YET = {
-    Role.INFERENCE: "the inference worker arrives with the verified-inference work",
-}
 DEFAULT_SEED_PORT = 31337
 
 
@@ -76,7 +74,11 @@ def _build_config(config_file: Path | None, **flags: Any) -> Any:
 
 
 def _run_until_interrupted(
-    node: HivenetNode, label: str, trainer_config: Any = None, wait_for_trainers: int = 1
+    node: HivenetNode,
+    label: str,
+    trainer_config: Any = None,
+    wait_for_trainers: int = 1,
+    rl_config: Any = None,
 ) -> None:
     """Start `node` (and its trainer, if any), show a live status line until Ctrl-C/SIGTERM, then leave cleanly."""
     from rich.console import Console
@@ -87,6 +89,7 @@ def _run_until_interrupted(
     console = Console(stderr=True)
     stop = StopRequest()
     trainer: TrainerThread | None = None
+    rl: Any = None
     try:
         with console.status(f"starting {label} (dialling seeds, joining the DHT)..."):
             node.start(should_stop=lambda: stop.requested)
@@ -102,11 +105,16 @@ def _run_until_interrupted(
                 on_progress=lambda report: console.print(describe_report(report), highlight=False, soft_wrap=True),
                 wait_for_peers=wait_for_trainers - 1, should_stop=lambda: stop.requested,
             )  # fmt: skip
+        if rl_config is not None:
+            from cli.rl import RLRoles
+
+            rl = RLRoles(node, rl_config, lambda line: console.print(line, highlight=False, soft_wrap=True))
         with Live(console=console, refresh_per_second=1, transient=True) as live:
-            while not stop.requested and (trainer is None or trainer.alive):
+            while not stop.requested and (trainer is None or trainer.alive) and (rl is None or rl.alive):
                 node.refresh_view()
                 uptime = time.time() - node.started_at
                 training = f" | {trainer.summary()}" if trainer is not None else ""
+                training += f" | {rl.summary()}" if rl is not None else ""
                 live.update(
                     f"[bold]{label}[/] {node.short_id} | DHT peers {node.dht_peer_count()} | live nodes in run "
                     f"{len(node.live_nodes)} | uptime {uptime:,.0f} s{training} | Ctrl-C to leave"
@@ -117,6 +125,8 @@ def _run_until_interrupted(
             trainer.stop()
         console.print("leaving the swarm cleanly...")
     finally:
+        if rl is not None:
+            rl.stop()
         if trainer is not None:
             trainer.stop()
         node.stop()
@@ -164,6 +174,11 @@ def identity(identity_path: Path | None, create: bool, as_json: bool) -> None:
 )
 @_node_options
 @trainer_options
+@rl_options
+@click.option(
+    "--publisher", "publishers", multiple=True,
+    help="On an RL run: PeerID of a trainer whose policy versions this node follows (repeatable).",
+)  # fmt: skip
 @click.option(
     "--wait-for-trainers", type=click.IntRange(1, 1024), default=1, show_default=True,
     help="With --role trainer: start training once this many trainers (this one included) are ready in the run.",
@@ -179,22 +194,32 @@ def join(
     verbose: bool,
     wait_for_trainers: int,
     new_swarm: bool,
+    publishers: tuple[str, ...],
     **flags: Any,
 ) -> None:
     """Join a swarm and stay until Ctrl-C, then leave cleanly.
 
     With --role trainer the node trains the run's model with DiLoCo and prints one line per
-    outer step (loss, peers in the round, bytes sent).
+    outer step (loss, peers in the round, bytes sent). On an RL run (--rl; implied by --role
+    inference) a trainer runs GRPO on verified rollouts and validates them itself, a validator
+    judges rollouts and forwards the accepted ones, and an inference worker generates assigned
+    rollouts and prints a line per group.
     """
     trainer_flags = resolve_trainer_options(
         config_file, {key: flags.pop(key) for key in TRAINER_OPTION_NAMES}
     )
+    rl_flags = {key: flags.pop(key) for key in RL_OPTION_NAMES}
     config = _build_config(config_file, roles=roles, **flags)
-    for role in config.roles:
-        if role in ROLES_WITHOUT_WORK_YET:
+    is_rl = rl_flags.pop("rl") or Role.INFERENCE in config.roles
+    rl_config = None
+    if is_rl:
+        rl_config = build_rl_config(config.run_id, **rl_flags).model_copy(
+            update={"authorized_publishers": list(publishers)}
+        )
+        if not publishers and Role.TRAINER not in config.roles:
             raise click.UsageError(
-                f"role {role.value!r} is not available yet: {ROLES_WITHOUT_WORK_YET[role]}. "
-                "Join as validator or relay meanwhile."
+                "on an RL run, give the PeerID of the run's trainer with --publisher (its `hivenet join` prints it): "
+                "policy versions are only taken from publishers you name"
             )
     if not config.initial_peers and not new_swarm:
         raise click.UsageError(
@@ -204,9 +229,17 @@ def join(
     setup_logging(verbose)
     from node.node import HivenetNode
 
-    trainer = build_trainer_config(config.run_id, **trainer_flags) if Role.TRAINER in config.roles else None
+    trainer = (
+        build_trainer_config(config.run_id, **trainer_flags)
+        if Role.TRAINER in config.roles and not is_rl
+        else None
+    )
     _run_until_interrupted(
-        HivenetNode(config), "node", trainer_config=trainer, wait_for_trainers=wait_for_trainers
+        HivenetNode(config),
+        "node",
+        trainer_config=trainer,
+        wait_for_trainers=wait_for_trainers,
+        rl_config=rl_config,
     )
 
 
@@ -372,14 +405,40 @@ def doctor(
     help="Run a whole DiLoCo training run with this many trainers instead (prints the loss per outer step).",
 )  # fmt: skip
 @trainer_options
+@rl_options
+@click.option(
+    "--workers", type=click.IntRange(1, 8), default=3, show_default=True, help="With --rl: inference workers."
+)
+@click.option(
+    "--cheat", type=click.Choice(CHEAT_CHOICES), default="precision", show_default=True,
+    help="With --rl: how the last worker cheats (precision swap, other weights, or none).",
+)  # fmt: skip
 @friendly_errors
 def simulate(
-    num_nodes: int, roles: str, duration_s: float | None, run_id: str, num_trainers: int, **trainer_flags: Any
+    num_nodes: int,
+    roles: str,
+    duration_s: float | None,
+    run_id: str,
+    num_trainers: int,
+    workers: int,
+    cheat: str,
+    **flags: Any,
 ) -> None:
     """Start a seed and N nodes on 127.0.0.1, show the swarm, and tear it all down at the end.
 
-    With --trainers N it runs a DiLoCo training run of N trainers on this machine instead.
+    With --trainers N it runs a DiLoCo training run of N trainers on this machine instead; with
+    --rl a decentralized RL run: a seed, a trainer with its validator and --workers inference
+    workers, the last of them dishonest (--cheat).
     """
+    rl_flags = {key: flags.pop(key) for key in RL_OPTION_NAMES}
+    trainer_flags = flags
+    if rl_flags.pop("rl"):
+        from cli.rl import run_rl_simulation
+
+        if rl_flags.get("max_trainer_steps") is None:
+            rl_flags["max_trainer_steps"] = 20
+        run_rl_simulation(build_rl_config(run_id, **rl_flags), workers=workers, cheat=cheat)
+        return
     if num_trainers:
         from cli.simulate import run_training_simulation
 
@@ -392,7 +451,7 @@ def simulate(
         return
     from cli.simulate import run_simulation
 
-    simulated = [role.value for role in Role if role not in ROLES_WITHOUT_WORK_YET and role != Role.SEED]
+    simulated = [role.value for role in Role if role not in (Role.SEED, Role.INFERENCE)]
     names = [part.strip() for part in roles.split(",") if part.strip()]
     unknown = [name for name in names if name not in simulated]
     if unknown or not names:

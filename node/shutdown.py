@@ -30,6 +30,11 @@ class StopRequest:
     def requested(self) -> bool:
         return self._event.is_set()
 
+    @property
+    def event(self) -> threading.Event:
+        """The event set by a stop request (for loops that wait on an Event)."""
+        return self._event
+
     def wait(self, timeout_s: float) -> bool:
         """Sleep up to `timeout_s`, waking early on a stop request; return whether one came."""
         return self._event.wait(timeout_s)

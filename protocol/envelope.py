@@ -9,7 +9,7 @@ receiver verifies with no lookup.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -37,6 +37,8 @@ class Envelope:
     seq: int
     signer: bytes
     payload: bytes
+    sealed: bytes = field(default=b"", repr=False, compare=False)
+    """The serialized envelope as received (what a receiver relays or stores to prove it later)."""
 
 
 def seal(
@@ -132,4 +134,5 @@ def open_envelope(
         seq=body.seq,
         signer=body.signer,
         payload=body.payload,
+        sealed=envelope.SerializeToString(),
     )

@@ -93,6 +93,10 @@ class ScoredRollout:
     policy_version: int
     group_id: bytes
     """Rollouts of one group (same prompt, same version) share this id."""
+    rollout_hash: bytes = b""
+    """The verified rollout's hash (what its receipt names); lets a trainer prove what it trained on."""
+    worker: bytes = b""
+    """PeerID bytes of the worker that generated it."""
 
 
 @dataclass(frozen=True)

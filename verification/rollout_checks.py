@@ -98,9 +98,14 @@ resubmit once unbanned, or once the validator holds the version), or the counter
 class RewardTask(Protocol):
     """What the validator needs of a task; `training.tasks.Task` has this shape."""
 
-    name: str
-    max_new_tokens: int
-    stop_token: int | None
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def max_new_tokens(self) -> int: ...
+
+    @property
+    def stop_token(self) -> int | None: ...
 
     def prompt(self, prompt_seed: int) -> list[int]: ...
 

@@ -84,6 +84,12 @@ class WorkerStats:
     banned_until: float | None
     """End of the current ban on the validator's clock (None when not banned)."""
 
+    def describe(self) -> str:
+        """One line: accepted, rejected by reason, abandoned, bans."""
+        rejected = ", ".join(f"{reason} {n}" for reason, n in sorted(self.rejected.items())) or "none"
+        banned = f", banned {self.strikes}x" if self.strikes else ""
+        return f"accepted {self.accepted}, rejected: {rejected}, abandoned {self.abandoned}{banned}"
+
 
 @dataclass(frozen=True)
 class ValidatorStats:
@@ -97,6 +103,16 @@ class ValidatorStats:
     abandoned: int
     banned_workers: int
     """Workers banned right now."""
+
+    def describe_worker(self, worker: bytes) -> str:
+        stats = self.workers.get(worker)
+        return stats.describe() if stats is not None else "never submitted"
+
+    def describe_totals(self) -> str:
+        rejected = sum(self.rejected.values())
+        return (
+            f"judged {self.accepted + rejected} (accepted {self.accepted}), banned now {self.banned_workers}"
+        )
 
 
 @dataclass

@@ -43,9 +43,9 @@ def test_bad_multiaddr_is_a_clear_error_not_a_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr + result.stdout
 
 
-def test_roles_without_work_are_refused(tmp_path: Path) -> None:
-    result = hivenet("join", "--role", "inference", "--identity", str(tmp_path / "k"))
-    assert result.returncode != 0 and "role 'inference' is not available yet" in result.stderr
+def test_an_inference_worker_must_name_the_publisher_it_trusts(tmp_path: Path) -> None:
+    result = hivenet("join", "--role", "inference", "--new-swarm", "--identity", str(tmp_path / "k"))
+    assert result.returncode != 0 and "--publisher" in result.stderr
     assert "Traceback" not in result.stderr and "<Role" not in result.stderr
 
 

@@ -25,7 +25,9 @@ DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float
 class FakeTask:
     """A tiny task: the prompt is the bytes of a short question, the reward the share of low bytes."""
 
-    def __init__(self, name: str = "lowbytes", max_new_tokens: int = 40, stop_token: int | None = None) -> None:
+    def __init__(
+        self, name: str = "lowbytes", max_new_tokens: int = 40, stop_token: int | None = None
+    ) -> None:
         self.name = name
         self.max_new_tokens = max_new_tokens
         self.stop_token = stop_token

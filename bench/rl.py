@@ -1,0 +1,178 @@
+"""Benchmark of the decentralized RL loop against a synchronous single-process GRPO loop.
+
+Side by side in one run, same task, seeds and hyper-parameters, starting from the same briefly
+pretrained policy:
+
+1. the synchronous baseline (`training.rl_sync.run_sync_grpo`): generate, score, step, in one
+   process, K steps;
+2. the swarm (`verification.rl_simulation.simulate_rl`): a seed, a trainer with its validator and
+   one honest inference worker on 127.0.0.1, async level k, K trainer steps;
+3. the same swarm with the honest worker joined by one dishonest worker of each kind
+   (precision swap, other weights);
+4. the worker's generation loop alone: the same number of rollouts generated in this process
+   with no network, no proofs and no verification.
+
+Both runs' final policies are scored on the same held-out prompts and sampling seeds, so
+`reward_gain_ratio = (R_swarm - R0) / (R_sync - R0)`. CPU figures use thread CPU clocks, so the
+trainer and validator sharing the machine's cores with the worker do not decide them.
+
+    python bench/rl.py --quick   # K = 8 steps (about 3 minutes on 2 cores)
+    python bench/rl.py           # K = 30 steps
+
+Ends with one line `RESULT key=value ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from protocol.assignment import derive_assignment  # noqa: E402
+from training.generation import generate  # noqa: E402
+from training.grpo import GRPOConfig  # noqa: E402
+from training.model import TinyGPT  # noqa: E402
+from training.rl_run import RLRunConfig  # noqa: E402
+from training.rl_sync import pretrained_policy, run_sync_grpo  # noqa: E402
+from training.rl_worker import CheatMode  # noqa: E402
+from training.tasks import Task, get_task  # noqa: E402
+from verification.rl_simulation import RLSimulation, simulate_rl  # noqa: E402
+
+EVAL_PROMPTS = 48
+SEED = 1234
+
+
+def evaluate(model: TinyGPT, task: Task, config: GRPOConfig) -> float:
+    """Mean reward of `model` on fixed held-out prompts and sampling seeds (one completion each)."""
+    rewards = []
+    for i in range(EVAL_PROMPTS):
+        assignment = derive_assignment("bench-eval", 0, b"evaluator", i, 1)
+        prompt = task.prompt(assignment.prompt_seed)
+        out = generate(
+            model, prompt, task.max_new_tokens, config.sampling, assignment.sampling_seeds[0],
+            stop_token=task.stop_token, prove=False,
+        )  # fmt: skip
+        rewards.append(task.reward(prompt, out.completion_ids))
+    return statistics.fmean(rewards)
+
+
+def plain_generation(model: TinyGPT, task: Task, config: GRPOConfig, rollouts: int) -> float:
+    """Rollouts per thread CPU-second of the bare generation loop (no network, proofs or checks)."""
+    started = time.thread_time()
+    done = 0
+    counter = 0
+    while done < rollouts:
+        assignment = derive_assignment("bench-plain", 0, b"plain", counter, config.group_size)
+        prompt = task.prompt(assignment.prompt_seed)
+        for seed in assignment.sampling_seeds:
+            generate(
+                model,
+                prompt,
+                task.max_new_tokens,
+                config.sampling,
+                seed,
+                stop_token=task.stop_token,
+                prove=False,
+            )
+            done += 1
+        counter += 1
+    return done / (time.thread_time() - started)
+
+
+def swarm_run(
+    config: RLRunConfig, policy: TinyGPT, cheaters: dict[int, CheatMode], workers: int
+) -> RLSimulation:
+    return simulate_rl(config, copy.deepcopy(policy), workers=workers, cheaters=cheaters)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="K = 8 steps (same keys)")
+    parser.add_argument("--steps", type=int, help="trainer steps K (default: 30, quick: 8)")
+    parser.add_argument("--async-level", type=int, default=2)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    torch.set_num_threads(1)
+    steps = args.steps or (8 if args.quick else 30)
+    base = RLRunConfig(run_id="bench-rl", max_trainer_steps=steps)
+    grpo = base.grpo.model_copy(update={"async_level": args.async_level})
+    config = base.model_copy(update={"grpo": grpo})
+    task = get_task(config.task)
+    policy = pretrained_policy(config.model)
+    r0 = evaluate(policy, task, grpo)
+
+    started = time.monotonic()
+    sync_model = copy.deepcopy(policy)
+    sync_curve = run_sync_grpo(task, grpo, steps, SEED, sync_model)
+    r_sync = evaluate(sync_model, task, grpo)
+    sync_s = time.monotonic() - started
+
+    started = time.monotonic()
+    honest = swarm_run(config, policy, {}, workers=1)
+    swarm_model = copy.deepcopy(policy)
+    swarm_model.load_state_dict(honest.final_state)
+    r_swarm = evaluate(swarm_model, task, grpo)
+    swarm_s = time.monotonic() - started
+
+    cheat_steps = max(2, steps // 2)
+    cheat_config = config.model_copy(update={"max_trainer_steps": cheat_steps})
+    cheating = swarm_run(cheat_config, policy, {1: CheatMode.PRECISION, 2: CheatMode.WEIGHTS}, workers=3)
+
+    generated = sum(len(g) * grpo.group_size for g in honest.groups.values())
+    stale = honest.stale_dropped + honest.rejected_by_reason.get("stale", 0)
+    worker_cpu = honest.worker_cpu_seconds["worker0"]
+    verified_per_cpu_s = honest.accepted["worker0"] / worker_cpu if worker_cpu > 0 else 0.0
+    plain_per_cpu_s = plain_generation(policy, task, grpo, max(32, generated // 2))
+    cheater_trained = sum(cheating.trained_from.get(name, 0) for name in cheating.cheaters)
+    honest_rejected = sum(
+        sum(sum(g.rejected.values()) for g in groups)
+        for name, groups in {**honest.groups, **cheating.groups}.items()
+        if name not in cheating.cheaters
+    )
+
+    print(f"{'step':>4} {'sync reward':>12} {'swarm reward':>13}")
+    swarm_curve = [s.mean_reward for s in honest.steps]
+    for i in range(steps):
+        sync_r = f"{sync_curve[i]:.3f}" if i < len(sync_curve) else "-"
+        swarm_r = f"{swarm_curve[i]:.3f}" if i < len(swarm_curve) else "-"
+        print(f"{i:>4} {sync_r:>12} {swarm_r:>13}")
+    print(f"held-out reward: initial {r0:.3f}, sync after {steps} steps {r_sync:.3f} ({sync_s:.0f} s), "
+          f"swarm {r_swarm:.3f} ({swarm_s:.0f} s)")  # fmt: skip
+    print(f"worker: {generated} rollouts generated, {honest.accepted['worker0']} verified, {worker_cpu:.1f} CPU s; "
+          f"plain loop {plain_per_cpu_s:.2f} rollouts/CPU s; validator {honest.validator_cpu_seconds:.1f} CPU s")  # fmt: skip
+    for name, mode in cheating.cheaters.items():
+        stats = cheating.validator_stats
+        view = stats.describe_worker(cheating.worker_peers[name]) if stats is not None else "-"
+        print(f"cheater {name} ({mode}): trained on {cheating.trained_from.get(name, 0)}; validator: {view}")
+
+    gain_sync = r_sync - r0
+    fields = {
+        "reward_gain_ratio": f"{(r_swarm - r0) / gain_sync:.3f}" if abs(gain_sync) > 1e-9 else "nan",
+        "stale_waste_frac": f"{stale / generated:.4f}" if generated else "nan",
+        "throughput_ratio": f"{verified_per_cpu_s / plain_per_cpu_s:.3f}",
+        "verify_cost_frac": f"{honest.validator_cpu_seconds / worker_cpu:.4f}" if worker_cpu > 0 else "nan",
+        "cheater_rollouts_trained": cheater_trained,
+        "honest_rejected": honest_rejected,
+        "weight_pickup_s": f"{statistics.median(honest.pickup_s):.2f}" if honest.pickup_s else "nan",
+        "steps": steps,
+        "async_level": args.async_level,
+        "reward_initial": f"{r0:.3f}",
+        "reward_sync": f"{r_sync:.3f}",
+        "reward_swarm": f"{r_swarm:.3f}",
+    }
+    print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""RL-run options and output shared by `hivenet simulate --rl` and `hivenet join` on an RL run."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from protocol.errors import ConfigError
+
+CHEAT_CHOICES = ("precision", "weights", "none")
+
+
+def rl_options(func: Callable[..., Any]) -> Callable[..., Any]:
+    """Click options that configure an RL run (all optional)."""
+    options = [
+        click.option("--rl", "rl", is_flag=True, help="Run (or join) a decentralized RL run instead of DiLoCo."),
+        click.option("--task", help="RL task (default: length)."),
+        click.option("--rl-steps", "max_trainer_steps", type=int, help="Stop the RL trainer after this many steps."),
+        click.option("--group-size", type=int, help="Completions per prompt (GRPO group)."),
+        click.option("--async-level", type=int, help="Rollouts may lag the trainer by this many versions (0: sync)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+RL_OPTION_NAMES = ("rl", "task", "max_trainer_steps", "group_size", "async_level")
+
+
+def build_rl_config(run_id: str, **options: Any) -> Any:
+    """An RLRunConfig from the CLI's RL options (None means: keep the default)."""
+    from pydantic import ValidationError
+
+    from training.grpo import GRPOConfig
+    from training.rl_run import RLRunConfig
+
+    grpo = {key: options[key] for key in ("group_size", "async_level") if options.get(key) is not None}
+    top: dict[str, Any] = {"run_id": run_id}
+    for key in ("task", "max_trainer_steps"):
+        if options.get(key) is not None:
+            top[key] = options[key]
+    try:
+        from training.tasks import get_task
+
+        config = RLRunConfig(grpo=GRPOConfig(**grpo), **top)
+        get_task(config.task)
+        return config
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid RL options: {problems}") from None
+
+
+def run_rl_simulation(config: Any, *, workers: int, cheat: str) -> None:
+    """`hivenet simulate --rl`: run the loop on this machine and print a row per trainer step."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from node.shutdown import StopRequest
+    from training.rl_sync import pretrained_policy
+    from training.rl_worker import CheatMode, GroupReport
+    from verification.rl_simulation import simulate_rl
+
+    console = Console()
+    cheaters = {} if cheat == "none" or workers < 2 else {workers - 1: CheatMode(cheat)}
+    pending: Counter[str] = Counter()
+    lock = threading.Lock()
+
+    def on_group(name: str, report: GroupReport) -> None:
+        with lock:
+            pending["accepted"] += report.accepted
+            pending.update(report.rejected)
+
+    def on_step(report: Any) -> None:
+        with lock:
+            judged = dict(pending)
+            pending.clear()
+        rejected = ", ".join(f"{k} {v}" for k, v in sorted(judged.items()) if k != "accepted") or "-"
+        console.print(
+            f"{report.describe()} | accepted {judged.get('accepted', 0)} | rejected {rejected}",
+            highlight=False,
+        )
+
+    with console.status("pretraining the initial policy briefly on the default corpus..."):
+        policy = pretrained_policy(config.model)
+    console.print(
+        f"RL run {config.run_id!r}: task {config.task!r}, a seed, a trainer with its validator, {workers} workers"
+        + (f" (worker{workers - 1} cheats: {cheat})" if cheaters else "")
+    )
+    stop = StopRequest()
+    result = simulate_rl(config, policy, workers=workers, cheaters=cheaters, on_step=on_step, on_group=on_group,
+                         stop_event=stop.event)  # fmt: skip
+    curve = Table(title=f"reward per trainer step ({result.seconds:,.0f} s)")
+    for column in ("step", "version", "mean reward", "staleness"):
+        curve.add_column(column)
+    for step in result.steps:
+        curve.add_row(
+            str(step.step), str(step.version), f"{step.mean_reward:.3f}", f"{step.mean_staleness:.2f}"
+        )
+    console.print(curve)
+    workers_table = Table(title="workers")
+    for column in ("worker", "honest", "groups", "accepted", "rejected", "trained on", "validator's view"):
+        workers_table.add_column(column)
+    stats = result.validator_stats
+    for name, groups in result.groups.items():
+        accepted = sum(g.accepted for g in groups)
+        rejected: Counter[str] = Counter()
+        for g in groups:
+            rejected.update(g.rejected)
+        view = stats.describe_worker(result.worker_peers[name]) if stats is not None else "-"
+        workers_table.add_row(
+            name,
+            "no: " + result.cheaters[name] if name in result.cheaters else "yes",
+            str(len(groups)),
+            str(accepted),
+            ", ".join(f"{k} {v}" for k, v in sorted(rejected.items())) or "0",
+            str(result.trained_from.get(name, 0)),
+            view,
+        )
+    console.print(workers_table)
+
+
+class RLRoles:
+    """The RL roles a joined node runs (trainer with its validator, standalone validator, worker)."""
+
+    def __init__(self, node: Any, config: Any, print_line: Callable[[str], None]) -> None:
+        from protocol.node_record import Role
+
+        self.node = node
+        self.trainer: Any = None
+        self.worker: Any = None
+        self.validator: Any = None
+        roles = set(node.config.roles)
+        if Role.TRAINER in roles:
+            from training.rl_sync import pretrained_policy
+            from verification.rl_roles import start_rl_trainer
+
+            self.trainer, self.validator = start_rl_trainer(
+                node, config, pretrained_policy(config.model), on_step=lambda r: print_line(r.describe())
+            )
+        elif Role.VALIDATOR in roles:
+            from verification.rl_roles import StandaloneValidator
+
+            self.validator = StandaloneValidator(node, config).start().validator
+        if Role.INFERENCE in roles:
+            from training.rl_worker import InferenceWorker
+
+            self.worker = InferenceWorker(node, config, on_group=lambda r: print_line(r.describe())).start()
+
+    @property
+    def alive(self) -> bool:
+        return all(role.alive for role in (self.trainer, self.worker) if role is not None)
+
+    def summary(self) -> str:
+        parts = []
+        if self.trainer is not None:
+            parts.append(f"policy v{self.trainer.version}")
+        if self.worker is not None:
+            parts.append(f"groups {len(self.worker.reports)}")
+        if self.validator is not None:
+            parts.append(self.validator.stats().describe_totals())
+        return " | ".join(parts)
+
+    def stop(self) -> None:
+        for role in (self.worker, self.trainer):
+            if role is not None:
+                role.stop()

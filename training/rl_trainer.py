@@ -1,0 +1,286 @@
+"""The RL trainer role: GRPO on verified rollouts only, each new policy published through the broadcast.
+
+`RLTrainer(node, config, judge, policy)` hosts on a started node:
+- a `WeightBroadcast` that publishes every policy version (version 0 is the initial policy), so
+  workers and validators follow it and re-serve its chunks;
+- a `RolloutIntake` through which workers submit groups; each group goes to the `judge` (the
+  validator, injected: `training` does not import `verification`), whose sealed verdicts are the
+  workers' answer and whose accepted rollouts, with the rewards it recomputed, are the only
+  thing the trainer ever learns from;
+- a training thread: once `groups_per_step` complete groups are buffered it runs one GRPO step,
+  publishes the new version and moves the judge's staleness reference forward. A buffered
+  rollout whose version fell more than `async_level` behind is dropped, never trained on.
+
+With `checkpoint_dir`, every step is saved; a restarted trainer resumes from its newest
+checkpoint and republishes that version.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import queue
+import statistics
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import torch
+
+from node.broadcast.broadcaster import WeightBroadcast
+from node.broadcast.config import BroadcastConfig
+from node.node import HivenetNode
+from node.rollouts.config import ForwardConfig
+from node.rollouts.errors import GroupRefused
+from node.rollouts.forward import ForwardIntake
+from node.rollouts.intake import RolloutIntake
+from node.runtime import offload
+from protocol.envelope import Envelope
+from protocol.rollout_messages import Forwarded, parse_rollout
+from protocol.rollouts_pb2 import RolloutGroup
+from training.grpo import GRPOLearner, ScoredRollout
+from training.model import TinyGPT
+from training.rl_run import RLRunConfig, group_id
+
+__all__ = ["RLStepReport", "RLTrainer", "RolloutJudge"]
+
+logger = logging.getLogger(__name__)
+
+PUBLISH_TIMEOUT_S = 120.0
+_CHECKPOINT_NAME = "policy.pt"
+
+
+class RolloutJudge(Protocol):
+    """What the trainer needs from a validator (`verification.validator.Validator` adapted to it)."""
+
+    def judge_group(self, worker: bytes, group: RolloutGroup) -> tuple[list[bytes], list[ScoredRollout]]:
+        """Sealed verdicts for the group's rollouts and the accepted ones with recomputed rewards."""
+        ...
+
+    def add_version(self, version: int, model: TinyGPT) -> None: ...
+
+    def set_trainer_step(self, step: int) -> None: ...
+
+
+@dataclass
+class RLStepReport:
+    """One GRPO step of the trainer."""
+
+    step: int
+    version: int
+    """The policy version this step produced (and published)."""
+    mean_reward: float
+    groups: int
+    rollouts: int
+    mean_staleness: float
+    """Mean of (trainer version at the step - the rollout's policy version)."""
+    stale_dropped: int
+    """Accepted rollouts dropped so far because they fell behind the async level before training."""
+    loss: float
+    published: bool
+
+    def describe(self) -> str:
+        return (
+            f"step {self.step:>4} | v{self.version} | reward {self.mean_reward:.3f} | groups {self.groups} | "
+            f"staleness {self.mean_staleness:.2f} | stale dropped {self.stale_dropped} | loss {self.loss:+.4f}"
+        )
+
+
+class RLTrainer:
+    """A GRPO trainer with its rollout intake and weight broadcast, on a started node."""
+
+    def __init__(
+        self,
+        node: HivenetNode,
+        config: RLRunConfig,
+        judge: RolloutJudge,
+        policy: TinyGPT,
+        *,
+        checkpoint_dir: Path | None = None,
+        on_step: Callable[[RLStepReport], None] | None = None,
+    ) -> None:
+        assert node.dht is not None, "start the node first"
+        self.node = node
+        self.config = config
+        self.judge = judge
+        self.on_step = on_step
+        self.checkpoint_dir = checkpoint_dir
+        version = 0
+        if checkpoint_dir is not None and (checkpoint_dir / _CHECKPOINT_NAME).exists():
+            saved = torch.load(checkpoint_dir / _CHECKPOINT_NAME, weights_only=True)
+            policy.load_state_dict(saved["state"])
+            version = int(saved["version"])
+            logger.info("[%s] resumed from version %d", node.short_id, version)
+        self.learner = GRPOLearner(policy, config.grpo, version=version)
+        self.reports: list[RLStepReport] = []
+        self.stale_dropped = 0
+        self.trained_hashes: set[bytes] = set()
+        self.trained_from: Counter[bytes] = Counter()
+        """Rollouts trained on, per worker PeerID."""
+        self.published_at: dict[int, float] = {}
+        self._inbox: queue.Queue[list[ScoredRollout]] = queue.Queue()
+        self._taken: dict[bytes, int] = {}
+        """Policy version of every group id taken into the buffer while that version is usable."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        publishers = [node.identity.peer_id.to_base58(), *config.authorized_publishers]
+        self.broadcast = node.add_service(
+            WeightBroadcast(
+                dht=node.dht,
+                identity=node.identity,
+                config=BroadcastConfig(
+                    store_dir=node.config.weights_dir,
+                    authorized_publishers=sorted(set(publishers)),
+                    keep_versions=config.grpo.async_level + 2,
+                ),
+            )
+        )
+        self.intake = node.add_service(
+            RolloutIntake(
+                dht=node.dht, identity=node.identity, run_id=config.run_id, handler=self._handle_group
+            )
+        )
+        self.forwards = (
+            node.add_service(
+                ForwardIntake(
+                    dht=node.dht,
+                    identity=node.identity,
+                    run_id=config.run_id,
+                    handler=self._handle_forward,
+                    config=ForwardConfig(trusted_validators=list(config.trusted_validators)),
+                )
+            )
+            if config.trusted_validators
+            else None
+        )
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> RLTrainer:
+        self._new_version(self.learner.version)
+        self._thread = threading.Thread(
+            target=self._run, name=f"rl-trainer-{self.node.short_id}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def version(self) -> int:
+        return self.learner.version
+
+    # ---- intake --------------------------------------------------------------------------
+
+    async def _handle_group(self, worker: bytes, envelope: Envelope, group: RolloutGroup) -> list[bytes]:
+        verdicts, accepted = await offload(self.judge.judge_group, worker, group)
+        if accepted:
+            self._inbox.put(accepted)
+        return verdicts
+
+    async def _handle_forward(self, validator: bytes, forwarded: Forwarded) -> None:
+        """A group a trusted validator accepted (every signature already checked by the transport)."""
+        group = forwarded.group
+        if not all(v.accepted for v in forwarded.verdicts):
+            raise GroupRefused("only wholly accepted groups are trained on")
+        worker = forwarded.group_envelope.signer
+        rollouts = []
+        for raw, verdict in zip(group.rollouts, forwarded.verdicts, strict=True):
+            rollout = parse_rollout(raw)
+            rollouts.append(
+                ScoredRollout(
+                    prompt_ids=list(rollout.prompt_ids),
+                    completion_ids=list(rollout.completion_ids),
+                    reward=verdict.reward,
+                    policy_version=group.policy_version,
+                    group_id=group_id(worker, group.counter),
+                    rollout_hash=verdict.rollout_hash,
+                    worker=worker,
+                )
+            )
+        self._inbox.put(rollouts)
+
+    # ---- training ------------------------------------------------------------------------
+
+    def _new_version(self, version: int) -> None:
+        """Publish `version`, let the judge verify against it, checkpoint it."""
+        snapshot = copy.deepcopy(self.learner.model).eval()
+        self.judge.add_version(version, snapshot)
+        self.judge.set_trainer_step(version)
+        try:
+            manifest = self.node.call(
+                self.broadcast.publish(self.config.run_id, version, self.learner.state_dict()),
+                timeout_s=PUBLISH_TIMEOUT_S,
+            )
+            self.published_at[version] = time.time()
+            logger.info(
+                "[%s] published version %d (%d bytes)", self.node.short_id, version, manifest.total_bytes
+            )
+        except Exception as exc:
+            logger.warning("[%s] could not publish version %d: %r", self.node.short_id, version, exc)
+        if self.checkpoint_dir is not None:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.checkpoint_dir / (_CHECKPOINT_NAME + ".tmp")
+            torch.save({"state": self.learner.state_dict(), "version": version}, tmp)
+            tmp.replace(self.checkpoint_dir / _CHECKPOINT_NAME)
+
+    def _run(self) -> None:
+        groups: dict[bytes, list[ScoredRollout]] = {}
+        grpo = self.config.grpo
+        step = 0
+        while not self._stop.is_set():
+            if self.config.max_trainer_steps is not None and step >= self.config.max_trainer_steps:
+                return
+            try:
+                arrived = self._inbox.get(timeout=0.5)  # one whole group
+            except queue.Empty:
+                arrived = []
+            if arrived and arrived[0].group_id not in self._taken:  # a group judged twice is trained on once
+                self._taken[arrived[0].group_id] = arrived[0].policy_version
+                groups[arrived[0].group_id] = list(arrived)
+            oldest_usable = self.learner.version - grpo.async_level
+            for gid in [g for g, v in self._taken.items() if v < oldest_usable]:
+                del self._taken[gid]  # a group of an unusable version is refused as stale anyway
+            for stale in [g for g, rs in groups.items() if rs[0].policy_version < oldest_usable]:
+                self.stale_dropped += len(groups.pop(stale))
+            complete = [g for g, rs in groups.items() if len(rs) == grpo.group_size]
+            if len(complete) < grpo.groups_per_step:
+                continue
+            batch = [groups.pop(g) for g in complete[: grpo.groups_per_step]]
+            report = self._step(step, batch)
+            step += 1
+            self.reports.append(report)
+            if self.on_step is not None:
+                self.on_step(report)
+
+    def _step(self, step: int, batch: list[list[ScoredRollout]]) -> RLStepReport:
+        version_before = self.learner.version
+        rewards = [r.reward for group in batch for r in group]
+        staleness = [version_before - r.policy_version for group in batch for r in group]
+        result = self.learner.step(batch)
+        for group in batch:
+            self.trained_hashes.update(r.rollout_hash for r in group)
+            self.trained_from.update(r.worker for r in group)
+        self._new_version(self.learner.version)
+        return RLStepReport(
+            step=step,
+            version=self.learner.version,
+            mean_reward=statistics.fmean(rewards),
+            groups=len(batch),
+            rollouts=len(rewards),
+            mean_staleness=statistics.fmean(staleness),
+            stale_dropped=self.stale_dropped,
+            loss=float(result.loss),
+            published=self.learner.version in self.published_at,
+        )

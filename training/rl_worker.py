@@ -1,0 +1,286 @@
+"""The inference worker role: follow the run's policy, generate assigned rollouts with proofs, submit them.
+
+`InferenceWorker(node, config)` hosts a `WeightBroadcast` on the node and follows the run's
+versions, keeping the newest `async_level + 1` as models. Its loop takes assignment after
+assignment (`protocol.assignment`: the prompt and the sampling seeds are derived from the run,
+the version, this node's PeerID and a counter, never chosen), generates the group's completions
+with seeded sampling and TOPLOC proofs, seals the group with the node's key and submits it to a
+validator found through membership, failing over to the next validator when one does not
+answer. Every group ends in a `GroupReport` (version, accepted/rejected by reason, tokens/s).
+
+`cheat` makes a dishonest worker for demos, tests and benchmarks: it generates in another
+precision than it claims, or with other weights than the version it names.
+"""
+
+from __future__ import annotations
+
+import copy
+import enum
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from node.broadcast.broadcaster import WeightBroadcast
+from node.broadcast.config import BroadcastConfig
+from node.broadcast.store import VersionEntry
+from node.membership import LiveNode
+from node.node import HivenetNode
+from node.rollouts.client import submit_group
+from node.rollouts.peers import connect_member
+from node.runtime import offload
+from protocol.assignment import derive_assignment
+from protocol.node_record import Role
+from protocol.rollout_messages import seal_group
+from protocol.rollouts_pb2 import Rollout, RolloutGroup, RolloutVerdict
+from training.generation import generate
+from training.model import TinyGPT
+from training.rl_run import DTYPES, PolicyWindow, RLRunConfig, model_from_state
+from training.sampling import SamplingParams
+from training.tasks import Task, get_task
+
+__all__ = ["CheatMode", "GroupReport", "InferenceWorker"]
+
+logger = logging.getLogger(__name__)
+
+_NO_VALIDATOR_WAIT_S = 1.0
+_NO_VERSION_WAIT_S = 1.0
+
+
+class CheatMode(enum.StrEnum):
+    """Ways a dishonest worker can cut corners (only for demos, tests and benchmarks)."""
+
+    PRECISION = "precision"
+    """Generates in bfloat16 but claims the run's precision."""
+    WEIGHTS = "weights"
+    """Generates with perturbed weights but names the real version."""
+
+
+@dataclass
+class GroupReport:
+    """What happened to one submitted group."""
+
+    counter: int
+    version: int
+    validator: str
+    tokens: int
+    seconds: float
+    accepted: int = 0
+    rejected: Counter[str] = field(default_factory=Counter)
+    error: str = ""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    def describe(self) -> str:
+        if self.error:
+            return f"group {self.counter:>4} | v{self.version} | not judged: {self.error}"
+        rejected = ", ".join(f"{reason} {n}" for reason, n in sorted(self.rejected.items())) or "0"
+        return (
+            f"group {self.counter:>4} | v{self.version} | accepted {self.accepted} | rejected {rejected} | "
+            f"{self.tokens_per_s:,.0f} tokens/s | validator {self.validator}"
+        )
+
+
+class InferenceWorker:
+    """Generates and submits rollout groups for one RL run on a started node, in a thread of its own."""
+
+    def __init__(
+        self,
+        node: HivenetNode,
+        config: RLRunConfig,
+        *,
+        cheat: CheatMode | None = None,
+        on_group: Callable[[GroupReport], None] | None = None,
+        max_groups: int | None = None,
+    ) -> None:
+        assert node.dht is not None, "start the node first"
+        self.node = node
+        self.config = config
+        self.task: Task = get_task(config.task)
+        self.cheat = cheat
+        self.on_group = on_group
+        self.max_groups = max_groups
+        self.window = PolicyWindow(config.grpo.async_level + 1)
+        self.reports: list[GroupReport] = []
+        self.received_at: dict[int, float] = {}
+        """When each policy version became usable here (for the weight pick-up latency)."""
+        self.first_rollout_at: dict[int, float] = {}
+        self.cpu_seconds = 0.0
+        """CPU time the loop thread spent generating, proving and sealing (submission waits excluded)."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._validator_turn = 0
+        self.broadcast = node.add_service(
+            WeightBroadcast(
+                dht=node.dht,
+                identity=node.identity,
+                config=BroadcastConfig(
+                    store_dir=node.config.weights_dir,
+                    authorized_publishers=list(config.authorized_publishers),
+                    keep_versions=config.grpo.async_level + 1,
+                    follow_poll_s=0.5,
+                ),
+            )
+        )
+
+    # ---- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> InferenceWorker:
+        self.node.call(self._follow())
+        self._thread = threading.Thread(target=self._run, name=f"worker-{self.node.short_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    async def _follow(self) -> None:
+        self.broadcast.follow(self.config.run_id, on_version=self._on_version)
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # ---- policy versions -----------------------------------------------------------------
+
+    async def _on_version(self, entry: VersionEntry) -> None:
+        state = await offload(entry.load_state_dict)
+        model = await offload(model_from_state, self.config.model, state, DTYPES[self.config.worker_dtype])
+        self.window.add(entry.version, model)
+        self.received_at.setdefault(entry.version, time.time())
+        logger.info("[%s] policy version %d ready", self.node.short_id, entry.version)
+
+    def _generating_model(self, model: TinyGPT) -> TinyGPT:
+        if self.cheat is CheatMode.PRECISION:
+            other = torch.bfloat16 if model.dtype != torch.bfloat16 else torch.float32
+            return copy.deepcopy(model).to(other).eval()
+        if self.cheat is CheatMode.WEIGHTS:
+            tampered = copy.deepcopy(model)
+            with torch.no_grad():
+                for p in tampered.parameters():
+                    p.mul_(1.0 + 0.01 * torch.randn_like(p))
+            return tampered.eval()
+        return model
+
+    # ---- the loop ------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        counter = 0
+        while not self._stop.is_set() and (self.max_groups is None or counter < self.max_groups):
+            newest = self.window.newest()
+            if newest is None:
+                self._stop.wait(_NO_VERSION_WAIT_S)
+                continue
+            version, model = newest
+            try:
+                report = self._one_group(counter, version, model)
+            except Exception as exc:  # a bug must not kill the worker silently
+                logger.exception("[%s] group %d failed", self.node.short_id, counter)
+                report = GroupReport(counter, version, "-", 0, 0.0, error=repr(exc))
+            if report is None:
+                continue  # stopped while looking for a validator
+            counter += 1
+            self.reports.append(report)
+            if self.on_group is not None:
+                self.on_group(report)
+
+    def _one_group(self, counter: int, version: int, model: TinyGPT) -> GroupReport | None:
+        grpo = self.config.grpo
+        me = self.node.identity.peer_id_bytes
+        assignment = derive_assignment(self.config.run_id, version, me, counter, grpo.group_size)
+        prompt = self.task.prompt(assignment.prompt_seed)
+        sampling = SamplingParams(temperature=grpo.temperature, top_p=grpo.top_p)
+        generator = self._generating_model(model)
+        started = time.perf_counter()
+        cpu_started = time.thread_time()
+        self.first_rollout_at.setdefault(version, time.time())
+        rollouts = []
+        tokens = 0
+        for seed in assignment.sampling_seeds:
+            # proofs inline: the whole cost of a rollout stays on this thread's CPU clock
+            out = generate(
+                generator,
+                prompt,
+                self.task.max_new_tokens,
+                sampling,
+                seed,
+                stop_token=self.task.stop_token,
+                background_proofs=False,
+            )
+            tokens += len(out.completion_ids)
+            rollouts.append(
+                Rollout(
+                    prompt_ids=prompt,
+                    completion_ids=out.completion_ids,
+                    dtype=self.config.worker_dtype,
+                    temperature=grpo.temperature,
+                    top_p=grpo.top_p,
+                    seed=seed,
+                    proofs=out.proofs,
+                ).SerializeToString()
+            )
+        seconds = time.perf_counter() - started
+        group = RolloutGroup(policy_version=version, counter=counter, task=self.task.name, rollouts=rollouts)
+        sealed = seal_group(
+            self.node.identity.private_key, run_id=self.config.run_id, group=group, seq=counter
+        )
+        self.cpu_seconds += time.thread_time() - cpu_started
+        outcome = self._submit(sealed)
+        if outcome is None:
+            return None
+        validator, verdicts, error = outcome
+        report = GroupReport(counter, version, validator, tokens, seconds, error=error)
+        for verdict in verdicts:
+            if verdict.accepted:
+                report.accepted += 1
+            else:
+                report.rejected[verdict.reason] += 1
+        return report
+
+    def _submit(self, sealed: bytes) -> tuple[str, list[RolloutVerdict], str] | None:
+        """Submit to one validator after another until one judges the group; None if stopped first."""
+        while not self._stop.is_set():
+            validators = self.node.discover(Role.VALIDATOR)
+            if not validators:
+                self._stop.wait(_NO_VALIDATOR_WAIT_S)
+                continue
+            self._validator_turn += 1
+            ordered = (
+                validators[self._validator_turn % len(validators) :]
+                + validators[: self._validator_turn % len(validators)]
+            )
+            errors = []
+            for live in ordered:
+                try:
+                    verdicts = self.node.call(
+                        self._submit_to(live, sealed), timeout_s=self.config.submit_timeout_s + 15.0
+                    )
+                except Exception as exc:
+                    errors.append(f"{live.short_id}: {exc}")
+                    logger.warning(
+                        "[%s] validator %s: %s; trying another", self.node.short_id, live.short_id, exc
+                    )
+                    continue
+                return live.short_id, verdicts, ""
+            logger.warning("[%s] no validator judged the group: %s", self.node.short_id, "; ".join(errors))
+            self._stop.wait(_NO_VALIDATOR_WAIT_S)
+        return None
+
+    async def _submit_to(self, validator: LiveNode, sealed: bytes) -> list[RolloutVerdict]:
+        """Dial `validator` at the addresses of its own signed record, then submit."""
+        await connect_member(self.broadcast.p2p, validator)
+        return await submit_group(
+            self.broadcast.p2p,
+            validator.peer_id,
+            sealed,
+            run_id=self.config.run_id,
+            timeout_s=self.config.submit_timeout_s,
+        )

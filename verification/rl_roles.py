@@ -1,0 +1,175 @@
+"""The validator on the network: inside a trainer process, or as a node of its own.
+
+- `TrainerJudge` adapts a `Validator` to what `training.rl_trainer.RLTrainer` consumes (the
+  trainer's own validator: verdicts go back to the worker, accepted rollouts straight to GRPO).
+- `start_rl_trainer(node, config, policy)` builds that validator and the trainer on a node
+  announced as trainer and validator.
+- `StandaloneValidator(node, config)`: `--role validator` on an RL run. It follows the run's
+  policy versions through the weight broadcast (the newest `async_level + 1`; the newest
+  published version is its staleness reference), judges the groups workers submit to it, and
+  forwards each group with its accepted rollouts to the run's trainers, which re-check every
+  signature and accept forwards only from validators they trust.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from node.broadcast.broadcaster import WeightBroadcast
+from node.broadcast.config import BroadcastConfig
+from node.broadcast.store import VersionEntry
+from node.node import HivenetNode
+from node.rollouts.forward import forward_group
+from node.rollouts.intake import RolloutIntake
+from node.rollouts.peers import connect_member
+from node.runtime import offload
+from protocol.envelope import Envelope
+from protocol.node_record import Role
+from protocol.rollouts_pb2 import RolloutGroup
+from training.grpo import ScoredRollout
+from training.model import TinyGPT
+from training.rl_run import RLRunConfig, group_id, model_from_state
+from training.rl_trainer import RLStepReport, RLTrainer
+from training.tasks import get_task
+from verification.validator import Validator, VerifiedRollout
+
+__all__ = ["StandaloneValidator", "TrainerJudge", "scored", "start_rl_trainer"]
+
+logger = logging.getLogger(__name__)
+
+FORWARD_TIMEOUT_S = 30.0
+
+
+def scored(rollout: VerifiedRollout) -> ScoredRollout:
+    """A verified rollout as the learner takes it (the reward is the validator's recomputation)."""
+    return ScoredRollout(
+        prompt_ids=list(rollout.prompt_ids),
+        completion_ids=list(rollout.completion_ids),
+        reward=rollout.reward,
+        policy_version=rollout.policy_version,
+        group_id=group_id(rollout.worker, rollout.counter),
+        rollout_hash=rollout.rollout_hash,
+        worker=rollout.worker,
+    )
+
+
+def make_validator(node: HivenetNode, config: RLRunConfig) -> Validator:
+    return Validator(
+        private_key=node.identity.private_key,
+        run_id=config.run_id,
+        task=get_task(config.task),
+        group_size=config.grpo.group_size,
+        async_level=config.grpo.async_level,
+        sampling=config.grpo.sampling,
+    )
+
+
+class TrainerJudge:
+    """A `Validator` seen through the trainer's `RolloutJudge` interface."""
+
+    def __init__(self, validator: Validator) -> None:
+        self.validator = validator
+        self.cpu_seconds = 0.0
+        """CPU time spent judging (verdicts and rewards), on whichever thread judged."""
+        self.rollouts_judged = 0
+
+    def judge_group(self, worker: bytes, group: RolloutGroup) -> tuple[list[bytes], list[ScoredRollout]]:
+        started = time.thread_time()
+        verdicts, accepted = self.validator.judge_group(worker, group)
+        self.cpu_seconds += time.thread_time() - started
+        self.rollouts_judged += len(verdicts)
+        return verdicts, [scored(r) for r in accepted]
+
+    def add_version(self, version: int, model: TinyGPT) -> None:
+        self.validator.add_version(version, model)
+
+    def set_trainer_step(self, step: int) -> None:
+        self.validator.set_trainer_step(step)
+
+
+def start_rl_trainer(
+    node: HivenetNode,
+    config: RLRunConfig,
+    policy: TinyGPT,
+    *,
+    checkpoint_dir: Path | None = None,
+    on_step: Callable[[RLStepReport], None] | None = None,
+) -> tuple[RLTrainer, Validator]:
+    """A trainer with its own validator on a started `node`; returns both (the trainer is started)."""
+    validator = make_validator(node, config)
+    trainer = RLTrainer(
+        node, config, TrainerJudge(validator), policy, checkpoint_dir=checkpoint_dir, on_step=on_step
+    )
+    return trainer.start(), validator
+
+
+class StandaloneValidator:
+    """A validator node: follows the policy, judges submitted groups, forwards accepted rollouts."""
+
+    def __init__(self, node: HivenetNode, config: RLRunConfig) -> None:
+        assert node.dht is not None, "start the node first"
+        self.node = node
+        self.config = config
+        self.validator = make_validator(node, config)
+        self.broadcast = node.add_service(
+            WeightBroadcast(
+                dht=node.dht,
+                identity=node.identity,
+                config=BroadcastConfig(
+                    store_dir=node.config.weights_dir,
+                    authorized_publishers=list(config.authorized_publishers),
+                    keep_versions=config.grpo.async_level + 1,
+                    follow_poll_s=0.5,
+                ),
+            )
+        )
+        self.intake = node.add_service(
+            RolloutIntake(
+                dht=node.dht, identity=node.identity, run_id=config.run_id, handler=self._handle_group
+            )
+        )
+        self._forward_seq = itertools.count(time.time_ns())
+
+    def start(self) -> StandaloneValidator:
+        self.node.call(self._follow())
+        return self
+
+    async def _follow(self) -> None:
+        self.broadcast.follow(self.config.run_id, on_version=self._on_version)
+
+    async def _on_version(self, entry: VersionEntry) -> None:
+        state = await offload(entry.load_state_dict)
+        model = await offload(model_from_state, self.config.model, state, TinyGPT(self.config.model).dtype)
+        self.validator.add_version(entry.version, model)
+        self.validator.set_trainer_step(entry.version)
+
+    async def _handle_group(self, worker: bytes, envelope: Envelope, group: RolloutGroup) -> list[bytes]:
+        verdicts, accepted = await offload(self.validator.judge_group, worker, group)
+        if accepted:
+            await self._forward(envelope, verdicts)
+        return verdicts
+
+    async def _forward(self, envelope: Envelope, verdicts: list[bytes]) -> None:
+        """Hand the group and its receipts to every trainer of the run (each trusts this validator or not)."""
+        trainers = await offload(self.node.discover, Role.TRAINER)
+        for trainer in trainers:
+            try:
+                await connect_member(self.broadcast.p2p, trainer)
+                await forward_group(
+                    self.broadcast.p2p,
+                    trainer.peer_id,
+                    private_key=self.node.identity.private_key,
+                    run_id=self.config.run_id,
+                    sealed_group=envelope.sealed,
+                    sealed_verdicts=verdicts,
+                    timeout_s=FORWARD_TIMEOUT_S,
+                    seq=next(self._forward_seq),
+                )
+            except Exception as exc:
+                logger.warning(
+                    "[%s] could not forward to trainer %s: %s", self.node.short_id, trainer.short_id, exc
+                )
