@@ -20,6 +20,10 @@ class StreamServiceConfig(BaseModel):
     """Most streams served at once; more are refused as busy."""
     max_streams_per_peer: int = Field(default=2, ge=1)
     """Most streams one peer may hold open at once; more are refused as busy."""
+    refusal_linger_s: float = Field(default=2.0, ge=0)
+    """After refusing a stream, how long what the peer still sends is read and discarded so that it can
+    read the refusal before the stream closes (closing with unread data resets the stream, and the
+    reset can overtake the answer)."""
     ban_base_s: float = Field(default=60.0, gt=0)
     """First ban of a peer that sent a malformed or oversized message; each further ban doubles it."""
     ban_max_s: float = Field(default=24 * 3600.0, gt=0)

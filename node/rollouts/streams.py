@@ -3,8 +3,9 @@
 Frames are those of the weight broadcast (`node.broadcast.wire`: a 4-byte length, then the
 bytes), so a frame longer than the service's cap is refused after reading its length alone.
 `FramedService` serves one libp2p protocol with the hardening every intake needs: banned peers
-and peers over the per-peer or total stream cap get an error response without a single byte
-being read; the first and every later frame must arrive within `frame_timeout_s`; a frame that
+and peers over the per-peer or total stream cap get an error response before a byte of their
+stream is parsed (what they still send is discarded for a moment, so the answer is not lost to a
+stream reset); the first and every later frame must arrive within `frame_timeout_s`; a frame that
 is oversized or that the subclass finds malformed (`InvalidMessage`) gets its sender banned and
 an error response. `exchange` is the requesting side: it dials a peer **by PeerID only** (its
 addresses come from the node's own peer store, never from a message), sends one frame and reads
@@ -32,6 +33,9 @@ from protocol.errors import InvalidMessage
 from protocol.limits import MAX_SUBMIT_ERROR_CHARS
 
 logger = logging.getLogger(__name__)
+
+
+_DISCARD_CHUNK_BYTES = 64 * 1024
 
 
 def clip(text: str) -> str:
@@ -132,6 +136,17 @@ class FramedService:
     async def _respond(self, writer: asyncio.StreamWriter, response: bytes) -> None:
         await asyncio.wait_for(write_frame(writer, response), self.config.frame_timeout_s)
 
+    async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, error: str) -> None:
+        """Answer `error`, then discard what the peer still sends until it hangs up (bounded in time and
+        bytes). Closing a stream that still has unread inbound data resets it, and the reset can
+        overtake the answer: the peer would learn nothing of why it was refused."""
+        await self._respond(writer, self.error_response(clip(error)))
+        budget = self.max_frame_bytes + 4
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.config.refusal_linger_s):
+                while budget > 0 and (data := await reader.read(min(_DISCARD_CHUNK_BYTES, budget))):
+                    budget -= len(data)
+
     async def handle_stream(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
@@ -140,7 +155,7 @@ class FramedService:
         try:
             refusal = self._admission(peer)
             if refusal is not None:
-                await self._respond(writer, self.error_response(clip(refusal)))
+                await self._refuse(reader, writer, refusal)
                 return
             self._streams += 1
             self._streams_per_peer[key] += 1
@@ -154,7 +169,7 @@ class FramedService:
         except InvalidMessage as exc:
             self.bans.ban(peer, f"bad {self.what}: {exc}")
             with contextlib.suppress(Exception):
-                await self._respond(writer, self.error_response(clip(f"refused, sender banned: {exc}")))
+                await self._refuse(reader, writer, f"refused, sender banned: {exc}")
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, OSError):
             pass
         except Exception as exc:  # one bad stream must never take the node down

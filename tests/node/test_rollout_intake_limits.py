@@ -26,11 +26,17 @@ WORKERS = [key(f"limits worker {i}") for i in range(3)]
 
 
 class _Writer:
-    def __init__(self) -> None:
+    """Collects what a stream handler writes, and how many bytes its reader had not consumed then."""
+
+    def __init__(self, reader: asyncio.StreamReader | None = None) -> None:
         self.data = bytearray()
         self.closed = False
+        self.reader = reader
+        self.unread_at_first_write: int | None = None
 
     def write(self, data: bytes) -> None:
+        if self.unread_at_first_write is None and self.reader is not None:
+            self.unread_at_first_write = len(self.reader._buffer)  # type: ignore[attr-defined]
         self.data.extend(data)
 
     async def drain(self) -> None:
@@ -158,12 +164,13 @@ def test_forward_intake_answers_untrusted_peers_before_reading() -> None:
             config=ForwardConfig(trusted_validators=[PeerID(peer_bytes(VALIDATOR)).to_base58()]),
         )
         reader = asyncio.StreamReader()
-        reader.feed_data(b"\x7f\xff\xff\xff" + b"garbage")  # never read: no ban, no parse
-        writer = _Writer()
+        reader.feed_data(b"\x7f\xff\xff\xff" + b"garbage")  # never parsed: no ban
+        reader.feed_eof()
+        writer = _Writer(reader)
         await intake.handle_stream(PeerID(peer_bytes(WORKERS[1])), reader, writer)  # type: ignore[arg-type]
         (response,) = writer.responses()
         assert "trusted validators" in fpb.ForwardResponse.FromString(response).error
-        assert await reader.readexactly(11) == b"\x7f\xff\xff\xffgarbage"
+        assert writer.unread_at_first_write == 11  # answered before reading a byte
         assert not intake.bans.is_banned(PeerID(peer_bytes(WORKERS[1])))
 
     asyncio.run(main())

@@ -18,6 +18,7 @@ from hivemind.p2p import P2P
 
 from node.broadcast.wire import read_frame, write_frame
 from node.identity import Identity
+from node.membership import LiveNode
 from node.rollouts import (
     PROTO_SUBMIT,
     ForwardConfig,
@@ -27,6 +28,7 @@ from node.rollouts import (
     RolloutIntake,
     SubmissionRefused,
     SubmissionTimeout,
+    connect_member,
     forward_group,
     replicate_p2p,
     submit_group,
@@ -36,6 +38,7 @@ from protocol import rollout_forward_pb2 as fpb
 from protocol import rollouts_pb2 as rpb
 from protocol.envelope import Envelope
 from protocol.errors import InvalidMessage
+from protocol.node_record import Capabilities, NodeRecord, Role
 from protocol.rollout_messages import Forwarded, open_verdict, rollout_hash, seal_group
 from tests.helpers.broadcast import Swarm, SwarmNode, async_wait_until, open_swarm
 from tests.helpers.rollouts import RUN, key, make_group, verdicts_for
@@ -387,5 +390,33 @@ def test_forward_signed_by_another_validator_than_the_stream_is_refused(swarm: S
                     timeout_s=20,
                 )
             assert not received and intake.bans.is_banned(validator.identity.peer_id)
+
+    asyncio.run(main())
+
+
+def test_connect_member_dials_only_the_addresses_of_its_own_record(swarm: Swarm) -> None:
+    _, validator, trainer = _ids(swarm)
+
+    def member(addresses: tuple[str, ...]) -> LiveNode:
+        record = NodeRecord(
+            peer_id=validator.identity.peer_id_bytes,
+            roles=(Role.VALIDATOR,),
+            public_name="validator",
+            run_id=RUN,
+            software_version="0.1.0",
+            protocol_version=1,
+            capabilities=Capabilities(cpu_count=1, memory_bytes=1 << 30, accelerator=""),
+            addresses=addresses,
+            started_at=0.0,
+            instance_id=b"\x01" * 16,
+        )
+        return LiveNode(record=record, expires_at=0.0, seq=1)
+
+    async def main() -> None:
+        own = f"/p2p/{validator.identity.peer_id.to_base58()}"
+        addresses = tuple(str(m).removesuffix(own) for m in validator.dht.get_visible_maddrs())
+        async with client_of(trainer) as p2p:
+            assert await connect_member(p2p, member(addresses))
+            assert not await connect_member(p2p, member(()))
 
     asyncio.run(main())
