@@ -101,24 +101,20 @@ def run_rl_simulation(config: Any, *, workers: int, cheat: str) -> None:
             str(step.step), str(step.version), f"{step.mean_reward:.3f}", f"{step.mean_staleness:.2f}"
         )
     console.print(curve)
-    workers_table = Table(title="workers")
-    for column in ("worker", "honest", "groups", "accepted", "rejected", "trained on", "validator's view"):
+    workers_table = Table(title="workers, as their validator saw them")
+    for column in ("worker", "honest", "groups", "accepted", "rejected (rollouts, by reason)", "trained on", "bans"):
         workers_table.add_column(column)
     stats = result.validator_stats
-    for name, groups in result.groups.items():
-        accepted = sum(g.accepted for g in groups)
-        rejected: Counter[str] = Counter()
-        for g in groups:
-            rejected.update(g.rejected)
-        view = stats.describe_worker(result.worker_peers[name]) if stats is not None else "-"
+    for name in result.groups:
+        seen = stats.workers.get(result.worker_peers[name]) if stats is not None else None
         workers_table.add_row(
             name,
-            "no: " + result.cheaters[name] if name in result.cheaters else "yes",
-            str(len(groups)),
-            str(accepted),
-            ", ".join(f"{k} {v}" for k, v in sorted(rejected.items())) or "0",
+            f"no ({result.cheaters[name]})" if name in result.cheaters else "yes",
+            str(seen.groups) if seen else "0",
+            str(seen.accepted) if seen else "0",
+            ", ".join(f"{k} {v}" for k, v in sorted(seen.rejected.items())) if seen and seen.rejected else "-",
             str(result.trained_from.get(name, 0)),
-            view,
+            str(seen.strikes) if seen else "0",
         )
     console.print(workers_table)
 

@@ -148,13 +148,13 @@ def simulate_rl(
                 if all(sum(not r.error for r in w.reports) >= min_groups_each for w in running):
                     break
                 stop.wait(_POLL_S)
-            result.validator_stats = validator.stats()
         finally:
             stop.set()
             for worker in running:
                 worker.stop()
             if trainer is not None:
                 trainer.stop()
+                result.validator_stats = validator.stats()
             for node in reversed(nodes):
                 with contextlib.suppress(Exception):
                     node.stop()
