@@ -39,12 +39,15 @@ from node.broadcast.errors import DiskFull, FetchStalled, StoreError
 from node.broadcast.requests import NotHeld, Stream, open_watch, read_have_update, request_chunk
 from node.broadcast.store import VersionEntry
 from node.runtime import offload
+from protocol import broadcast_pb2 as bpb
 from protocol.errors import InvalidMessage
 from protocol.manifest import bitmap_get, parse_bitmap
 
 logger = logging.getLogger(__name__)
 
 _MAX_FETCHING_HINTS = 64
+_MIN_WATCH_S = 1.0
+"""A source whose watch streams end sooner than this is dropped (retried later) rather than re-watched."""
 
 
 @dataclass
@@ -194,37 +197,52 @@ class VersionFetch:
             self.availability[index] -= 1
 
     async def _watch(self, source: _Source) -> None:
-        """Follow a source's chunk bitmap (full bitmap, then have/fetching updates) until it ends."""
-        num_chunks = self.manifest.num_chunks
-        writer: asyncio.StreamWriter | None = None
+        """Follow a source's chunk bitmap until the watch fails; one the source closes after a while (the
+        end of its lifetime, or a busy source evicting it) is opened again."""
         try:
-            reader, writer = await asyncio.wait_for(
-                open_watch(self.p2p, source.peer_id, self.manifest), self.config.request_timeout_s
-            )
             while True:
-                update = await read_have_update(reader, num_chunks)
-                if source.bitmap is None:
-                    claimed = parse_bitmap(update.bitmap, num_chunks)
-                    source.bitmap = bytearray(len(claimed))
-                    for index in range(num_chunks):
-                        if bitmap_get(claimed, index):
-                            self._mark_has(source, index)
-                elif update.bitmap:
-                    raise InvalidMessage("a second full bitmap on one watch stream")
-                for index in update.new_chunks:
-                    self._mark_has(source, index)
-                for index in update.fetching:
-                    self._mark_fetching(source, index)
-                self._wake.set()
+                opened = time.monotonic()
+                await self._follow_one_watch(source)
+                if time.monotonic() - opened < _MIN_WATCH_S:
+                    raise ConnectionError("source keeps closing its bitmap stream")
         except asyncio.CancelledError:
             raise
         except InvalidMessage as exc:
             self._drop_source(source, reason=f"bad bitmap stream: {exc}", ban=True)
         except Exception as exc:
             self._drop_source(source, reason=f"bitmap stream ended: {exc!r}")
+
+    async def _follow_one_watch(self, source: _Source) -> None:
+        """One watch stream: its full bitmap, then have/fetching updates; returns when the source closes it."""
+        num_chunks = self.manifest.num_chunks
+        reader, writer = await asyncio.wait_for(
+            open_watch(self.p2p, source.peer_id, self.manifest), self.config.request_timeout_s
+        )
+        try:
+            update = await read_have_update(reader, num_chunks)
+            claimed = parse_bitmap(update.bitmap, num_chunks)
+            if source.bitmap is None:
+                source.bitmap = bytearray(len(claimed))
+            for index in range(num_chunks):
+                if bitmap_get(claimed, index):
+                    self._mark_has(source, index)
+            while True:
+                self._apply_update(source, update)
+                try:
+                    update = await read_have_update(reader, num_chunks)
+                except ConnectionError:
+                    return
+                if update.bitmap:
+                    raise InvalidMessage("a second full bitmap on one watch stream")
         finally:
-            if writer is not None:
-                writer.close()
+            writer.close()
+
+    def _apply_update(self, source: _Source, update: bpb.HaveUpdate) -> None:
+        for index in update.new_chunks:
+            self._mark_has(source, index)
+        for index in update.fetching:
+            self._mark_fetching(source, index)
+        self._wake.set()
 
     async def _refresh_sources(self) -> None:
         while True:
