@@ -29,6 +29,9 @@ class BroadcastConfig(BaseModel):
     bound and 1 took 1.24x. Each fetch still keeps one request at every source busy."""
     max_sources: int = Field(default=32, ge=1)
     """Most holders a fetch downloads from at once."""
+    max_holders_considered: int = Field(default=16, ge=1)
+    """Most announced holders a fetch (or a manifest lookup) considers per refresh: a random sample.
+    Only those it picks as sources are dialled, so announcements cannot make fetchers dial anyone."""
     endgame_max_requests: int = Field(default=2, ge=1)
     """In the endgame, the most sources asked at once for one of the last missing chunks."""
     request_timeout_s: float = Field(default=60.0, gt=0)

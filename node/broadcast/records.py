@@ -4,7 +4,8 @@
   under the version's key and, for its newest version of a run, one under the run's `latest` key.
   Only pointers signed by an authorised publisher are believed.
 - A **holder announcement** says that a peer holds (part of) a version and where it can be
-  dialled; it is a claim, and every chunk is verified on arrival anyway.
+  dialled; it is a claim, and every chunk is verified on arrival anyway. Reading one dials
+  nobody: a fetch dials only the holders it picks (`node.broadcast.dialing`).
 
 `BroadcastRecords` reads both, announces this node's, and keeps them fresh: every third of
 the shorter TTL it re-announces each version it holds and each pointer it publishes, so a
@@ -16,12 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from hivemind.p2p import P2P, PeerID
-from multiaddr import Multiaddr
 
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
@@ -38,10 +37,6 @@ from protocol.manifest import (
 )
 
 logger = logging.getLogger(__name__)
-
-_REDIAL_AFTER_S = 30.0
-"""A holder dialled this recently is not dialled again: p2pd keeps the addresses it was given."""
-_DIAL_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -81,7 +76,6 @@ class BroadcastRecords:
         self.published: dict[tuple[str, int], Manifest] = {}
         self._announcer: asyncio.Task[None] | None = None
         self._addresses: tuple[str, ...] | None = None
-        self._dialed: dict[bytes, float] = {}
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -134,28 +128,6 @@ class BroadcastRecords:
             )
         return holders
 
-    async def reachable_holders(self, pointer: WeightsPointer) -> list[PeerID]:
-        """The holders of the pointer's version, each dialled at the addresses it announced."""
-        holders = await self.find_holders(pointer.run_id, pointer.version, pointer.manifest_sha256)
-        await asyncio.gather(*(self._dial(h) for h in holders))
-        return [h.peer_id for h in holders]
-
-    async def _dial(self, holder: HolderInfo) -> None:
-        """Make sure p2pd knows how to reach `holder` (a holder's addresses come from its signed announcement)."""
-        key = holder.peer_id.to_bytes()
-        if (
-            not holder.addresses
-            or holder.peer_id == self.peer_id
-            or self._dialed.get(key, 0.0) > time.monotonic()
-        ):
-            return
-        self._dialed[key] = time.monotonic() + _REDIAL_AFTER_S
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(
-                self.p2p._client.connect(holder.peer_id, [Multiaddr(a) for a in holder.addresses]),
-                timeout=_DIAL_TIMEOUT_S,
-            )
-
     # ---- announcing ----------------------------------------------------------------------
 
     async def announce_holder(self, entry: VersionEntry) -> None:
@@ -166,7 +138,7 @@ class BroadcastRecords:
             manifest_sha256=entry.manifest.sha256,
             chunks_held=entry.chunks_held,
             num_chunks=entry.manifest.num_chunks,
-            addresses=await self._own_addresses(),
+            addresses=await self.own_addresses(),
         )
         await self.signed.store(
             weights_holders_key(entry.run_id, entry.version),
@@ -192,7 +164,8 @@ class BroadcastRecords:
                 ttl_s=self.config.pointer_ttl_s,
             )
 
-    async def _own_addresses(self) -> tuple[str, ...]:
+    async def own_addresses(self) -> tuple[str, ...]:
+        """This node's announced addresses (its p2pd's visible ones, no relays)."""
         if self._addresses is None:
             try:
                 maddrs = await self.p2p.get_visible_maddrs()
