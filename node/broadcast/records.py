@@ -38,6 +38,9 @@ from protocol.manifest import (
 
 logger = logging.getLogger(__name__)
 
+_FORWARD_PROBES = 8
+"""Most versions after the one `latest` names that one lookup of the newest follows."""
+
 
 @dataclass
 class HolderInfo:
@@ -76,12 +79,51 @@ class BroadcastRecords:
         self.published: dict[tuple[str, int], Manifest] = {}
         self._announcer: asyncio.Task[None] | None = None
         self._addresses: tuple[str, ...] | None = None
+        self._newest_seen: dict[str, WeightsPointer] = {}
+        """Per run, the newest authorised pointer found so far."""
 
     # ---- reading -------------------------------------------------------------------------
 
     async def find_pointer(self, run_id: str, version: int | None = None) -> WeightsPointer | None:
-        """The authorised pointer to `version`, or to the newest version when None; None if there is none."""
-        key = weights_pointer_key(run_id) if version is None else weights_version_key(run_id, version)
+        """The authorised pointer to `version`, or to the newest version when None; None if there is none.
+
+        The newest never goes back: a captured older pointer re-stored under `latest` (or the newer
+        one hidden) cannot roll a node back below a version it has seen, holds or published, and
+        the versions right after the one `latest` names are looked up under their own keys, so a
+        rolled-back `latest` does not mislead a new joiner either while versions follow one another.
+        """
+        if version is not None:
+            found = await self._find_at(weights_version_key(run_id, version), run_id, version)
+        else:
+            found = await self._find_at(weights_pointer_key(run_id), run_id, None)
+            known = self._newest_known(run_id)
+            if known is not None and (found is None or known.version > found.version):
+                found = known
+            for _ in range(_FORWARD_PROBES):
+                if found is None:
+                    break
+                following = await self._find_at(
+                    weights_version_key(run_id, found.version + 1), run_id, found.version + 1
+                )
+                if following is None:
+                    break
+                found = following
+        if found is not None:
+            newest = self._newest_seen.get(run_id)
+            if newest is None or found.version > newest.version:
+                self._newest_seen[run_id] = found
+        return found
+
+    def _newest_known(self, run_id: str) -> WeightsPointer | None:
+        """The newest authorised pointer of `run_id` this node has seen, holds or published."""
+        known = [pointer for pointer in (self._newest_seen.get(run_id),) if pointer is not None]
+        known += [e.manifest.pointer() for e in self.held() if e.run_id == run_id]
+        known += [m.pointer() for (run, _), m in self.published.items() if run == run_id]
+        known = [p for p in known if p.publisher in self.authorized]
+        return max(known, key=lambda p: (p.version, p.publisher), default=None)
+
+    async def _find_at(self, key: str, run_id: str, version: int | None) -> WeightsPointer | None:
+        """The authorised pointer under `key` with the highest version (to `version` only, if given)."""
         best: WeightsPointer | None = None
         values = await self.signed.get(
             key, domain=WEIGHTS_POINTER_DOMAIN, run_id=run_id, max_ttl_s=MAX_WEIGHTS_POINTER_TTL_S

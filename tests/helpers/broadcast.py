@@ -177,3 +177,26 @@ async def announce_fake_holders(
         assert stored
         identities.append(identity)
     return identities
+
+
+async def store_in_caches(
+    _dht: Any, node: Any, key: str, records: list[tuple[str, bytes, float]], targets: list[Any]
+) -> list[bool]:
+    """Store (subkey, raw value, expiration) records under `key` in the *cache* of each target peer, as
+    hivemind's caching of found values does (run in an attacker's DHT process via `run_coroutine`)."""
+    from hivemind.dht.routing import DHTID
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    key_id = DHTID.generate(source=key)
+    results = []
+    for target in targets:
+        outcome = await node.protocol.call_store(
+            target,
+            [key_id] * len(records),
+            [MSGPackSerializer.dumps(value) for _, value, _ in records],
+            [expiration for _, _, expiration in records],
+            subkeys=[subkey for subkey, _, _ in records],
+            in_cache=True,
+        )
+        results.append(bool(outcome) and all(outcome))
+    return results
