@@ -11,7 +11,9 @@ Map of the package:
 - `requests`: the requesting side of the protocol (one chunk, a bitmap stream, `NotHeld`, `SourceBusy`).
 - `manifest_fetch`: a version's manifest from the publisher or any holder, checked against the pointer.
 - `records.BroadcastRecords`: signed pointers and holder announcements in the DHT (find, announce, refresh).
+- `dialing.HolderDialer`: dials only the holders a fetch picks, sparingly, never at others' addresses.
 - `service.BroadcastService`: serves manifests, chunks and live bitmaps over libp2p streams (`rpc_*`).
+- `watch_slots.WatchSlots`: the watch streams' own budget (per-peer cap, eviction of the heaviest).
 - `publish`: safetensors serialisation, chunk hashing, manifest signing (`prepare_state_dict`, `prepare_file`).
 - `wire`: size-capped framing and the upload token bucket (`RateLimiter`).
 - `errors`: `DiskFull`, `WeightsUnavailable`, `StoreError`.

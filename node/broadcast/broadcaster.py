@@ -30,6 +30,7 @@ from hivemind.p2p import P2P, PeerID
 
 from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
+from node.broadcast.dialing import HolderDialer
 from node.broadcast.errors import FetchStalled, StoreError, WeightsUnavailable
 from node.broadcast.fetch import FetchProgress, VersionFetch
 from node.broadcast.manifest_fetch import obtain_manifest
@@ -76,6 +77,7 @@ class _Running:
     owns_p2p: bool
     service: BroadcastService
     records: BroadcastRecords
+    dialer: HolderDialer
 
 
 class WeightBroadcast:
@@ -130,6 +132,10 @@ class WeightBroadcast:
     def records(self) -> BroadcastRecords:
         return self._live.records
 
+    @property
+    def dialer(self) -> HolderDialer:
+        return self._live.dialer
+
     async def start(self) -> None:
         """Start serving, re-open (and re-verify) the versions already in the store, start announcing."""
         p2p = self._given_p2p
@@ -147,7 +153,10 @@ class WeightBroadcast:
             held=service.offered,
             owner=self.owner,
         )
-        self._running = _Running(p2p=p2p, owns_p2p=self._given_p2p is None, service=service, records=records)
+        dialer = HolderDialer(p2p, self.peer_id, records.own_addresses)
+        self._running = _Running(
+            p2p=p2p, owns_p2p=self._given_p2p is None, service=service, records=records, dialer=dialer
+        )
         try:
             await service.start()
             await offload(self._reopen_store)
@@ -310,6 +319,10 @@ class WeightBroadcast:
                 "check the run id, the authorised publishers and that the publisher is online"
             )
         key = (run_id, pointer.version)
+
+        async def find_holders() -> list[HolderInfo]:
+            return await self.records.find_holders(run_id, pointer.version, pointer.manifest_sha256)
+
         lock = self._fetch_locks.setdefault(key, asyncio.Lock())
         async with lock:
             entry = self.store.get(run_id, pointer.version)
@@ -322,7 +335,9 @@ class WeightBroadcast:
                 manifest = await obtain_manifest(
                     self.p2p,
                     pointer,
-                    find_holders=lambda: self.records.reachable_holders(pointer),
+                    find_holders=find_holders,
+                    dial=self.dialer.dial,
+                    max_holders=self.config.max_holders_considered,
                     own_peer_id=self.peer_id,
                     bans=self.bans,
                     authorized=self.authorized,
@@ -342,7 +357,8 @@ class WeightBroadcast:
                     bans=self.bans,
                     own_peer_id=self.peer_id,
                     publisher=PeerID(pointer.publisher),
-                    find_holders=lambda: self.records.reachable_holders(pointer),
+                    find_holders=find_holders,
+                    dial=self.dialer.dial,
                     on_chunk=lambda index: self.service.chunk_added(entry, index),
                     on_request=lambda index: self.service.chunk_requested(entry, index),
                     progress=progress,

@@ -29,6 +29,9 @@ class BroadcastConfig(BaseModel):
     bound and 1 took 1.24x. Each fetch still keeps one request at every source busy."""
     max_sources: int = Field(default=32, ge=1)
     """Most holders a fetch downloads from at once."""
+    max_holders_considered: int = Field(default=16, ge=1)
+    """Most announced holders a fetch (or a manifest lookup) considers per refresh: a random sample.
+    Only those it picks as sources are dialled, so announcements cannot make fetchers dial anyone."""
     endgame_max_requests: int = Field(default=2, ge=1)
     """In the endgame, the most sources asked at once for one of the last missing chunks."""
     request_timeout_s: float = Field(default=60.0, gt=0)
@@ -54,9 +57,17 @@ class BroadcastConfig(BaseModel):
     """Chunks uploaded at once; further requests wait in FIFO order. Few slots let each chunk leave at the
     full upload rate, so other peers can re-serve it sooner, instead of every chunk crawling in parallel."""
     max_upload_streams: int = Field(default=64, ge=1)
-    """Most concurrent upload streams this node serves; more are refused as busy."""
+    """Most concurrent manifest and chunk streams this node serves; more are refused as busy."""
     max_upload_streams_per_peer: int = Field(default=8, ge=1)
-    """Most concurrent upload streams one peer may hold open to this node."""
+    """Most concurrent manifest and chunk streams one peer may hold open to this node."""
+    max_watch_streams: int = Field(default=64, ge=1)
+    """Most bitmap watch streams this node serves at once (a budget apart from the upload streams).
+    When full, a newcomer takes the oldest watch of the peer holding the most, if it holds more."""
+    max_watch_streams_per_peer: int = Field(default=4, ge=1)
+    """Most watch streams one peer holds here; a further one replaces that peer's oldest. A fetch
+    holds one per source and version."""
+    watch_lifetime_s: float = Field(default=300.0, gt=0)
+    """A watch stream is closed after this long (its fetcher opens a new one if it still needs it)."""
     upload_bytes_per_s: float | None = Field(default=None, gt=0)
     """Cap on this node's total upload rate (application-level token bucket); None for no cap."""
     stream_idle_timeout_s: float = Field(default=120.0, gt=0)

@@ -35,17 +35,22 @@ from hivemind.p2p import P2P, PeerID
 
 from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
+from node.broadcast.dialing import sample_holders
 from node.broadcast.errors import DiskFull, FetchStalled, StoreError
+from node.broadcast.records import HolderInfo
 from node.broadcast.requests import NotHeld, Stream, open_watch, read_have_update, request_chunk
 from node.broadcast.store import VersionEntry
 from node.metrics import NO_TRANSFER_METRICS, TransferMetrics
 from node.runtime import offload
+from protocol import broadcast_pb2 as bpb
 from protocol.errors import InvalidMessage
 from protocol.manifest import bitmap_get, parse_bitmap
 
 logger = logging.getLogger(__name__)
 
 _MAX_FETCHING_HINTS = 64
+_MIN_WATCH_S = 1.0
+"""A source whose watch streams end sooner than this is dropped (retried later) rather than re-watched."""
 
 
 @dataclass
@@ -64,7 +69,7 @@ class FetchProgress:
 
 @dataclass
 class _Source:
-    peer_id: PeerID
+    info: HolderInfo
     bitmap: bytearray | None = None
     inflight: dict[int, asyncio.Task[None]] = field(default_factory=dict)
     idle_streams: list[Stream] = field(default_factory=list)
@@ -73,6 +78,10 @@ class _Source:
     watch_task: asyncio.Task[None] | None = None
     fetching: dict[int, None] = field(default_factory=dict)
     """Chunks the source said it is fetching (a hint, oldest first, bounded)."""
+
+    @property
+    def peer_id(self) -> PeerID:
+        return self.info.peer_id
 
 
 class VersionFetch:
@@ -87,7 +96,8 @@ class VersionFetch:
         bans: BanList,
         own_peer_id: PeerID,
         publisher: PeerID,
-        find_holders: Callable[[], Awaitable[list[PeerID]]],
+        find_holders: Callable[[], Awaitable[list[HolderInfo]]],
+        dial: Callable[[HolderInfo], Awaitable[None]],
         on_chunk: Callable[[int], None],
         on_request: Callable[[int], None] | None = None,
         progress: Callable[[FetchProgress], None] | None = None,
@@ -102,6 +112,7 @@ class VersionFetch:
         self.own_peer_id = own_peer_id
         self.publisher = publisher
         self.find_holders = find_holders
+        self.dial = dial
         self.on_chunk = on_chunk
         self.on_request = on_request
         self.progress = progress
@@ -129,20 +140,23 @@ class VersionFetch:
 
     # ---- sources -------------------------------------------------------------------------
 
-    def _add_source(self, peer_id: PeerID) -> None:
+    def _unusable(self, holder: HolderInfo) -> bool:
+        """Whether `holder` cannot be added as a source now (already one, ourselves, banned, resting)."""
+        peer_id = holder.peer_id
         key = peer_id.to_bytes()
-        if (
+        return (
             key in self.sources
             or peer_id == self.own_peer_id
             or self.bans.is_banned(peer_id)
             or self.retry_at.get(key, 0.0) > time.monotonic()
-            or len(self.sources) >= self.config.max_sources
-        ):
+            or (self.config.publisher_only and peer_id != self.publisher)
+        )
+
+    def _add_source(self, holder: HolderInfo) -> None:
+        if self._unusable(holder) or len(self.sources) >= self.config.max_sources:
             return
-        if self.config.publisher_only and peer_id != self.publisher:
-            return
-        source = _Source(peer_id=peer_id)
-        self.sources[key] = source
+        source = _Source(info=holder)
+        self.sources[holder.peer_id.to_bytes()] = source
         source.watch_task = asyncio.create_task(self._watch(source))
 
     def _drop_source(self, source: _Source, *, reason: str, ban: bool = False) -> None:
@@ -197,44 +211,69 @@ class VersionFetch:
             self.availability[index] -= 1
 
     async def _watch(self, source: _Source) -> None:
-        """Follow a source's chunk bitmap (full bitmap, then have/fetching updates) until it ends."""
-        num_chunks = self.manifest.num_chunks
-        writer: asyncio.StreamWriter | None = None
+        """Follow a source's chunk bitmap until the watch fails; one the source closes after a while (the
+        end of its lifetime, or a busy source evicting it) is opened again."""
         try:
-            reader, writer = await asyncio.wait_for(
-                open_watch(self.p2p, source.peer_id, self.manifest), self.config.request_timeout_s
-            )
+            await self.dial(source.info)  # a holder is dialled only once it is picked as a source
             while True:
-                update = await read_have_update(reader, num_chunks)
-                if source.bitmap is None:
-                    claimed = parse_bitmap(update.bitmap, num_chunks)
-                    source.bitmap = bytearray(len(claimed))
-                    for index in range(num_chunks):
-                        if bitmap_get(claimed, index):
-                            self._mark_has(source, index)
-                elif update.bitmap:
-                    raise InvalidMessage("a second full bitmap on one watch stream")
-                for index in update.new_chunks:
-                    self._mark_has(source, index)
-                for index in update.fetching:
-                    self._mark_fetching(source, index)
-                self._wake.set()
+                opened = time.monotonic()
+                await self._follow_one_watch(source)
+                if time.monotonic() - opened < _MIN_WATCH_S:
+                    raise ConnectionError("source keeps closing its bitmap stream")
         except asyncio.CancelledError:
             raise
         except InvalidMessage as exc:
             self._drop_source(source, reason=f"bad bitmap stream: {exc}", ban=True)
         except Exception as exc:
             self._drop_source(source, reason=f"bitmap stream ended: {exc!r}")
+
+    async def _follow_one_watch(self, source: _Source) -> None:
+        """One watch stream: its full bitmap, then have/fetching updates; returns when the source closes it."""
+        num_chunks = self.manifest.num_chunks
+        reader, writer = await asyncio.wait_for(
+            open_watch(self.p2p, source.peer_id, self.manifest), self.config.request_timeout_s
+        )
+        try:
+            update = await read_have_update(reader, num_chunks)
+            claimed = parse_bitmap(update.bitmap, num_chunks)
+            if source.bitmap is None:
+                source.bitmap = bytearray(len(claimed))
+            for index in range(num_chunks):
+                if bitmap_get(claimed, index):
+                    self._mark_has(source, index)
+            while True:
+                self._apply_update(source, update)
+                try:
+                    update = await read_have_update(reader, num_chunks)
+                except ConnectionError:
+                    return
+                if update.bitmap:
+                    raise InvalidMessage("a second full bitmap on one watch stream")
         finally:
-            if writer is not None:
-                writer.close()
+            writer.close()
+
+    def _apply_update(self, source: _Source, update: bpb.HaveUpdate) -> None:
+        for index in update.new_chunks:
+            self._mark_has(source, index)
+        for index in update.fetching:
+            self._mark_fetching(source, index)
+        self._wake.set()
 
     async def _refresh_sources(self) -> None:
+        """Add the publisher and a capped random sample of the announced holders as sources, now and
+        every `holder_refresh_s`."""
         while True:
             with contextlib.suppress(Exception):
                 holders = await self.find_holders()
-                for peer_id in [self.publisher, *holders]:
-                    self._add_source(peer_id)
+                publisher = next(
+                    (h for h in holders if h.peer_id == self.publisher), HolderInfo(self.publisher, 0, 0)
+                )
+                others = [h for h in holders if h.peer_id != self.publisher]
+                self._add_source(publisher)
+                for holder in sample_holders(
+                    others, self.config.max_holders_considered, self._unusable, self._rng
+                ):
+                    self._add_source(holder)
             self._wake.set()
             await asyncio.sleep(self.config.holder_refresh_s)
 

@@ -2,8 +2,9 @@
 
 The pointer (signed by an authorised publisher and read from the DHT) names the manifest by
 hash and size, so a manifest can come from anyone: at most the declared size is read, and a
-peer whose manifest does not match is banned. Peers are tried publisher first, then holders in
-random order, until one serves a valid manifest or the deadline passes.
+peer whose manifest does not match is banned. Peers are tried publisher first, then a capped
+random sample of the holders (each dialled only when its turn comes), until one serves a valid
+manifest or the deadline passes.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from collections.abc import Awaitable, Callable
 from hivemind.p2p import P2P, PeerID
 
 from node.bans import BanList
+from node.broadcast.dialing import sample_holders
 from node.broadcast.errors import WeightsUnavailable
+from node.broadcast.records import HolderInfo
 from node.broadcast.requests import NotHeld, request_frame
 from node.broadcast.service import PROTO_MANIFEST
 from node.broadcast.wire import read_payload
@@ -63,7 +66,9 @@ async def obtain_manifest(
     p2p: P2P,
     pointer: WeightsPointer,
     *,
-    find_holders: Callable[[], Awaitable[list[PeerID]]],
+    find_holders: Callable[[], Awaitable[list[HolderInfo]]],
+    dial: Callable[[HolderInfo], Awaitable[None]],
+    max_holders: int,
     own_peer_id: PeerID,
     bans: BanList,
     authorized: set[bytes],
@@ -74,13 +79,22 @@ async def obtain_manifest(
     """The pointer's manifest from the first peer that serves a valid one; WeightsUnavailable after `deadline_s`."""
     deadline = time.monotonic() + deadline_s
     publisher = PeerID(pointer.publisher)
+    rng = random.Random()
     while True:
         holders = await find_holders()
-        random.shuffle(holders)
-        for peer_id in [publisher, *holders]:
+        first = next((h for h in holders if h.peer_id == publisher), HolderInfo(publisher, 0, 0))
+        others = sample_holders(
+            [h for h in holders if h.peer_id != publisher],
+            max_holders,
+            lambda h: h.peer_id == own_peer_id or bans.is_banned(h.peer_id),
+            rng,
+        )
+        for holder in [first, *others]:
+            peer_id = holder.peer_id
             if peer_id == own_peer_id or bans.is_banned(peer_id):
                 continue
             try:
+                await dial(holder)
                 return await call_manifest(
                     p2p, peer_id, pointer, authorized=authorized, timeout_s=request_timeout_s
                 )

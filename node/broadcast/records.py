@@ -4,7 +4,8 @@
   under the version's key and, for its newest version of a run, one under the run's `latest` key.
   Only pointers signed by an authorised publisher are believed.
 - A **holder announcement** says that a peer holds (part of) a version and where it can be
-  dialled; it is a claim, and every chunk is verified on arrival anyway.
+  dialled; it is a claim, and every chunk is verified on arrival anyway. Reading one dials
+  nobody: a fetch dials only the holders it picks (`node.broadcast.dialing`).
 
 `BroadcastRecords` reads both, announces this node's, and keeps them fresh: every third of
 the shorter TTL it re-announces each version it holds and each pointer it publishes, so a
@@ -16,12 +17,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from hivemind.p2p import P2P, PeerID
-from multiaddr import Multiaddr
 
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
@@ -39,9 +38,8 @@ from protocol.manifest import (
 
 logger = logging.getLogger(__name__)
 
-_REDIAL_AFTER_S = 30.0
-"""A holder dialled this recently is not dialled again: p2pd keeps the addresses it was given."""
-_DIAL_TIMEOUT_S = 5.0
+_FORWARD_PROBES = 8
+"""Most versions after the one `latest` names that one lookup of the newest follows."""
 
 
 @dataclass
@@ -81,13 +79,51 @@ class BroadcastRecords:
         self.published: dict[tuple[str, int], Manifest] = {}
         self._announcer: asyncio.Task[None] | None = None
         self._addresses: tuple[str, ...] | None = None
-        self._dialed: dict[bytes, float] = {}
+        self._newest_seen: dict[str, WeightsPointer] = {}
+        """Per run, the newest authorised pointer found so far."""
 
     # ---- reading -------------------------------------------------------------------------
 
     async def find_pointer(self, run_id: str, version: int | None = None) -> WeightsPointer | None:
-        """The authorised pointer to `version`, or to the newest version when None; None if there is none."""
-        key = weights_pointer_key(run_id) if version is None else weights_version_key(run_id, version)
+        """The authorised pointer to `version`, or to the newest version when None; None if there is none.
+
+        The newest never goes back: a captured older pointer re-stored under `latest` (or the newer
+        one hidden) cannot roll a node back below a version it has seen, holds or published, and
+        the versions right after the one `latest` names are looked up under their own keys, so a
+        rolled-back `latest` does not mislead a new joiner either while versions follow one another.
+        """
+        if version is not None:
+            found = await self._find_at(weights_version_key(run_id, version), run_id, version)
+        else:
+            found = await self._find_at(weights_pointer_key(run_id), run_id, None)
+            known = self._newest_known(run_id)
+            if known is not None and (found is None or known.version > found.version):
+                found = known
+            for _ in range(_FORWARD_PROBES):
+                if found is None:
+                    break
+                following = await self._find_at(
+                    weights_version_key(run_id, found.version + 1), run_id, found.version + 1
+                )
+                if following is None:
+                    break
+                found = following
+        if found is not None:
+            newest = self._newest_seen.get(run_id)
+            if newest is None or found.version > newest.version:
+                self._newest_seen[run_id] = found
+        return found
+
+    def _newest_known(self, run_id: str) -> WeightsPointer | None:
+        """The newest authorised pointer of `run_id` this node has seen, holds or published."""
+        known = [pointer for pointer in (self._newest_seen.get(run_id),) if pointer is not None]
+        known += [e.manifest.pointer() for e in self.held() if e.run_id == run_id]
+        known += [m.pointer() for (run, _), m in self.published.items() if run == run_id]
+        known = [p for p in known if p.publisher in self.authorized]
+        return max(known, key=lambda p: (p.version, p.publisher), default=None)
+
+    async def _find_at(self, key: str, run_id: str, version: int | None) -> WeightsPointer | None:
+        """The authorised pointer under `key` with the highest version (to `version` only, if given)."""
         best: WeightsPointer | None = None
         values = await self.signed.get(
             key, domain=WEIGHTS_POINTER_DOMAIN, run_id=run_id, max_ttl_s=MAX_WEIGHTS_POINTER_TTL_S
@@ -134,28 +170,6 @@ class BroadcastRecords:
             )
         return holders
 
-    async def reachable_holders(self, pointer: WeightsPointer) -> list[PeerID]:
-        """The holders of the pointer's version, each dialled at the addresses it announced."""
-        holders = await self.find_holders(pointer.run_id, pointer.version, pointer.manifest_sha256)
-        await asyncio.gather(*(self._dial(h) for h in holders))
-        return [h.peer_id for h in holders]
-
-    async def _dial(self, holder: HolderInfo) -> None:
-        """Make sure p2pd knows how to reach `holder` (a holder's addresses come from its signed announcement)."""
-        key = holder.peer_id.to_bytes()
-        if (
-            not holder.addresses
-            or holder.peer_id == self.peer_id
-            or self._dialed.get(key, 0.0) > time.monotonic()
-        ):
-            return
-        self._dialed[key] = time.monotonic() + _REDIAL_AFTER_S
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(
-                self.p2p._client.connect(holder.peer_id, [Multiaddr(a) for a in holder.addresses]),
-                timeout=_DIAL_TIMEOUT_S,
-            )
-
     # ---- announcing ----------------------------------------------------------------------
 
     async def announce_holder(self, entry: VersionEntry) -> None:
@@ -166,7 +180,7 @@ class BroadcastRecords:
             manifest_sha256=entry.manifest.sha256,
             chunks_held=entry.chunks_held,
             num_chunks=entry.manifest.num_chunks,
-            addresses=await self._own_addresses(),
+            addresses=await self.own_addresses(),
         )
         await self.signed.store(
             weights_holders_key(entry.run_id, entry.version),
@@ -192,7 +206,8 @@ class BroadcastRecords:
                 ttl_s=self.config.pointer_ttl_s,
             )
 
-    async def _own_addresses(self) -> tuple[str, ...]:
+    async def own_addresses(self) -> tuple[str, ...]:
+        """This node's announced addresses (its p2pd's visible ones, no relays)."""
         if self._addresses is None:
             try:
                 maddrs = await self.p2p.get_visible_maddrs()

@@ -11,7 +11,9 @@ Three stream protocols, each a sequence of length-prefixed frames (see `node.bro
 Only chunks already verified and on disk are ever served. Requests are capped at
 `MAX_BROADCAST_REQUEST_BYTES` before buffering; a peer that sends an oversized or malformed
 request is banned. At most `upload_slots` chunks are uploaded at once (the rest wait in FIFO
-order), and uploads pass through one token bucket (`upload_bytes_per_s`).
+order), and uploads pass through one token bucket (`upload_bytes_per_s`). Manifest and chunk
+streams share one budget (`max_upload_streams`, per peer too); watch streams, which stay open
+while idle, have their own (`node.broadcast.watch_slots`) and end after `watch_lifetime_s`.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
 from google.protobuf.message import Message
@@ -30,6 +33,7 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
+from node.broadcast.watch_slots import WatchSlot, WatchSlots
 from node.broadcast.wire import RateLimiter, read_frame, write_frame, write_payload
 from node.metrics import NO_TRANSFER_METRICS, TransferMetrics
 from protocol import broadcast_pb2 as bpb
@@ -47,6 +51,7 @@ PROTO_CHUNK = f"/hivenet/{PROTOCOL_VERSION}/weights/chunk"
 PROTO_WATCH = f"/hivenet/{PROTOCOL_VERSION}/weights/watch"
 
 _Handler = Callable[[PeerID, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+_WatchHandler = Callable[[PeerID, asyncio.StreamReader, asyncio.StreamWriter, WatchSlot], Awaitable[None]]
 _DROPPED = -1
 _FETCHING = 1 << 62
 """Added to a chunk index in a watcher's queue: 'this node has requested that chunk' (a hint)."""
@@ -91,6 +96,7 @@ class BroadcastService:
         self._watchers: dict[tuple[str, int], set[asyncio.Queue[int]]] = {}
         self._streams = 0
         self._streams_per_peer: Counter[bytes] = Counter()
+        self.watches = WatchSlots(config.max_watch_streams, config.max_watch_streams_per_peer)
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
 
@@ -100,9 +106,9 @@ class BroadcastService:
         for proto, handler in (
             (PROTO_MANIFEST, self.rpc_manifest),
             (PROTO_CHUNK, self.rpc_chunk),
-            (PROTO_WATCH, self.rpc_watch),
         ):
             await self.p2p.add_binary_stream_handler(proto, self._guarded(handler))
+        await self.p2p.add_binary_stream_handler(PROTO_WATCH, self._guarded_watch(self.rpc_watch))
         self._started = True
 
     async def stop(self) -> None:
@@ -147,10 +153,12 @@ class BroadcastService:
     def _guarded(
         self, handler: _Handler
     ) -> Callable[[StreamInfo, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+        """A manifest or chunk handler behind the upload-stream budget."""
+
         async def serve(info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             peer = info.peer_id
             key = peer.to_bytes()
-            try:
+            with self._stream_errors(peer, writer):
                 if self.bans.is_banned(peer):
                     return
                 if (
@@ -168,17 +176,44 @@ class BroadcastService:
                     self._streams_per_peer[key] -= 1
                     if self._streams_per_peer[key] <= 0:
                         del self._streams_per_peer[key]
-            except InvalidMessage as exc:
-                self.bans.ban(peer, f"bad request: {exc}")
-            except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, OSError):
-                pass
-            except Exception as exc:  # one bad stream must never take the node down
-                logger.info("[%s] serving stream from %s failed: %r", self.owner, peer.to_base58()[-8:], exc)
-            finally:
-                with contextlib.suppress(Exception):
-                    writer.close()
 
         return serve
+
+    def _guarded_watch(
+        self, handler: _WatchHandler
+    ) -> Callable[[StreamInfo, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
+        """A watch handler behind the watch budget (which may evict an older watch to admit this one)."""
+
+        async def serve(info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            peer = info.peer_id
+            with self._stream_errors(peer, writer):
+                if self.bans.is_banned(peer):
+                    return
+                slot = self.watches.admit(peer.to_bytes(), writer)
+                if slot is None:
+                    await send_header(writer, bpb.STATUS_BUSY, detail="too many watches")
+                    return
+                try:
+                    await handler(peer, reader, writer, slot)
+                finally:
+                    self.watches.release(slot)
+
+        return serve
+
+    @contextlib.contextmanager
+    def _stream_errors(self, peer: PeerID, writer: asyncio.StreamWriter) -> Iterator[None]:
+        """Around one served stream: a bad request bans the peer, nothing else escapes, the stream is closed."""
+        try:
+            yield
+        except InvalidMessage as exc:
+            self.bans.ban(peer, f"bad request: {exc}")
+        except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, OSError):
+            pass
+        except Exception as exc:  # one bad stream must never take the node down
+            logger.info("[%s] serving stream from %s failed: %r", self.owner, peer.to_base58()[-8:], exc)
+        finally:
+            with contextlib.suppress(Exception):
+                writer.close()
 
     async def _read_request(self, reader: asyncio.StreamReader) -> bytes | None:
         return await asyncio.wait_for(
@@ -223,9 +258,11 @@ class BroadcastService:
                 self.metrics.chunk_served(len(data))
 
     async def rpc_watch(
-        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: WatchSlot
     ) -> None:
-        """Send the full bitmap of a version, then each newly held chunk, until the client hangs up."""
+        """Send the full bitmap of a version, then each newly held chunk, until the client hangs up,
+        the watch's lifetime ends or another watch takes its slot."""
+        deadline = slot.opened_at + self.config.watch_lifetime_s
         frame = await self._read_request(reader)
         if frame is None:
             return
@@ -243,11 +280,17 @@ class BroadcastService:
         try:
             await send_header(writer, bpb.STATUS_OK)
             await write_frame(writer, bpb.HaveUpdate(bitmap=bytes(entry.bitmap)).SerializeToString())
-            while True:
+            while not slot.evicted:
                 getter = asyncio.ensure_future(queue.get())
-                done, _ = await asyncio.wait({getter, hangup}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    {getter, hangup},
+                    timeout=max(0.0, deadline - time.monotonic()),
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
                 if getter not in done:
                     getter.cancel()
+                    if not done:
+                        self.watches.expired += 1
                     return
                 batch = [getter.result()]
                 while not queue.empty() and len(batch) < MAX_HAVE_BATCH:

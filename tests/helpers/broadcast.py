@@ -3,7 +3,9 @@
 Each node is a real hivemind DHT with its own p2pd and the production record validator
 (`node.dht_node.start_loopback_dht`), so streams, bans, kills and record checks are real; the
 broadcast services run in the caller's event loop. Also small random state dicts and a
-bounded `async_wait_until`. torch is imported only by the state-dict helpers.
+bounded `async_wait_until`; for attacks, a TCP listener standing in for a third party
+(`ConnectionCounter`) and holder announcements from throwaway identities. torch is imported
+only by the state-dict helpers.
 """
 
 from __future__ import annotations
@@ -22,6 +24,9 @@ from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
 from node.dht_node import start_loopback_dht
 from node.identity import Identity, create_identity
+from node.signed_records import SignedRecords
+from protocol.dht_keys import weights_holders_key
+from protocol.manifest import WEIGHTS_HOLDER_DOMAIN, HolderAnnouncement, Manifest
 
 
 async def async_wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> None:
@@ -107,15 +112,91 @@ async def start_broadcast(
     node: SwarmNode, store_dir: Path, publishers: list[SwarmNode], **overrides: Any
 ) -> WeightBroadcast:
     """A WeightBroadcast for `node` with small chunks and fast retries (for tests)."""
+    settings: dict[str, Any] = {
+        "chunk_bytes": TEST_CHUNK_BYTES,
+        "holder_refresh_s": 0.5,
+        "request_timeout_s": 10.0,
+        "retry_after_failure_s": 1.0,
+    }
     config = BroadcastConfig(
         store_dir=store_dir,
         authorized_publishers=[p.identity.peer_id.to_base58() for p in publishers],
-        chunk_bytes=TEST_CHUNK_BYTES,
-        holder_refresh_s=0.5,
-        request_timeout_s=10.0,
-        retry_after_failure_s=1.0,
-        **overrides,
+        **(settings | overrides),
     )
     broadcast = WeightBroadcast(dht=node.dht, identity=node.identity, config=config)
     await broadcast.start()
     return broadcast
+
+
+class ConnectionCounter:
+    """A TCP listener on loopback standing in for a third party: counts the connections it receives."""
+
+    def __init__(self) -> None:
+        self.connections = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        """Start listening; return the listener's multiaddr."""
+
+        async def accept(_reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.connections += 1
+            writer.close()
+
+        self._server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        return f"/ip4/127.0.0.1/tcp/{port}"
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+async def announce_fake_holders(
+    dht: hivemind.DHT, key_dir: Path, manifest: Manifest, addresses: tuple[str, ...], count: int
+) -> list[Identity]:
+    """Store holder announcements of `manifest`'s version from `count` throwaway identities, each
+    claiming to hold every chunk at `addresses` (signed properly: the DHT accepts them)."""
+    identities = []
+    for index in range(count):
+        identity = create_identity(key_dir / f"throwaway{index}.key")
+        announcement = HolderAnnouncement(
+            run_id=manifest.run_id,
+            version=manifest.version,
+            manifest_sha256=manifest.sha256,
+            chunks_held=manifest.num_chunks,
+            num_chunks=manifest.num_chunks,
+            addresses=addresses,
+        )
+        stored = await SignedRecords(dht, identity).store(
+            weights_holders_key(manifest.run_id, manifest.version),
+            domain=WEIGHTS_HOLDER_DOMAIN,
+            run_id=manifest.run_id,
+            payload=announcement.to_payload(),
+            ttl_s=60.0,
+        )
+        assert stored
+        identities.append(identity)
+    return identities
+
+
+async def store_in_caches(
+    _dht: Any, node: Any, key: str, records: list[tuple[str, bytes, float]], targets: list[Any]
+) -> list[bool]:
+    """Store (subkey, raw value, expiration) records under `key` in the *cache* of each target peer, as
+    hivemind's caching of found values does (run in an attacker's DHT process via `run_coroutine`)."""
+    from hivemind.dht.routing import DHTID
+    from hivemind.utils.serializer import MSGPackSerializer
+
+    key_id = DHTID.generate(source=key)
+    results = []
+    for target in targets:
+        outcome = await node.protocol.call_store(
+            target,
+            [key_id] * len(records),
+            [MSGPackSerializer.dumps(value) for _, value, _ in records],
+            [expiration for _, _, expiration in records],
+            subkeys=[subkey for subkey, _, _ in records],
+            in_cache=True,
+        )
+        results.append(bool(outcome) and all(outcome))
+    return results
