@@ -16,7 +16,7 @@ Both runs' final policies are scored on the same held-out prompts and sampling s
 `reward_gain_ratio = (R_swarm - R0) / (R_sync - R0)`. CPU figures use thread CPU clocks, so the
 trainer and validator sharing the machine's cores with the worker do not decide them.
 
-    python bench/rl.py --quick   # K = 8 steps (about 3 minutes on 2 cores)
+    python bench/rl.py --quick   # K = 6 steps (about 3 minutes on 2 cores)
     python bench/rl.py           # K = 30 steps
 
 Ends with one line `RESULT key=value ...`.
@@ -98,13 +98,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="K = 8 steps (same keys)")
-    parser.add_argument("--steps", type=int, help="trainer steps K (default: 30, quick: 8)")
+    parser.add_argument("--quick", action="store_true", help="K = 6 steps (same keys)")
+    parser.add_argument("--steps", type=int, help="trainer steps K (default: 30, quick: 6)")
     parser.add_argument("--async-level", type=int, default=2)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
-    steps = args.steps or (8 if args.quick else 30)
+    steps = args.steps or (6 if args.quick else 30)
     base = RLRunConfig(run_id="bench-rl", max_trainer_steps=steps)
     grpo = base.grpo.model_copy(update={"async_level": args.async_level})
     config = base.model_copy(update={"grpo": grpo})
@@ -125,7 +125,7 @@ def main() -> None:
     r_swarm = evaluate(swarm_model, task, grpo)
     swarm_s = time.monotonic() - started
 
-    cheat_steps = max(2, steps // 2)
+    cheat_steps = 2 if args.quick else max(2, steps // 2)
     cheat_config = config.model_copy(update={"max_trainer_steps": cheat_steps})
     cheating = swarm_run(cheat_config, policy, {1: CheatMode.PRECISION, 2: CheatMode.WEIGHTS}, workers=3)
 
