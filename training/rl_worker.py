@@ -30,13 +30,13 @@ from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
 from node.membership import LiveNode
 from node.node import HivenetNode
-from node.rollouts.client import submit_group
+from node.rollouts.client import Receipt, submit_group_receipts
 from node.rollouts.peers import connect_member
 from node.runtime import offload
 from protocol.assignment import derive_assignment
 from protocol.node_record import Role
 from protocol.rollout_messages import seal_group
-from protocol.rollouts_pb2 import Rollout, RolloutGroup, RolloutVerdict
+from protocol.rollouts_pb2 import Rollout, RolloutGroup
 from training.generation import generate
 from training.model import TinyGPT
 from training.rl_run import DTYPES, PolicyWindow, RLRunConfig, model_from_state
@@ -111,6 +111,8 @@ class InferenceWorker:
         self.received_at: dict[int, float] = {}
         """When each policy version became usable here (for the weight pick-up latency)."""
         self.first_rollout_at: dict[int, float] = {}
+        self.receipts: list[Receipt] = []
+        """Every verdict received, as sealed by its validator: this worker's proof of its contribution."""
         self.cpu_seconds = 0.0
         """CPU time the loop thread spent generating, proving and sealing (submission waits excluded)."""
         self._stop = threading.Event()
@@ -233,11 +235,14 @@ class InferenceWorker:
             self.node.identity.private_key, run_id=self.config.run_id, group=group, seq=counter
         )
         self.cpu_seconds += time.thread_time() - cpu_started
+        self.node.metrics.rollouts_generated(len(rollouts), tokens=tokens)
         outcome = self._submit(sealed)
         if outcome is None:
             return None
-        validator, verdicts, error = outcome
+        validator, receipts, error = outcome
+        verdicts = [receipt.verdict for receipt in receipts]
         report = GroupReport(counter, version, validator, tokens, seconds, error=error)
+        self.receipts.extend(receipts)
         for verdict in verdicts:
             if verdict.accepted:
                 report.accepted += 1
@@ -245,7 +250,7 @@ class InferenceWorker:
                 report.rejected[verdict.reason] += 1
         return report
 
-    def _submit(self, sealed: bytes) -> tuple[str, list[RolloutVerdict], str] | None:
+    def _submit(self, sealed: bytes) -> tuple[str, list[Receipt], str] | None:
         """Submit to one validator after another until one judges the group; None if stopped first."""
         while not self._stop.is_set():
             validators = self.node.discover(Role.VALIDATOR)
@@ -260,7 +265,7 @@ class InferenceWorker:
             errors = []
             for live in ordered:
                 try:
-                    verdicts = self.node.call(
+                    receipts = self.node.call(
                         self._submit_to(live, sealed), timeout_s=self.config.submit_timeout_s + 15.0
                     )
                 except Exception as exc:
@@ -269,15 +274,15 @@ class InferenceWorker:
                         "[%s] validator %s: %s; trying another", self.node.short_id, live.short_id, exc
                     )
                     continue
-                return live.short_id, verdicts, ""
+                return live.short_id, receipts, ""
             logger.warning("[%s] no validator judged the group: %s", self.node.short_id, "; ".join(errors))
             self._stop.wait(_NO_VALIDATOR_WAIT_S)
         return None
 
-    async def _submit_to(self, validator: LiveNode, sealed: bytes) -> list[RolloutVerdict]:
+    async def _submit_to(self, validator: LiveNode, sealed: bytes) -> list[Receipt]:
         """Dial `validator` at the addresses of its own signed record, then submit."""
         await connect_member(self.broadcast.p2p, validator)
-        return await submit_group(
+        return await submit_group_receipts(
             self.broadcast.p2p,
             validator.peer_id,
             sealed,

@@ -22,14 +22,16 @@ from pathlib import Path
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
+from node.metrics import NodeMetrics
 from node.node import HivenetNode
 from node.rollouts.forward import forward_group
 from node.rollouts.intake import RolloutIntake
 from node.rollouts.peers import connect_member
 from node.runtime import offload
+from protocol import hivenet_pb2 as hpb
 from protocol.envelope import Envelope
 from protocol.node_record import Role
-from protocol.rollouts_pb2 import RolloutGroup
+from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict
 from training.grpo import ScoredRollout
 from training.model import TinyGPT
 from training.rl_run import RLRunConfig, group_id, model_from_state
@@ -68,11 +70,24 @@ def make_validator(node: HivenetNode, config: RLRunConfig) -> Validator:
     )
 
 
+def count_verdicts(metrics: NodeMetrics, sealed_verdicts: list[bytes], seconds: float) -> None:
+    """Count our own freshly sealed verdicts by outcome and reason (no signature check needed)."""
+    per_rollout = seconds / len(sealed_verdicts) if sealed_verdicts else 0.0
+    for sealed in sealed_verdicts:
+        body = hpb.EnvelopeBody.FromString(hpb.SignedEnvelope.FromString(sealed).body)
+        verdict = RolloutVerdict.FromString(body.payload)
+        if verdict.accepted:
+            metrics.rollout_judged("accepted", seconds=per_rollout)
+        else:
+            metrics.rollout_judged("rejected", verdict.reason, seconds=per_rollout)
+
+
 class TrainerJudge:
     """A `Validator` seen through the trainer's `RolloutJudge` interface."""
 
-    def __init__(self, validator: Validator) -> None:
+    def __init__(self, validator: Validator, metrics: NodeMetrics | None = None) -> None:
         self.validator = validator
+        self.metrics = metrics
         self.cpu_seconds = 0.0
         """CPU time spent judging (verdicts and rewards), on whichever thread judged."""
         self.rollouts_judged = 0
@@ -80,8 +95,11 @@ class TrainerJudge:
     def judge_group(self, worker: bytes, group: RolloutGroup) -> tuple[list[bytes], list[ScoredRollout]]:
         started = time.thread_time()
         verdicts, accepted = self.validator.judge_group(worker, group)
-        self.cpu_seconds += time.thread_time() - started
+        spent = time.thread_time() - started
+        self.cpu_seconds += spent
         self.rollouts_judged += len(verdicts)
+        if self.metrics is not None:
+            count_verdicts(self.metrics, verdicts, spent)
         return verdicts, [scored(r) for r in accepted]
 
     def add_version(self, version: int, model: TinyGPT) -> None:
@@ -102,7 +120,12 @@ def start_rl_trainer(
     """A trainer with its own validator on a started `node`; returns both (the trainer is started)."""
     validator = make_validator(node, config)
     trainer = RLTrainer(
-        node, config, TrainerJudge(validator), policy, checkpoint_dir=checkpoint_dir, on_step=on_step
+        node,
+        config,
+        TrainerJudge(validator, node.metrics),
+        policy,
+        checkpoint_dir=checkpoint_dir,
+        on_step=on_step,
     )
     return trainer.start(), validator
 
@@ -148,7 +171,9 @@ class StandaloneValidator:
         self.validator.set_trainer_step(entry.version)
 
     async def _handle_group(self, worker: bytes, envelope: Envelope, group: RolloutGroup) -> list[bytes]:
+        started = time.monotonic()
         verdicts, accepted = await offload(self.validator.judge_group, worker, group)
+        count_verdicts(self.node.metrics, verdicts, time.monotonic() - started)
         if accepted:
             await self._forward(envelope, verdicts)
         return verdicts

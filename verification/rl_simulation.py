@@ -23,6 +23,7 @@ import torch
 
 from node.config import NodeConfig
 from node.identity import create_identity
+from node.metrics import MetricsFigures
 from node.node import HivenetNode
 from protocol.errors import HivenetError
 from protocol.node_record import Role
@@ -64,6 +65,8 @@ class RLSimulation:
     validator_cpu_seconds: float = 0.0
     final_state: dict[str, torch.Tensor] = field(default_factory=dict)
     """The trainer's policy at the end."""
+    metrics: dict[str, MetricsFigures] = field(default_factory=dict)
+    """Each node's metrics at the end, by node name."""
     seconds: float = 0.0
 
 
@@ -155,6 +158,8 @@ def simulate_rl(
             if trainer is not None:
                 trainer.stop()
                 result.validator_stats = validator.stats()
+            for node in nodes:
+                result.metrics[node.config.public_name] = node.metrics.figures()
             for node in reversed(nodes):
                 with contextlib.suppress(Exception):
                     node.stop()

@@ -44,3 +44,9 @@ def test_the_trainer_learns_only_from_verified_rollouts(tmp_path: Path) -> None:
         assert not {reason for g in groups for reason in g.rejected} & {"stale", "replay", "unknown_version"}
         assert result.trained_from.get(name, 0) == 0
         assert stats.workers[result.worker_peers[name]].strikes >= 1
+
+    # what each node's /metrics shows agrees with the validator's record
+    judged = result.metrics["trainer"].rollouts
+    assert judged["accepted"][""] == stats.accepted
+    assert sum(judged["rejected"].values()) == sum(stats.rejected.values())
+    assert result.metrics["worker0"].rollouts["generated"][""] >= 8
