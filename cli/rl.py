@@ -102,7 +102,15 @@ def run_rl_simulation(config: Any, *, workers: int, cheat: str) -> None:
         )
     console.print(curve)
     workers_table = Table(title="workers, as their validator saw them")
-    for column in ("worker", "honest", "groups", "accepted", "rejected (rollouts, by reason)", "trained on", "bans"):
+    for column in (
+        "worker",
+        "honest",
+        "groups",
+        "accepted",
+        "rejected (rollouts, by reason)",
+        "trained on",
+        "bans",
+    ):
         workers_table.add_column(column)
     stats = result.validator_stats
     for name in result.groups:
@@ -112,7 +120,9 @@ def run_rl_simulation(config: Any, *, workers: int, cheat: str) -> None:
             f"no ({result.cheaters[name]})" if name in result.cheaters else "yes",
             str(seen.groups) if seen else "0",
             str(seen.accepted) if seen else "0",
-            ", ".join(f"{k} {v}" for k, v in sorted(seen.rejected.items())) if seen and seen.rejected else "-",
+            ", ".join(f"{k} {v}" for k, v in sorted(seen.rejected.items()))
+            if seen and seen.rejected
+            else "-",
             str(result.trained_from.get(name, 0)),
             str(seen.strikes) if seen else "0",
         )
