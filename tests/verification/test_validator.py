@@ -17,10 +17,10 @@ from protocol.assignment import derive_assignment
 from protocol.envelope import open_envelope
 from protocol.errors import InvalidMessage
 from protocol.peer_keys import peer_id_from_private_key
+from protocol.rollout_messages import rollout_hash
 from tests.verification.rl_workers import FakeTask, Generated, RLWorker
 from training.model import ModelConfig, TinyGPT
 from training.sampling import SamplingParams
-from verification.rollout_wire import rollout_hash
 from verification.validator import (
     BANNING_REASONS,
     RECEIPT_TTL_S,
@@ -363,7 +363,8 @@ def _bad_dtype(index: int, gen: Generated) -> None:
     ("case", "expected"),
     [
         (dict(tamper=_other_seed), {"seed_mismatch"}),
-        (dict(tamper=_drop_a_proof), {"malformed_proof"}),
+        # one proof per 32 tokens is structure: the transport's parse refuses it before any TOPLOC check
+        (dict(tamper=_drop_a_proof), {"malformed_claim"}),
         (dict(tamper=_other_prompt), {"prompt_mismatch"}),
         (dict(tamper=_huge_token), {"malformed_claim"}),
         (dict(tamper=_bad_dtype), {"malformed_claim"}),
@@ -440,7 +441,7 @@ def test_a_banned_worker_is_refused_and_bans_grow(make_validator, alice, bob, po
     stats = validator.stats().workers[BOB]
     assert stats.strikes == 2
     assert stats.banned_until == pytest.approx(NOW + 0.1)  # twice the first ban
-    assert bans.reasons["seed_mismatch"] == 1 and bans.reasons["malformed_proof"] == 1
+    assert bans.reasons["seed_mismatch"] == 1 and bans.reasons["malformed_claim"] == 1
     # Alice is unaffected
     sealed, _ = validator.judge_group(ALICE, honest(0, 0))
     assert reasons(sealed) == [""] * GROUP
