@@ -7,6 +7,7 @@ The transport checks shapes, caps and signatures, not TOPLOC, so a proof here is
 from __future__ import annotations
 
 import hashlib
+import time
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -73,7 +74,7 @@ def verdicts_for(
                 reason="" if accept else "toploc_mantissa",
                 detail="" if accept else "mantissa error 9.1 > 8",
                 reward=0.5 if accept else 0.0,
-                issued_at=1_800_000_000.0,
+                issued_at=time.time(),
             ),
         )
         for i, data in enumerate(group.rollouts)

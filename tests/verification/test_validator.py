@@ -16,18 +16,15 @@ from protocol import rollouts_pb2
 from protocol.assignment import derive_assignment
 from protocol.envelope import open_envelope
 from protocol.errors import InvalidMessage
+from protocol.limits import RECEIPT_TTL_S
 from protocol.peer_keys import peer_id_from_private_key
-from protocol.rollout_messages import rollout_hash
+from protocol.receipts import ReceiptKind, open_receipt
+from protocol.rollout_messages import DOMAIN_VERDICT as VERDICT_DOMAIN
+from protocol.rollout_messages import open_verdict, rollout_hash
 from tests.verification.rl_workers import FakeTask, Generated, RLWorker
 from training.model import ModelConfig, TinyGPT
 from training.sampling import SamplingParams
-from verification.validator import (
-    BANNING_REASONS,
-    RECEIPT_TTL_S,
-    VERDICT_DOMAIN,
-    Validator,
-    VerifiedRollout,
-)
+from verification.validator import BANNING_REASONS, Validator, VerifiedRollout
 from verification.verdict import RejectReason
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -187,6 +184,31 @@ def test_verdicts_are_receipts_signed_by_the_validator_for_thirty_days(make_vali
         with pytest.raises(InvalidMessage):
             open_envelope(bytes(forged), domain=VERDICT_DOMAIN, run_id=RUN, now=NOW)
     assert len({open_envelope(d, domain=VERDICT_DOMAIN, now=NOW).seq for d in sealed}) == GROUP
+
+
+@pytest.mark.parametrize("cheat", [False, True])
+def test_the_same_verdict_bytes_open_for_workers_and_for_ledgers(make_validator, honest, cheat) -> None:
+    group = honest(0, 0)
+    if cheat:  # a rejection carries a reason and a detail, which both openers cap
+        group.task = "another-task"
+    sealed, _ = make_validator().judge_group(ALICE, group)
+    for i, data in enumerate(sealed):
+        _, verdict = open_verdict(data, run_id=RUN, validator=VALIDATOR_ID, now=NOW)
+        receipt = open_receipt(data, run_id=RUN, kinds=frozenset({ReceiptKind.ROLLOUT}), now=NOW)
+        assert verdict.accepted is not cheat and verdict.index == i
+        assert (receipt.signer, receipt.contributor, receipt.evidence) == (
+            VALIDATOR_ID,
+            ALICE,
+            verdict.rollout_hash,
+        )
+        assert (receipt.accepted, receipt.reason, receipt.tokens) == (
+            verdict.accepted,
+            verdict.reason,
+            verdict.tokens,
+        )
+        late = NOW + RECEIPT_TTL_S - 60  # both keep it for the whole receipt lifetime
+        assert open_verdict(data, run_id=RUN, now=late)[1] == verdict
+        assert open_receipt(data, run_id=RUN, now=late).receipt_id == receipt.receipt_id
 
 
 def test_a_group_of_any_held_version_in_the_window_is_accepted(make_validator, alice, policies) -> None:

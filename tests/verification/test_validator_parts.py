@@ -4,16 +4,11 @@ and the strict conversion of wire rollouts into claims."""
 from __future__ import annotations
 
 import pytest
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from protocol import rollouts_pb2
-from protocol.envelope import open_envelope
-from protocol.limits import MAX_ENVELOPE_BYTES
-from protocol.peer_keys import peer_id_from_private_key
 from training.model import ModelConfig, TinyGPT
 from training.sampling import SamplingParams
 from verification.policy_window import PolicyWindow, VersionStatus
-from verification.receipts import MAX_DETAIL_CHARS, VERDICT_DOMAIN, seal_receipt
 from verification.rollout_checks import completion_length_problem, parse_item
 from verification.rollout_wire import WireRejection, claim_from_rollout
 from verification.worker_accounts import CounterLog, WorkerAccounts
@@ -130,27 +125,6 @@ def test_accepted_hashes_are_forgotten_with_their_version(small_model) -> None:
     assert not window.seen_hash(b"h0")
     window.remember_hashes(0, [b"late"])  # a dropped version: nothing to remember
     assert not window.seen_hash(b"late")
-
-
-# --- receipts ---
-
-
-def test_a_receipt_with_a_long_detail_is_cut_to_fit_an_envelope() -> None:
-    key = Ed25519PrivateKey.from_private_bytes(b"\x07" * 32)
-    verdict = rollouts_pb2.RolloutVerdict(
-        worker=peer_id_from_private_key(key),
-        rollout_hash=b"\x01" * 32,
-        reason="reward_error",
-        detail="é" * 10_000,  # two bytes each in UTF-8
-        issued_at=1000.0,
-    )
-    sealed = seal_receipt(key, run_id="r", verdict=verdict, ttl_s=50.0, seq=1)
-    assert len(sealed) <= MAX_ENVELOPE_BYTES
-    env = open_envelope(sealed, domain=VERDICT_DOMAIN, run_id="r", now=1040.0)
-    assert env.expires_at == 1050.0
-    opened = rollouts_pb2.RolloutVerdict.FromString(env.payload)
-    assert opened.detail == "é" * MAX_DETAIL_CHARS and opened.reason == "reward_error"
-    assert len(verdict.detail) == 10_000  # the caller's message is left as it was
 
 
 # --- wire rollouts to claims ---
