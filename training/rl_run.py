@@ -2,8 +2,9 @@
 
 `RLRunConfig` is what every role of a decentralized RL run must agree on: the run, the task,
 the model, the GRPO hyper-parameters (group size, async level) and who may publish weights.
-`PolicyWindow` holds the newest `async_level + 1` policy versions as models, which is all a
-worker may generate with and all a validator may verify against.
+`ModelWindow` holds the newest `async_level + 1` policy versions as models, which is all an
+inference worker may generate with; threads wait on it for the first version. (The validator's
+`verification.verifier_window.VerifierWindow` holds verifiers instead and judges staleness.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
 from training.rl_sync import RL_MODEL_CONFIG
 
-__all__ = ["DTYPES", "PolicyWindow", "RLRunConfig", "group_id", "model_from_state"]
+__all__ = ["DTYPES", "ModelWindow", "RLRunConfig", "group_id", "model_from_state"]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -65,8 +66,8 @@ def model_from_state(config: ModelConfig, state: Mapping[str, Any], dtype: torch
     return model.to(dtype).eval()
 
 
-class PolicyWindow:
-    """The newest `size` policy versions, as models (thread-safe)."""
+class ModelWindow:
+    """The newest `size` policy versions, as models to generate with (thread-safe, waitable)."""
 
     def __init__(self, size: int) -> None:
         if size < 1:

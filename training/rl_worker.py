@@ -39,7 +39,7 @@ from protocol.rollout_messages import seal_group
 from protocol.rollouts_pb2 import Rollout, RolloutGroup, RolloutVerdict
 from training.generation import generate
 from training.model import TinyGPT
-from training.rl_run import DTYPES, PolicyWindow, RLRunConfig, model_from_state
+from training.rl_run import DTYPES, ModelWindow, RLRunConfig, model_from_state
 from training.sampling import SamplingParams
 from training.tasks import Task, get_task
 
@@ -106,7 +106,7 @@ class InferenceWorker:
         self.cheat = cheat
         self.on_group = on_group
         self.max_groups = max_groups
-        self.window = PolicyWindow(config.grpo.async_level + 1)
+        self.window = ModelWindow(config.grpo.async_level + 1)
         self.reports: list[GroupReport] = []
         self.received_at: dict[int, float] = {}
         """When each policy version became usable here (for the weight pick-up latency)."""

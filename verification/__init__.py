@@ -11,7 +11,7 @@ Map of the main names and where they live:
 - `validator`: `Validator` (judges a worker's `RolloutGroup` of an RL run), `VerifiedRollout`,
   `ValidatorStats`; its parts: `rollout_checks` (assignment, verdict, recomputed reward, reason
   codes), `rollout_wire` (a parsed wire `Rollout` -> `RolloutClaim`; parsing itself is
-  `protocol.rollout_messages.parse_rollout`), `policy_window` (the versions held),
+  `protocol.rollout_messages.parse_rollout`), `verifier_window` (the versions held),
   `worker_accounts` (counters, abandoned assignments, per-worker counts) (verdicts are sealed by `protocol.rollout_messages.seal_verdict`).
 
 The TOPLOC proof format itself (`build_proofs`, `verify_proofs`, `ChunkCheck`) lives in

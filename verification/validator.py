@@ -33,7 +33,6 @@ from protocol.rollout_messages import seal_verdict
 from training.model import TinyGPT
 from training.sampling import SamplingParams
 from verification.policy import DEFAULT_POLICY, VerificationPolicy
-from verification.policy_window import PolicyWindow, VersionStatus
 from verification.rollout_checks import (
     BANNING_REASONS,
     UNJUDGED_REASONS,
@@ -44,6 +43,7 @@ from verification.rollout_checks import (
     parse_item,
 )
 from verification.verdict import RolloutVerifier
+from verification.verifier_window import VerifierWindow, VersionStatus
 from verification.worker_accounts import DEFAULT_LATE_WINDOW, ValidatorStats, WorkerAccounts, WorkerStats
 
 __all__ = [
@@ -97,7 +97,7 @@ class Validator:
         self.bans = bans or BanList(base_s=60.0, max_s=24 * 3600.0, owner="validator")
         self._key = private_key
         self._clock = clock
-        self._window = PolicyWindow(async_level, policy)
+        self._window = VerifierWindow(async_level, policy)
         self._accounts = WorkerAccounts(late_window)
         self._lock = threading.Lock()
         self._seq = int(clock() * 1e6)

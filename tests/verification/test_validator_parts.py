@@ -8,9 +8,9 @@ import pytest
 from protocol import rollouts_pb2
 from training.model import ModelConfig, TinyGPT
 from training.sampling import SamplingParams
-from verification.policy_window import PolicyWindow, VersionStatus
 from verification.rollout_checks import completion_length_problem, parse_item
 from verification.rollout_wire import WireRejection, claim_from_rollout
+from verification.verifier_window import VerifierWindow, VersionStatus
 from verification.worker_accounts import CounterLog, WorkerAccounts
 
 # --- counters and abandoned assignments ---
@@ -85,7 +85,7 @@ def small_model() -> TinyGPT:
 
 
 def test_the_window_keeps_the_newest_async_level_plus_one_versions(small_model) -> None:
-    window = PolicyWindow(async_level=2)
+    window = VerifierWindow(async_level=2)
     dropped = [window.add(v, small_model) for v in range(5)]
     assert window.held == [2, 3, 4]
     assert dropped == [[], [], [], [0], [1]]
@@ -98,7 +98,7 @@ def test_the_window_keeps_the_newest_async_level_plus_one_versions(small_model) 
 
 
 def test_staleness_follows_the_trainer_step(small_model) -> None:
-    window = PolicyWindow(async_level=1)
+    window = VerifierWindow(async_level=1)
     window.add(3, small_model)
     assert window.classify(3).status is VersionStatus.HELD
     window.trainer_step = 4
@@ -109,7 +109,7 @@ def test_staleness_follows_the_trainer_step(small_model) -> None:
 
 
 def test_a_fully_synchronous_window_holds_one_version(small_model) -> None:
-    window = PolicyWindow(async_level=0)
+    window = VerifierWindow(async_level=0)
     window.add(0, small_model)
     window.add(1, small_model)
     assert window.held == [1]
@@ -117,7 +117,7 @@ def test_a_fully_synchronous_window_holds_one_version(small_model) -> None:
 
 
 def test_accepted_hashes_are_forgotten_with_their_version(small_model) -> None:
-    window = PolicyWindow(async_level=0)
+    window = VerifierWindow(async_level=0)
     window.add(0, small_model)
     window.remember_hashes(0, [b"h0"])
     assert window.seen_hash(b"h0")
