@@ -2,7 +2,8 @@
 
 `RLRunConfig` is what every role of a decentralized RL run must agree on: the run, the task,
 the model, the GRPO hyper-parameters (group size, async level) and who may publish weights.
-`ModelWindow` holds the newest `async_level + 1` policy versions as models, which is all an
+`add_policy_follower` hosts the weight broadcast through which inference workers and standalone
+validators follow the run's policy. `ModelWindow` holds the newest `async_level + 1` policy versions as models, which is all an
 inference worker may generate with; threads wait on it for the first version. (The validator's
 `verification.verifier_window.VerifierWindow` holds verifiers instead and judges staleness.)
 """
@@ -17,11 +18,14 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from node.broadcast.broadcaster import WeightBroadcast
+from node.broadcast.config import BroadcastConfig
+from node.node import HivenetNode
 from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
 from training.rl_sync import RL_MODEL_CONFIG
 
-__all__ = ["DTYPES", "ModelWindow", "RLRunConfig", "group_id", "model_from_state"]
+__all__ = ["DTYPES", "ModelWindow", "RLRunConfig", "add_policy_follower", "group_id", "model_from_state"]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -64,6 +68,26 @@ def model_from_state(config: ModelConfig, state: Mapping[str, Any], dtype: torch
     model = TinyGPT(config)
     model.load_state_dict(dict(state))
     return model.to(dtype).eval()
+
+
+def add_policy_follower(node: HivenetNode, config: RLRunConfig) -> WeightBroadcast:
+    """Add to `node` the weight broadcast a non-publishing role follows the run's policy with.
+
+    It accepts versions from the run's authorized publishers only and keeps the newest
+    `async_level + 1` (all a worker may generate with or a validator verify against).
+    """
+    return node.add_service(
+        WeightBroadcast(
+            dht=node.dht,
+            identity=node.identity,
+            config=BroadcastConfig(
+                store_dir=node.config.weights_dir,
+                authorized_publishers=list(config.authorized_publishers),
+                keep_versions=config.grpo.async_level + 1,
+                follow_poll_s=0.5,
+            ),
+        )
+    )
 
 
 class ModelWindow:

@@ -25,8 +25,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from node.broadcast.broadcaster import WeightBroadcast
-from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
 from node.membership import LiveNode
 from node.node import HivenetNode
@@ -39,7 +37,7 @@ from protocol.rollout_messages import seal_group
 from protocol.rollouts_pb2 import Rollout, RolloutGroup, RolloutVerdict
 from training.generation import generate
 from training.model import TinyGPT
-from training.rl_run import DTYPES, ModelWindow, RLRunConfig, model_from_state
+from training.rl_run import DTYPES, ModelWindow, RLRunConfig, add_policy_follower, model_from_state
 from training.sampling import SamplingParams
 from training.tasks import Task, get_task
 
@@ -116,18 +114,7 @@ class InferenceWorker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._validator_turn = 0
-        self.broadcast = node.add_service(
-            WeightBroadcast(
-                dht=node.dht,
-                identity=node.identity,
-                config=BroadcastConfig(
-                    store_dir=node.config.weights_dir,
-                    authorized_publishers=list(config.authorized_publishers),
-                    keep_versions=config.grpo.async_level + 1,
-                    follow_poll_s=0.5,
-                ),
-            )
-        )
+        self.broadcast = add_policy_follower(node, config)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
