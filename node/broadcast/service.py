@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -32,6 +31,7 @@ from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
 from node.broadcast.wire import RateLimiter, read_frame, write_frame, write_payload
 from node.metrics import NO_TRANSFER_METRICS, TransferMetrics
+from node.stream_slots import StreamSlots
 from protocol import broadcast_pb2 as bpb
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_BROADCAST_REQUEST_BYTES, MAX_HAVE_BATCH
@@ -89,8 +89,7 @@ class BroadcastService:
         """Payload bytes sent to other peers (chunks and manifests)."""
         self._entries: dict[tuple[str, int], VersionEntry] = {}
         self._watchers: dict[tuple[str, int], set[asyncio.Queue[int]]] = {}
-        self._streams = 0
-        self._streams_per_peer: Counter[bytes] = Counter()
+        self._slots = StreamSlots()
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
 
@@ -154,20 +153,13 @@ class BroadcastService:
                 if self.bans.is_banned(peer):
                     return
                 if (
-                    self._streams >= self.config.max_upload_streams
-                    or self._streams_per_peer[key] >= self.config.max_upload_streams_per_peer
+                    self._slots.total >= self.config.max_upload_streams
+                    or self._slots.of(key) >= self.config.max_upload_streams_per_peer
                 ):
                     await send_header(writer, bpb.STATUS_BUSY, detail="too many streams")
                     return
-                self._streams += 1
-                self._streams_per_peer[key] += 1
-                try:
+                with self._slots.held(key):
                     await handler(peer, reader, writer)
-                finally:
-                    self._streams -= 1
-                    self._streams_per_peer[key] -= 1
-                    if self._streams_per_peer[key] <= 0:
-                        del self._streams_per_peer[key]
             except InvalidMessage as exc:
                 self.bans.ban(peer, f"bad request: {exc}")
             except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, OSError):
