@@ -2,6 +2,7 @@
 
 `RLRunConfig` is what every role of a decentralized RL run must agree on: the run, the task,
 the model, the GRPO hyper-parameters (group size, async level) and who may publish weights.
+`RoleThread` is the loop thread a role (trainer, inference worker) runs its work on.
 `add_policy_follower` hosts the weight broadcast through which inference workers and standalone
 validators follow the run's policy. `ModelWindow` holds the newest `async_level + 1` policy versions as models, which is all an
 inference worker may generate with; threads wait on it for the first version. (The validator's
@@ -25,7 +26,15 @@ from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
 from training.rl_sync import RL_MODEL_CONFIG
 
-__all__ = ["DTYPES", "ModelWindow", "RLRunConfig", "add_policy_follower", "group_id", "model_from_state"]
+__all__ = [
+    "DTYPES",
+    "ModelWindow",
+    "RLRunConfig",
+    "RoleThread",
+    "add_policy_follower",
+    "group_id",
+    "model_from_state",
+]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -68,6 +77,32 @@ def model_from_state(config: ModelConfig, state: Mapping[str, Any], dtype: torch
     model = TinyGPT(config)
     model.load_state_dict(dict(state))
     return model.to(dtype).eval()
+
+
+class RoleThread:
+    """The loop thread of a role: a subclass starts `_run` with `_start_thread`, which loops until
+    `_stop` is set (by `stop`)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _start_thread(self, name: str) -> None:
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Ask the loop to stop and wait up to `timeout_s` for it to finish."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
 
 def add_policy_follower(node: HivenetNode, config: RLRunConfig) -> WeightBroadcast:
