@@ -51,8 +51,8 @@ from protocol.receipts import (  # noqa: E402
     seal_seed_receipt,
     seal_training_receipt,
     seal_transfer_receipt,
-    seal_verdict_receipt,
 )
+from protocol.rollout_messages import seal_verdict  # noqa: E402
 
 RUN = "bench-ledger"
 CONTRIBUTORS = 1000
@@ -102,9 +102,7 @@ def _receipt(population: Population, index: int, now: float) -> bytes:
             reward=rng.random() if accepted else 0.0,
             issued_at=issued,
         )
-        return seal_verdict_receipt(
-            population.validators[rng.randrange(VALIDATORS)], run_id=RUN, verdict=verdict
-        )
+        return seal_verdict(population.validators[rng.randrange(VALIDATORS)], run_id=RUN, verdict=verdict)
     if pick < 0.85:
         signer, contributor = rng.sample(range(TRAINERS), 2)
         return seal_training_receipt(

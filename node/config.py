@@ -61,6 +61,18 @@ def parse_initial_peer(text: str) -> str:
     return str(address)
 
 
+def check_base58_peer_ids(value: list[str]) -> list[str]:
+    """`value` unchanged if every item is a base58 PeerID, else ValueError (a pydantic field validator's body)."""
+    from hivemind.p2p import PeerID  # here, so that configuration modules load without the p2p stack
+
+    for text in value:
+        try:
+            PeerID.from_base58(text)
+        except Exception:
+            raise ValueError(f"{text!r} is not a base58 PeerID") from None
+    return value
+
+
 class NodeConfig(BaseModel):
     """Everything a node needs to join a swarm."""
 

@@ -79,6 +79,12 @@ codec metadata)."""
 MAX_END_OF_STREAM_BYTES = 1024
 """Cap on an end-of-stream (error) frame; hivemind's is empty, an error message is short."""
 
+# --- receipts (protocol.receipts, protocol.rollout_messages) ---
+
+RECEIPT_TTL_S = 30 * 24 * 3600.0
+"""Validity of every receipt, a sealed verdict included, counted from its issue time: a receipt is
+shown long after the work (contribution accounting), and a ledger admits it until then."""
+
 # --- rollout transport (protocol.rollout_messages, node.rollouts) ---
 
 MAX_ROLLOUTS_PER_GROUP = 64
@@ -112,14 +118,14 @@ MAX_ROLLOUT_GROUP_BYTES = 16 * 1024 * 1024
 MAX_VERDICT_REASON_CHARS = 64
 """Longest reason code a verdict may carry."""
 
-MAX_VERDICT_DETAIL_CHARS = 1024
-"""Longest human-readable detail a verdict may carry (a sealed verdict stays under MAX_ENVELOPE_BYTES)."""
+MAX_VERDICT_DETAIL_CHARS = 400
+"""Longest human-readable detail a verdict may carry: `seal_verdict` cuts a longer one, so that a
+sealed verdict, even of 4-byte characters, stays under the ledger's receipt size cap
+(`protocol.receipts.MAX_RECEIPT_BYTES`)."""
 
 ROLLOUT_GROUP_TTL_S = 600.0
 """Validity of a sealed group: a validator refuses a submission signed for longer, or expired."""
 
-ROLLOUT_VERDICT_TTL_S = 90 * 24 * 3600.0
-"""Validity of a sealed verdict: it is the worker's receipt, shown long after the submission."""
 
 ROLLOUT_FORWARD_TTL_S = 600.0
 """Validity of a validator's forward of a verified group to a trainer."""

@@ -1,7 +1,8 @@
 """Contribution receipts: sealing each kind, and opening any of them into one typed `Receipt`.
 
 A receipt is signed by whoever received the work, never by the contributor: a validator signs a
-verdict per rollout (`RolloutVerdict`, domain "rollout-verdict"), an averaging peer signs another
+verdict per rollout (`RolloutVerdict`, domain "rollout-verdict", sealed and checked by
+`protocol.rollout_messages.seal_verdict` / `check_verdict`), an averaging peer signs another
 trainer's participation in an outer step ("receipt-training"), a fetcher signs what it received
 from a source in the weight broadcast ("receipt-transfer") and a node signs a seed's bootstrap or
 dial-back service ("receipt-seed"). Every receipt is an envelope (`protocol.envelope`), so it is
@@ -30,18 +31,14 @@ from protocol import hivenet_pb2, rollouts_pb2
 from protocol import receipts_pb2 as pb
 from protocol.envelope import open_envelope, seal
 from protocol.errors import InvalidMessage
-from protocol.limits import MAX_CLOCK_SKEW_S
+from protocol.limits import MAX_CLOCK_SKEW_S, RECEIPT_TTL_S
 from protocol.peer_keys import peer_id_from_private_key, public_key_from_peer_id
+from protocol.rollout_messages import DOMAIN_VERDICT, check_verdict
 from protocol.untrusted import capped_bytes, parse_untrusted
 
-DOMAIN_VERDICT = "rollout-verdict"
-"""The validator's verdict on one rollout (protocol/rollouts.proto), also the inference receipt."""
 DOMAIN_TRAINING = "receipt-training"
 DOMAIN_TRANSFER = "receipt-transfer"
 DOMAIN_SEED = "receipt-seed"
-
-RECEIPT_TTL_S = 30 * 86400.0
-"""How long a receipt may be admitted into a ledger after it was issued (its envelope's expiry)."""
 
 MAX_RECEIPT_BYTES = 2048
 """Largest receipt envelope accepted (the biggest, a verdict with its detail, is well under 1 KiB)."""
@@ -50,8 +47,6 @@ MAX_ROUND_ID_BYTES = 64
 MAX_SESSION_ID_BYTES = 64
 MIN_SESSION_ID_BYTES = 16
 HASH_BYTES = 32
-MAX_REASON_CHARS = 64
-MAX_DETAIL_CHARS = 512
 MAX_TOKENS = 1 << 40
 """Cap on any token count in a receipt (far above any real outer step or rollout)."""
 MAX_BYTES = 1 << 50
@@ -218,13 +213,6 @@ def seal_seed_receipt(
     return _seal(private_key, ReceiptKind.SEED, run_id, payload, issued)
 
 
-def seal_verdict_receipt(
-    private_key: Ed25519PrivateKey, *, run_id: str, verdict: rollouts_pb2.RolloutVerdict
-) -> bytes:
-    """A validator's verdict in a "rollout-verdict" envelope that lives as long as any receipt."""
-    return _seal(private_key, ReceiptKind.ROLLOUT, run_id, verdict.SerializeToString(), verdict.issued_at)
-
-
 # --- opening ---
 
 
@@ -263,12 +251,7 @@ def _check_time(value: float) -> float:
 
 def _fields_of_verdict(payload: bytes) -> dict[str, object]:
     verdict = parse_untrusted(rollouts_pb2.RolloutVerdict, payload, "rollout verdict")
-    if len(verdict.reason) > MAX_REASON_CHARS or len(verdict.detail) > MAX_DETAIL_CHARS:
-        raise InvalidMessage("rollout verdict reason or detail is too long")
-    if verdict.accepted == bool(verdict.reason):
-        raise InvalidMessage("rollout verdict must give a reason exactly when it rejects")
-    if not math.isfinite(verdict.reward):
-        raise InvalidMessage("rollout verdict reward is not a finite number")
+    check_verdict(verdict)  # the transport's own check: a ledger admits what workers accept
     return dict(
         contributor=_check_peer_id(verdict.worker, "worker"),
         evidence=_check_id(verdict.rollout_hash, "rollout hash", HASH_BYTES, HASH_BYTES),
@@ -396,5 +379,4 @@ __all__ = [
     "seal_seed_receipt",
     "seal_training_receipt",
     "seal_transfer_receipt",
-    "seal_verdict_receipt",
 ]

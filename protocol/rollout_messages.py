@@ -2,7 +2,8 @@
 
 * A worker seals one `RolloutGroup` per assignment (domain `DOMAIN_GROUP`, signer = worker).
 * A validator seals one `RolloutVerdict` per rollout (domain `DOMAIN_VERDICT`, signer = validator):
-  the worker's receipt.
+  the worker's receipt, valid for `RECEIPT_TTL_S` like every receipt, so the same bytes open
+  with `open_verdict` (workers, trainers) and `protocol.receipts.open_receipt` (ledgers).
 * A standalone validator hands a verified group to a trainer in a `RolloutForward` (domain
   `DOMAIN_FORWARD`, signer = validator) that carries the worker's sealed group and the
   validator's sealed verdicts unchanged; `open_forward` re-checks every signature and binding.
@@ -40,9 +41,9 @@ from protocol.limits import (
     MAX_VERDICT_DETAIL_CHARS,
     MAX_VERDICT_REASON_CHARS,
     MIN_ROLLOUT_PROOF_BYTES,
+    RECEIPT_TTL_S,
     ROLLOUT_FORWARD_TTL_S,
     ROLLOUT_GROUP_TTL_S,
-    ROLLOUT_VERDICT_TTL_S,
 )
 from protocol.peer_keys import public_key_from_peer_id
 from protocol.toploc import CHUNK_TOKENS, num_chunks
@@ -55,6 +56,7 @@ __all__ = [
     "ROLLOUT_DTYPES",
     "Forwarded",
     "check_group",
+    "check_verdict",
     "check_verdicts_match",
     "open_forward",
     "open_group",
@@ -195,7 +197,8 @@ def open_group(
     return envelope, group
 
 
-def _check_verdict(verdict: rpb.RolloutVerdict) -> None:
+def check_verdict(verdict: rpb.RolloutVerdict) -> None:
+    """InvalidMessage unless every field of a decoded verdict is in range (see `open_verdict`)."""
     public_key_from_peer_id(verdict.worker)  # InvalidMessage unless an Ed25519 PeerID
     if len(verdict.rollout_hash) != _SHA256_BYTES:
         raise InvalidMessage(
@@ -220,18 +223,28 @@ def _check_verdict(verdict: rpb.RolloutVerdict) -> None:
 
 
 def seal_verdict(
-    private_key: Ed25519PrivateKey, *, run_id: str, verdict: rpb.RolloutVerdict, now: float | None = None
+    private_key: Ed25519PrivateKey, *, run_id: str, verdict: rpb.RolloutVerdict, seq: int = 0
 ) -> bytes:
-    """The validator's signed receipt for one rollout (valid for ROLLOUT_VERDICT_TTL_S)."""
-    _check_verdict(verdict)
-    now = time.time() if now is None else now
+    """The validator's signed receipt for one rollout, valid for RECEIPT_TTL_S from `verdict.issued_at`.
+
+    A detail longer than MAX_VERDICT_DETAIL_CHARS is cut (the caller's message is left as it
+    was); any other field out of range (`check_verdict`) raises InvalidMessage, so a validator
+    never signs a verdict that workers or ledgers would refuse for its fields. (A ledger also
+    refuses a verdict on the signer's own work; workers do not, so sealing allows it.)
+    """
+    if len(verdict.detail) > MAX_VERDICT_DETAIL_CHARS:
+        trimmed = rpb.RolloutVerdict()
+        trimmed.CopyFrom(verdict)
+        trimmed.detail = verdict.detail[:MAX_VERDICT_DETAIL_CHARS]
+        verdict = trimmed
+    check_verdict(verdict)
     return seal(
         private_key,
         domain=DOMAIN_VERDICT,
         run_id=run_id,
         payload=verdict.SerializeToString(),
-        expires_at=now + ROLLOUT_VERDICT_TTL_S,
-        seq=verdict.counter,
+        expires_at=verdict.issued_at + RECEIPT_TTL_S,
+        seq=seq,
     )
 
 
@@ -247,10 +260,10 @@ def open_verdict(
     rejection), or a non-finite issue time.
     """
     envelope = open_envelope(
-        data, domain=DOMAIN_VERDICT, run_id=run_id, signer=validator, max_ttl_s=ROLLOUT_VERDICT_TTL_S, now=now
+        data, domain=DOMAIN_VERDICT, run_id=run_id, signer=validator, max_ttl_s=RECEIPT_TTL_S, now=now
     )
     verdict = parse_untrusted(rpb.RolloutVerdict, envelope.payload, "rollout verdict")
-    _check_verdict(verdict)
+    check_verdict(verdict)
     return envelope, verdict
 
 

@@ -2,8 +2,11 @@
 
 `RLRunConfig` is what every role of a decentralized RL run must agree on: the run, the task,
 the model, the GRPO hyper-parameters (group size, async level) and who may publish weights.
-`PolicyWindow` holds the newest `async_level + 1` policy versions as models, which is all a
-worker may generate with and all a validator may verify against.
+`RoleThread` is the loop thread a role (trainer, inference worker) runs its work on.
+`add_policy_follower` hosts the weight broadcast through which inference workers and standalone
+validators follow the run's policy. `ModelWindow` holds the newest `async_level + 1` policy versions as models, which is all an
+inference worker may generate with; threads wait on it for the first version. (The validator's
+`verification.verifier_window.VerifierWindow` holds verifiers instead and judges staleness.)
 """
 
 from __future__ import annotations
@@ -16,11 +19,22 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from node.broadcast.broadcaster import WeightBroadcast
+from node.broadcast.config import BroadcastConfig
+from node.node import HivenetNode
 from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
 from training.rl_sync import RL_MODEL_CONFIG
 
-__all__ = ["DTYPES", "PolicyWindow", "RLRunConfig", "group_id", "model_from_state"]
+__all__ = [
+    "DTYPES",
+    "ModelWindow",
+    "RLRunConfig",
+    "RoleThread",
+    "add_policy_follower",
+    "group_id",
+    "model_from_state",
+]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -65,8 +79,54 @@ def model_from_state(config: ModelConfig, state: Mapping[str, Any], dtype: torch
     return model.to(dtype).eval()
 
 
-class PolicyWindow:
-    """The newest `size` policy versions, as models (thread-safe)."""
+class RoleThread:
+    """The loop thread of a role: a subclass starts `_run` with `_start_thread`, which loops until
+    `_stop` is set (by `stop`)."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+    def _start_thread(self, name: str) -> None:
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Ask the loop to stop and wait up to `timeout_s` for it to finish."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+
+def add_policy_follower(node: HivenetNode, config: RLRunConfig) -> WeightBroadcast:
+    """Add to `node` the weight broadcast a non-publishing role follows the run's policy with.
+
+    It accepts versions from the run's authorized publishers only and keeps the newest
+    `async_level + 1` (all a worker may generate with or a validator verify against).
+    """
+    return node.add_service(
+        WeightBroadcast(
+            dht=node.dht,
+            identity=node.identity,
+            config=BroadcastConfig(
+                store_dir=node.config.weights_dir,
+                authorized_publishers=list(config.authorized_publishers),
+                keep_versions=config.grpo.async_level + 1,
+                follow_poll_s=0.5,
+            ),
+        )
+    )
+
+
+class ModelWindow:
+    """The newest `size` policy versions, as models to generate with (thread-safe, waitable)."""
 
     def __init__(self, size: int) -> None:
         if size < 1:

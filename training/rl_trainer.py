@@ -21,7 +21,6 @@ import copy
 import logging
 import queue
 import statistics
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -44,7 +43,7 @@ from protocol.rollout_messages import Forwarded, parse_rollout
 from protocol.rollouts_pb2 import RolloutGroup
 from training.grpo import GRPOLearner, ScoredRollout
 from training.model import TinyGPT
-from training.rl_run import RLRunConfig, group_id
+from training.rl_run import RLRunConfig, RoleThread, group_id
 
 __all__ = ["RLStepReport", "RLTrainer", "RolloutJudge"]
 
@@ -90,7 +89,7 @@ class RLStepReport:
         )
 
 
-class RLTrainer:
+class RLTrainer(RoleThread):
     """A GRPO trainer with its rollout intake and weight broadcast, on a started node."""
 
     def __init__(
@@ -125,8 +124,7 @@ class RLTrainer:
         self._inbox: queue.Queue[list[ScoredRollout]] = queue.Queue()
         self._taken: dict[bytes, int] = {}
         """Policy version of every group id taken into the buffer while that version is usable."""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         publishers = [node.identity.peer_id.to_base58(), *config.authorized_publishers]
         self.broadcast = node.add_service(
             WeightBroadcast(
@@ -162,20 +160,8 @@ class RLTrainer:
 
     def start(self) -> RLTrainer:
         self._new_version(self.learner.version)
-        self._thread = threading.Thread(
-            target=self._run, name=f"rl-trainer-{self.node.short_id}", daemon=True
-        )
-        self._thread.start()
+        self._start_thread(f"rl-trainer-{self.node.short_id}")
         return self
-
-    def stop(self, timeout_s: float = 60.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     @property
     def version(self) -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import enum
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -25,8 +24,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from node.broadcast.broadcaster import WeightBroadcast
-from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
 from node.membership import LiveNode
 from node.node import HivenetNode
@@ -39,7 +36,14 @@ from protocol.rollout_messages import seal_group
 from protocol.rollouts_pb2 import Rollout, RolloutGroup
 from training.generation import generate
 from training.model import TinyGPT
-from training.rl_run import DTYPES, PolicyWindow, RLRunConfig, model_from_state
+from training.rl_run import (
+    DTYPES,
+    ModelWindow,
+    RLRunConfig,
+    RoleThread,
+    add_policy_follower,
+    model_from_state,
+)
 from training.sampling import SamplingParams
 from training.tasks import Task, get_task
 
@@ -87,7 +91,7 @@ class GroupReport:
         )
 
 
-class InferenceWorker:
+class InferenceWorker(RoleThread):
     """Generates and submits rollout groups for one RL run on a started node, in a thread of its own."""
 
     def __init__(
@@ -106,7 +110,7 @@ class InferenceWorker:
         self.cheat = cheat
         self.on_group = on_group
         self.max_groups = max_groups
-        self.window = PolicyWindow(config.grpo.async_level + 1)
+        self.window = ModelWindow(config.grpo.async_level + 1)
         self.reports: list[GroupReport] = []
         self.received_at: dict[int, float] = {}
         """When each policy version became usable here (for the weight pick-up latency)."""
@@ -115,41 +119,19 @@ class InferenceWorker:
         """Every verdict received, as sealed by its validator: this worker's proof of its contribution."""
         self.cpu_seconds = 0.0
         """CPU time the loop thread spent generating, proving and sealing (submission waits excluded)."""
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        super().__init__()
         self._validator_turn = 0
-        self.broadcast = node.add_service(
-            WeightBroadcast(
-                dht=node.dht,
-                identity=node.identity,
-                config=BroadcastConfig(
-                    store_dir=node.config.weights_dir,
-                    authorized_publishers=list(config.authorized_publishers),
-                    keep_versions=config.grpo.async_level + 1,
-                    follow_poll_s=0.5,
-                ),
-            )
-        )
+        self.broadcast = add_policy_follower(node, config)
 
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> InferenceWorker:
         self.node.call(self._follow())
-        self._thread = threading.Thread(target=self._run, name=f"worker-{self.node.short_id}", daemon=True)
-        self._thread.start()
+        self._start_thread(f"worker-{self.node.short_id}")
         return self
 
     async def _follow(self) -> None:
         self.broadcast.follow(self.config.run_id, on_version=self._on_version)
-
-    def stop(self, timeout_s: float = 60.0) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout_s)
-
-    @property
-    def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
 
     # ---- policy versions -----------------------------------------------------------------
 

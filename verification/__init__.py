@@ -10,8 +10,9 @@ Map of the main names and where they live:
 - `verdict`: `verify_rollout`, `RolloutVerifier`, `judge`, `Verdict`, `RejectReason`.
 - `validator`: `Validator` (judges a worker's `RolloutGroup` of an RL run), `VerifiedRollout`,
   `ValidatorStats`; its parts: `rollout_checks` (assignment, verdict, recomputed reward, reason
-  codes), `rollout_wire` (wire `Rollout` -> `RolloutClaim`), `policy_window` (the versions held),
-  `worker_accounts` (counters, abandoned assignments, per-worker counts), `receipts` (signed verdicts).
+  codes), `rollout_wire` (a parsed wire `Rollout` -> `RolloutClaim`; parsing itself is
+  `protocol.rollout_messages.parse_rollout`), `verifier_window` (the versions held),
+  `worker_accounts` (counters, abandoned assignments, per-worker counts) (verdicts are sealed by `protocol.rollout_messages.seal_verdict`).
 
 The TOPLOC proof format itself (`build_proofs`, `verify_proofs`, `ChunkCheck`) lives in
 `protocol.toploc`; the seeded sampler in `training.sampling`, the model in `training.model`

@@ -19,8 +19,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from node.broadcast.broadcaster import WeightBroadcast
-from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
 from node.metrics import NodeMetrics
 from node.node import HivenetNode
@@ -34,7 +32,7 @@ from protocol.node_record import Role
 from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict
 from training.grpo import ScoredRollout
 from training.model import TinyGPT
-from training.rl_run import RLRunConfig, group_id, model_from_state
+from training.rl_run import RLRunConfig, add_policy_follower, group_id, model_from_state
 from training.rl_trainer import RLStepReport, RLTrainer
 from training.tasks import get_task
 from verification.validator import Validator, VerifiedRollout
@@ -138,18 +136,7 @@ class StandaloneValidator:
         self.node = node
         self.config = config
         self.validator = make_validator(node, config)
-        self.broadcast = node.add_service(
-            WeightBroadcast(
-                dht=node.dht,
-                identity=node.identity,
-                config=BroadcastConfig(
-                    store_dir=node.config.weights_dir,
-                    authorized_publishers=list(config.authorized_publishers),
-                    keep_versions=config.grpo.async_level + 1,
-                    follow_poll_s=0.5,
-                ),
-            )
-        )
+        self.broadcast = add_policy_follower(node, config)
         self.intake = node.add_service(
             RolloutIntake(
                 dht=node.dht, identity=node.identity, run_id=config.run_id, handler=self._handle_group

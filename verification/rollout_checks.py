@@ -29,15 +29,11 @@ from typing import Protocol
 
 from protocol import rollouts_pb2
 from protocol.assignment import Assignment
+from protocol.errors import InvalidMessage
+from protocol.rollout_messages import parse_rollout, rollout_hash
 from training.sampling import SamplingParams
 from verification.rollout import RolloutClaim
-from verification.rollout_wire import (
-    SAMPLING_PARAMS,
-    WireRejection,
-    claim_from_rollout,
-    parse_rollout_bytes,
-    rollout_hash,
-)
+from verification.rollout_wire import SAMPLING_PARAMS, WireRejection, claim_from_rollout
 from verification.verdict import RejectReason, RolloutVerifier
 
 __all__ = [
@@ -138,9 +134,9 @@ def parse_item(index: int, data: bytes) -> RolloutItem:
     """Hash and strictly parse the `index`-th serialized rollout of a group (a parse failure rejects it)."""
     item = RolloutItem(index=index, hash=rollout_hash(data))
     try:
-        item.rollout = parse_rollout_bytes(data)
-    except WireRejection as r:
-        item.reject(r.reason, r.detail)
+        item.rollout = parse_rollout(data)
+    except InvalidMessage as exc:
+        item.reject(RejectReason.MALFORMED_CLAIM.value, str(exc))
     return item
 
 

@@ -1,44 +1,25 @@
-"""From a submitted `Rollout` (untrusted protobuf bytes) to a strict `RolloutClaim`, or a rejection.
+"""From a parsed wire `Rollout` to the strict `RolloutClaim` the rollout verdict works on, or a rejection.
 
-A rollout group carries each rollout as serialized bytes (its hash is the sha256 of those
-bytes). This module parses them strictly, checks the sampling parameters against the run's
-and converts the message into the `RolloutClaim` the rollout verdict works on. Every failure
-is a `WireRejection` carrying a stable reason code, never an exception escaping to the caller.
-
-The parse is local until `protocol.rollout_messages` (with `parse_rollout` and
-`rollout_hash`) lands; then `parse_rollout_bytes` and `rollout_hash` here should defer to it.
+A rollout group carries each rollout as serialized bytes; they are parsed and hashed by
+`protocol.rollout_messages` (`parse_rollout`, `rollout_hash`), the same code the transport
+uses, so the validator accepts exactly what the transport accepts. This module adds what only
+the validator needs: the sampling parameters must be the run's, and the message becomes a
+`RolloutClaim`. Every failure is a `WireRejection` carrying a stable reason code, never an
+exception escaping to the caller.
 """
 
 from __future__ import annotations
 
-import hashlib
 import struct
 
 from pydantic import ValidationError
 
 from protocol import rollouts_pb2
-from protocol.errors import InvalidMessage
-from protocol.untrusted import capped_bytes, parse_untrusted
 from training.sampling import SamplingParams
-from verification.rollout import MAX_PROOF_BYTES, MAX_ROLLOUT_TOKENS, RolloutClaim
+from verification.rollout import MAX_ROLLOUT_TOKENS, RolloutClaim
 from verification.verdict import RejectReason
 
-__all__ = [
-    "MAX_ROLLOUT_BYTES",
-    "SAMPLING_PARAMS",
-    "WireRejection",
-    "claim_from_rollout",
-    "parse_rollout_bytes",
-    "rollout_hash",
-]
-
-_MAX_TOKEN_VARINT_BYTES = 5
-MAX_ROLLOUT_BYTES = (
-    2 * MAX_ROLLOUT_TOKENS * _MAX_TOKEN_VARINT_BYTES
-    + (MAX_ROLLOUT_TOKENS // 32 + 1) * (MAX_PROOF_BYTES + 4)
-    + 1024
-)
-"""Largest serialized rollout worth parsing: the largest claim `RolloutClaim` admits, plus framing."""
+__all__ = ["SAMPLING_PARAMS", "WireRejection", "claim_from_rollout"]
 
 SAMPLING_PARAMS = "sampling_params"
 """Reason code: the rollout's temperature or top-p is not the run's."""
@@ -51,20 +32,6 @@ class WireRejection(Exception):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
-
-
-def rollout_hash(rollout_bytes: bytes) -> bytes:
-    """The rollout's identity: sha256 of its serialized bytes, as receipts name it."""
-    return hashlib.sha256(rollout_bytes).digest()
-
-
-def parse_rollout_bytes(data: object) -> rollouts_pb2.Rollout:
-    """Size-capped strict parse of one serialized `Rollout`; `WireRejection(malformed_claim)` if bad."""
-    try:
-        raw = capped_bytes(data, MAX_ROLLOUT_BYTES, "rollout")
-        return parse_untrusted(rollouts_pb2.Rollout, raw, "rollout")
-    except InvalidMessage as exc:
-        raise WireRejection(RejectReason.MALFORMED_CLAIM.value, str(exc)) from None
 
 
 def _as_float32(x: float) -> float:

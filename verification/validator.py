@@ -14,7 +14,7 @@ and sampling verdict, recomputed reward); a group is accepted whole or not at al
 Rejections that prove tampering (`BANNING_REASONS`) ban the worker, for longer each time;
 the others are only counted. Every judged group uses its assignment counter; skipped counters
 are counted as abandoned assignments (`verification.worker_accounts`). Each verdict is sealed
-as a receipt signed by the validator (`verification.receipts`).
+as a receipt signed by the validator (`protocol.rollout_messages.seal_verdict`).
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from node.bans import BanList
 from protocol import rollouts_pb2
 from protocol.assignment import derive_assignment
+from protocol.rollout_messages import seal_verdict
 from training.model import TinyGPT
 from training.sampling import SamplingParams
 from verification.policy import DEFAULT_POLICY, VerificationPolicy
-from verification.policy_window import PolicyWindow, VersionStatus
-from verification.receipts import RECEIPT_TTL_S, VERDICT_DOMAIN, seal_receipt
 from verification.rollout_checks import (
     BANNING_REASONS,
     UNJUDGED_REASONS,
@@ -44,12 +43,11 @@ from verification.rollout_checks import (
     parse_item,
 )
 from verification.verdict import RolloutVerifier
+from verification.verifier_window import VerifierWindow, VersionStatus
 from verification.worker_accounts import DEFAULT_LATE_WINDOW, ValidatorStats, WorkerAccounts, WorkerStats
 
 __all__ = [
     "BANNING_REASONS",
-    "RECEIPT_TTL_S",
-    "VERDICT_DOMAIN",
     "GroupReason",
     "RewardTask",
     "Validator",
@@ -88,7 +86,6 @@ class Validator:
         bans: BanList | None = None,
         clock: Callable[[], float] = time.time,
         sampling: SamplingParams | None = None,
-        receipt_ttl_s: float = RECEIPT_TTL_S,
         late_window: int = DEFAULT_LATE_WINDOW,
     ) -> None:
         if group_size < 1:
@@ -98,10 +95,9 @@ class Validator:
         self.group_size = group_size
         self.sampling = sampling or SamplingParams()
         self.bans = bans or BanList(base_s=60.0, max_s=24 * 3600.0, owner="validator")
-        self.receipt_ttl_s = receipt_ttl_s
         self._key = private_key
         self._clock = clock
-        self._window = PolicyWindow(async_level, policy)
+        self._window = VerifierWindow(async_level, policy)
         self._accounts = WorkerAccounts(late_window)
         self._lock = threading.Lock()
         self._seq = int(clock() * 1e6)
@@ -218,7 +214,7 @@ class Validator:
             first_seq = self._seq
             self._seq += len(items)
         return [
-            seal_receipt(
+            seal_verdict(
                 self._key,
                 run_id=self.run_id,
                 verdict=rollouts_pb2.RolloutVerdict(
@@ -234,7 +230,6 @@ class Validator:
                     reward=item.reward if accepted else 0.0,
                     issued_at=now,
                 ),
-                ttl_s=self.receipt_ttl_s,
                 seq=first_seq + i,
             )
             for i, item in enumerate(items)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from node.config import check_base58_peer_ids
 from protocol.limits import MAX_CHUNK_BYTES, MAX_HOLDER_TTL_S, MAX_WEIGHTS_POINTER_TTL_S, MIN_CHUNK_BYTES
 
 
@@ -80,11 +81,4 @@ class BroadcastConfig(BaseModel):
     @field_validator("authorized_publishers")
     @classmethod
     def _check_peer_ids(cls, value: list[str]) -> list[str]:
-        from hivemind.p2p import PeerID
-
-        for text in value:
-            try:
-                PeerID.from_base58(text)
-            except Exception:
-                raise ValueError(f"{text!r} is not a base58 PeerID") from None
-        return value
+        return check_base58_peer_ids(value)

@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TypeVar
 
@@ -36,6 +35,7 @@ from node.broadcast.store import VersionEntry
 from node.broadcast.watch_slots import WatchSlot, WatchSlots
 from node.broadcast.wire import RateLimiter, read_frame, write_frame, write_payload
 from node.metrics import NO_TRANSFER_METRICS, TransferMetrics
+from node.stream_slots import StreamSlots
 from protocol import broadcast_pb2 as bpb
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_BROADCAST_REQUEST_BYTES, MAX_HAVE_BATCH
@@ -94,8 +94,7 @@ class BroadcastService:
         """Payload bytes sent to other peers (chunks and manifests)."""
         self._entries: dict[tuple[str, int], VersionEntry] = {}
         self._watchers: dict[tuple[str, int], set[asyncio.Queue[int]]] = {}
-        self._streams = 0
-        self._streams_per_peer: Counter[bytes] = Counter()
+        self._slots = StreamSlots()
         self.watches = WatchSlots(config.max_watch_streams, config.max_watch_streams_per_peer)
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
@@ -162,20 +161,13 @@ class BroadcastService:
                 if self.bans.is_banned(peer):
                     return
                 if (
-                    self._streams >= self.config.max_upload_streams
-                    or self._streams_per_peer[key] >= self.config.max_upload_streams_per_peer
+                    self._slots.total >= self.config.max_upload_streams
+                    or self._slots.of(key) >= self.config.max_upload_streams_per_peer
                 ):
                     await send_header(writer, bpb.STATUS_BUSY, detail="too many streams")
                     return
-                self._streams += 1
-                self._streams_per_peer[key] += 1
-                try:
+                with self._slots.held(key):
                     await handler(peer, reader, writer)
-                finally:
-                    self._streams -= 1
-                    self._streams_per_peer[key] -= 1
-                    if self._streams_per_peer[key] <= 0:
-                        del self._streams_per_peer[key]
 
         return serve
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from node.config import check_base58_peer_ids
 from protocol.limits import MAX_ROLLOUT_FORWARD_BYTES, MAX_ROLLOUT_GROUP_BYTES
 
 
@@ -48,11 +49,4 @@ class ForwardConfig(StreamServiceConfig):
     @field_validator("trusted_validators")
     @classmethod
     def _check_peer_ids(cls, value: list[str]) -> list[str]:
-        from hivemind.p2p import PeerID
-
-        for text in value:
-            try:
-                PeerID.from_base58(text)
-            except Exception:
-                raise ValueError(f"{text!r} is not a base58 PeerID") from None
-        return value
+        return check_base58_peer_ids(value)

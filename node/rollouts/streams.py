@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
 
 import hivemind
 from hivemind.p2p import P2P, PeerID
@@ -29,6 +28,7 @@ from node.broadcast.wire import read_frame, write_frame
 from node.rollouts.config import StreamServiceConfig
 from node.rollouts.errors import PeerUnavailable, SubmissionTimeout
 from node.rollouts.peers import replicate_p2p
+from node.stream_slots import StreamSlots
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_SUBMIT_ERROR_CHARS
 
@@ -68,8 +68,7 @@ class FramedService:
         self.bans = bans if bans is not None else BanList(config.ban_base_s, config.ban_max_s, owner=owner)
         self._given_p2p = p2p
         self._p2p: P2P | None = None
-        self._streams = 0
-        self._streams_per_peer: Counter[bytes] = Counter()
+        self._slots = StreamSlots()
 
     @property
     def p2p(self) -> P2P:
@@ -121,15 +120,20 @@ class FramedService:
     ) -> None:
         await self.handle_stream(info.peer_id, reader, writer)
 
+    @property
+    def open_streams(self) -> int:
+        """Streams being served now."""
+        return self._slots.total
+
     def _admission(self, peer: PeerID) -> str | None:
         if self.bans.is_banned(peer):
             return "refused: this peer is banned for sending malformed or oversized messages"
         refusal = self.refusal(peer)
         if refusal is not None:
             return refusal
-        if self._streams >= self.config.max_streams:
+        if self._slots.total >= self.config.max_streams:
             return "busy: too many streams, try again later"
-        if self._streams_per_peer[peer.to_bytes()] >= self.config.max_streams_per_peer:
+        if self._slots.of(peer.to_bytes()) >= self.config.max_streams_per_peer:
             return f"busy: at most {self.config.max_streams_per_peer} streams per peer"
         return None
 
@@ -157,15 +161,8 @@ class FramedService:
             if refusal is not None:
                 await self._refuse(reader, writer, refusal)
                 return
-            self._streams += 1
-            self._streams_per_peer[key] += 1
-            try:
+            with self._slots.held(key):
                 await self._serve_frames(peer, reader, writer)
-            finally:
-                self._streams -= 1
-                self._streams_per_peer[key] -= 1
-                if self._streams_per_peer[key] <= 0:
-                    del self._streams_per_peer[key]
         except InvalidMessage as exc:
             self.bans.ban(peer, f"bad {self.what}: {exc}")
             with contextlib.suppress(Exception):

@@ -44,7 +44,15 @@ from protocol.rollout_messages import (
 )
 from protocol.toploc import num_chunks
 from tests.fuzz.fuzzing import EDGE_FLOATS, arbitrary_or_mutated, fuzz_variants, run_bounded
-from tests.helpers.rollouts import RUN, key, make_group, make_rollout, peer_bytes, verdicts_for
+from tests.helpers.rollouts import (
+    RUN,
+    RecordingWriter,
+    key,
+    make_group,
+    make_rollout,
+    peer_bytes,
+    verdicts_for,
+)
 
 NOW = 1_800_000_000.0
 WORKER = key("fuzz worker")
@@ -169,35 +177,8 @@ test_open_forward_fast, test_open_forward_slow = fuzz_variants(
 # --- the submit intake's stream handler ---------------------------------------------------------
 
 
-class _Writer:
-    """Collects what a stream handler writes, and how many bytes its reader had not consumed then."""
-
-    def __init__(self, reader: asyncio.StreamReader | None = None) -> None:
-        self.data = bytearray()
-        self.closed = False
-        self.reader = reader
-        self.unread_at_first_write: int | None = None
-
-    def write(self, data: bytes) -> None:
-        if self.unread_at_first_write is None and self.reader is not None:
-            self.unread_at_first_write = len(self.reader._buffer)  # type: ignore[attr-defined]
-        self.data.extend(data)
-
-    async def drain(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.closed = True
-
-
-def _responses(data: bytes) -> list[rpb.SubmitResponse]:
-    responses = []
-    while data:
-        length = int.from_bytes(data[:4], "big")
-        assert length <= MAX_SUBMIT_RESPONSE_BYTES and len(data) >= 4 + length
-        responses.append(rpb.SubmitResponse.FromString(data[4 : 4 + length]))
-        data = data[4 + length :]
-    return responses
+def _responses(writer: RecordingWriter) -> list[rpb.SubmitResponse]:
+    return [rpb.SubmitResponse.FromString(f) for f in writer.responses(MAX_SUBMIT_RESPONSE_BYTES)]
 
 
 _CAP = 4096
@@ -224,7 +205,7 @@ _LIVE_FRAME = encode_frame(seal_group(WORKER, run_id=RUN, group=GROUP, seq=1))
 def _intake_stream_property(data: bytes, keep_open: bool) -> None:
     calls: list[Any] = []
     intake = _intake(calls)
-    writer = _Writer()
+    writer = RecordingWriter()
 
     async def serve() -> None:
         reader = asyncio.StreamReader()
@@ -235,7 +216,7 @@ def _intake_stream_property(data: bytes, keep_open: bool) -> None:
 
     run_bounded(serve())
     assert writer.closed
-    responses = _responses(bytes(writer.data))
+    responses = _responses(writer)
     for group in calls:
         assert 1 <= len(group.rollouts) <= MAX_ROLLOUTS_PER_GROUP
     assert sum(1 for r in responses if r.verdicts) == len(calls)
@@ -255,20 +236,20 @@ test_intake_stream_fast, test_intake_stream_slow = fuzz_variants(
 def _intake_huge_header_property(declared: int, body: bytes) -> None:
     calls: list[Any] = []
     intake = _intake(calls)
-    writers: list[_Writer] = []
+    writers: list[RecordingWriter] = []
 
     async def serve() -> None:
         reader = asyncio.StreamReader()
         reader.feed_data(declared.to_bytes(4, "big") + body)
         reader.feed_eof()
-        writers.append(_Writer(reader))
+        writers.append(RecordingWriter(reader))
         await intake.handle_stream(PeerID(peer_bytes(WORKER)), reader, writers[0])  # type: ignore[arg-type]
 
     run_bounded(serve())
     (writer,) = writers
     assert writer.unread_at_first_write == len(body)  # refused when nothing past the header was read
     assert not calls and intake.bans.is_banned(PeerID(peer_bytes(WORKER)))
-    (response,) = _responses(bytes(writer.data))
+    (response,) = _responses(writer)
     assert "exceeds" in response.error
 
 

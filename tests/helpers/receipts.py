@@ -9,12 +9,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from protocol import receipts_pb2, rollouts_pb2
 from protocol.peer_keys import peer_id_from_private_key
-from protocol.receipts import (
-    seal_seed_receipt,
-    seal_training_receipt,
-    seal_transfer_receipt,
-    seal_verdict_receipt,
-)
+from protocol.receipts import seal_seed_receipt, seal_training_receipt, seal_transfer_receipt
+from protocol.rollout_messages import seal_verdict
 
 RUN = "run-receipts"
 
@@ -48,7 +44,7 @@ def verdict(
         reward=0.5 if accepted else 0.0,
         issued_at=time.time() if issued_at is None else issued_at,
     )
-    return seal_verdict_receipt(validator, run_id=run_id, verdict=message)
+    return seal_verdict(validator, run_id=run_id, verdict=message)
 
 
 def training(

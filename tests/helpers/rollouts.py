@@ -1,12 +1,15 @@
 """Builders of structurally valid rollout messages for transport tests (no model, dummy proofs).
 
 The transport checks shapes, caps and signatures, not TOPLOC, so a proof here is any
-258-byte string (the size of a real k = 128 proof).
+258-byte string (the size of a real k = 128 proof). `RecordingWriter` stands in for a stream
+writer when a stream handler is tested without a network.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -73,7 +76,7 @@ def verdicts_for(
                 reason="" if accept else "toploc_mantissa",
                 detail="" if accept else "mantissa error 9.1 > 8",
                 reward=0.5 if accept else 0.0,
-                issued_at=1_800_000_000.0,
+                issued_at=time.time(),
             ),
         )
         for i, data in enumerate(group.rollouts)
@@ -82,3 +85,36 @@ def verdicts_for(
 
 def peer_bytes(private_key: Ed25519PrivateKey) -> bytes:
     return peer_id_from_private_key(private_key)
+
+
+class RecordingWriter:
+    """A stream writer for handler tests: collects what a stream handler writes, and how many
+    bytes its `reader` had not consumed at the first write (0 bytes read past a refused header)."""
+
+    def __init__(self, reader: asyncio.StreamReader | None = None) -> None:
+        self.data = bytearray()
+        self.closed = False
+        self.reader = reader
+        self.unread_at_first_write: int | None = None
+
+    def write(self, data: bytes) -> None:
+        if self.unread_at_first_write is None and self.reader is not None:
+            self.unread_at_first_write = len(self.reader._buffer)  # type: ignore[attr-defined]
+        self.data.extend(data)
+
+    async def drain(self) -> None:
+        return None
+
+    def close(self) -> None:
+        self.closed = True
+
+    def responses(self, max_frame_bytes: int | None = None) -> list[bytes]:
+        """The length-prefixed frames written, each whole and (if given) at most `max_frame_bytes`."""
+        out, data = [], bytes(self.data)
+        while data:
+            length = int.from_bytes(data[:4], "big")
+            assert len(data) >= 4 + length, "a frame was cut short"
+            assert max_frame_bytes is None or length <= max_frame_bytes
+            out.append(data[4 : 4 + length])
+            data = data[4 + length :]
+        return out

@@ -19,39 +19,10 @@ from protocol import rollout_forward_pb2 as fpb
 from protocol import rollouts_pb2 as rpb
 from protocol.envelope import Envelope
 from protocol.rollout_messages import seal_group
-from tests.helpers.rollouts import RUN, key, make_group, peer_bytes, verdicts_for
+from tests.helpers.rollouts import RUN, RecordingWriter, key, make_group, peer_bytes, verdicts_for
 
 VALIDATOR = key("limits validator")
 WORKERS = [key(f"limits worker {i}") for i in range(3)]
-
-
-class _Writer:
-    """Collects what a stream handler writes, and how many bytes its reader had not consumed then."""
-
-    def __init__(self, reader: asyncio.StreamReader | None = None) -> None:
-        self.data = bytearray()
-        self.closed = False
-        self.reader = reader
-        self.unread_at_first_write: int | None = None
-
-    def write(self, data: bytes) -> None:
-        if self.unread_at_first_write is None and self.reader is not None:
-            self.unread_at_first_write = len(self.reader._buffer)  # type: ignore[attr-defined]
-        self.data.extend(data)
-
-    async def drain(self) -> None:
-        return None
-
-    def close(self) -> None:
-        self.closed = True
-
-    def responses(self) -> list[bytes]:
-        out, data = [], bytes(self.data)
-        while data:
-            length = int.from_bytes(data[:4], "big")
-            out.append(data[4 : 4 + length])
-            data = data[4 + length :]
-        return out
 
 
 def _identity(private_key: Any) -> Identity:
@@ -68,12 +39,12 @@ async def _accept(worker: bytes, envelope: Envelope, group: rpb.RolloutGroup) ->
     return verdicts_for(VALIDATOR, worker, group)
 
 
-async def _serve(intake: Any, private_key: Any, data: bytes, *, eof: bool = True) -> _Writer:
+async def _serve(intake: Any, private_key: Any, data: bytes, *, eof: bool = True) -> RecordingWriter:
     reader = asyncio.StreamReader()
     reader.feed_data(data)
     if eof:
         reader.feed_eof()
-    writer = _Writer()
+    writer = RecordingWriter()
     await intake.handle_stream(PeerID(peer_bytes(private_key)), reader, writer)
     return writer
 
@@ -87,7 +58,7 @@ def test_total_stream_cap_refuses_other_peers_while_full() -> None:
         intake = _intake(_accept, max_streams=1, frame_timeout_s=30)
         idle_reader = asyncio.StreamReader()  # a peer that opens a stream and stays silent
         idle = asyncio.ensure_future(
-            intake.handle_stream(PeerID(peer_bytes(WORKERS[0])), idle_reader, _Writer())  # type: ignore[arg-type]
+            intake.handle_stream(PeerID(peer_bytes(WORKERS[0])), idle_reader, RecordingWriter())  # type: ignore[arg-type]
         )
         await asyncio.sleep(0.05)
         busy = await _serve(intake, WORKERS[1], _frame(WORKERS[1]))
@@ -166,7 +137,7 @@ def test_forward_intake_answers_untrusted_peers_before_reading() -> None:
         reader = asyncio.StreamReader()
         reader.feed_data(b"\x7f\xff\xff\xff" + b"garbage")  # never parsed: no ban
         reader.feed_eof()
-        writer = _Writer(reader)
+        writer = RecordingWriter(reader)
         await intake.handle_stream(PeerID(peer_bytes(WORKERS[1])), reader, writer)  # type: ignore[arg-type]
         (response,) = writer.responses()
         assert "trusted validators" in fpb.ForwardResponse.FromString(response).error

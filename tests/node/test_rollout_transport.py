@@ -258,13 +258,13 @@ def test_streams_per_peer_are_capped(swarm: Swarm) -> None:
             client_of(worker) as p2p,
         ):
             _, _, idle = await p2p.call_binary_stream_handler(validator.identity.peer_id, PROTO_SUBMIT)
-            await async_wait_until(lambda: intake._streams == 1, timeout_s=10)
+            await async_wait_until(lambda: intake.open_streams == 1, timeout_s=10)
             with pytest.raises(SubmissionRefused, match="at most 1 streams per peer"):
                 await submit_group(
                     p2p, validator.identity.peer_id, _sealed(worker)[1], run_id=RUN, timeout_s=20
                 )
             idle.close()
-            await async_wait_until(lambda: intake._streams == 0, timeout_s=10)
+            await async_wait_until(lambda: intake.open_streams == 0, timeout_s=10)
             assert (
                 len(
                     await submit_group(

@@ -118,12 +118,14 @@ def test_validity_beyond_the_receipt_ttl_is_refused_even_in_an_audit() -> None:
 @pytest.mark.parametrize(
     ("change", "match"),
     [
-        (dict(rollout_hash=b"short"), "rollout hash"),
+        (dict(rollout_hash=b"short"), "rollout_hash"),
         (dict(worker=b"\x00\x02ab"), "peer id"),
         (dict(accepted=True, reason="stale"), "reason"),
         (dict(accepted=False, reason=""), "reason"),
-        (dict(reward=float("nan")), "finite"),
-        (dict(issued_at=float("nan")), "unix time"),
+        (dict(reward=float("nan")), "reward nan"),
+        (dict(reward=1.5), "reward"),
+        (dict(issued_at=float("nan")), "issued_at"),
+        (dict(issued_at=-1.0), "unix time"),
         (dict(detail="x" * 600), "too long"),
     ],
 )

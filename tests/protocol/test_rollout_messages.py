@@ -19,8 +19,11 @@ from protocol.limits import (
     MAX_ROLLOUT_PROMPT_TOKENS,
     MAX_ROLLOUT_PROOF_BYTES,
     MAX_ROLLOUTS_PER_GROUP,
+    MAX_VERDICT_DETAIL_CHARS,
+    RECEIPT_TTL_S,
     ROLLOUT_GROUP_TTL_S,
 )
+from protocol.receipts import MAX_RECEIPT_BYTES, open_receipt
 from protocol.rollout_messages import (
     DOMAIN_FORWARD,
     DOMAIN_GROUP,
@@ -38,6 +41,7 @@ from tests.helpers.rollouts import RUN, key, make_group, make_rollout, peer_byte
 WORKER = key("worker")
 VALIDATOR = key("validator")
 OTHER = key("other")
+ISSUED = time.time()
 
 
 def _raw_group(group: rpb.RolloutGroup, private_key: Any = WORKER, **overrides: Any) -> bytes:
@@ -178,7 +182,7 @@ def _verdict(**overrides: Any) -> rpb.RolloutVerdict:
         tokens=40,
         accepted=True,
         reward=1.0,
-        issued_at=1_800_000_000.0,
+        issued_at=ISSUED,
     )
     fields.update(overrides)
     return rpb.RolloutVerdict(**fields)
@@ -211,12 +215,15 @@ def test_verdict_round_trip_and_signer_check() -> None:
         (dict(reward=-0.1), "reward"),
         (dict(issued_at=math.inf), "issued_at"),
         (dict(accepted=False, reason="x" * 65, reward=0.0), "too long"),
-        (dict(accepted=False, reason="x", detail="d" * 1025, reward=0.0), "too long"),
     ],
 )
 def test_verdict_out_of_range_is_refused(overrides: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidMessage, match=match):
         seal_verdict(VALIDATOR, run_id=RUN, verdict=_verdict(**overrides))
+    _assert_opening_refuses(overrides, match)
+
+
+def _assert_opening_refuses(overrides: dict[str, Any], match: str) -> None:
     raw = seal(
         VALIDATOR,
         domain="rollout-verdict",
@@ -227,6 +234,37 @@ def test_verdict_out_of_range_is_refused(overrides: dict[str, Any], match: str) 
     )
     with pytest.raises(InvalidMessage, match=match):
         open_verdict(raw, run_id=RUN)
+
+
+def test_a_long_detail_is_cut_so_the_verdict_opens_for_workers_and_ledgers() -> None:
+    long = _verdict(accepted=False, reason="reward_error", reward=0.0, detail="\U0001f600" * 10_000)
+    sealed = seal_verdict(VALIDATOR, run_id=RUN, verdict=long, seq=5)
+    assert len(sealed) <= MAX_RECEIPT_BYTES  # 4-byte characters: the worst case
+    envelope, opened = open_verdict(sealed, run_id=RUN, validator=peer_bytes(VALIDATOR))
+    assert opened.detail == "\U0001f600" * MAX_VERDICT_DETAIL_CHARS and opened.reason == "reward_error"
+    assert envelope.seq == 5 and envelope.expires_at == ISSUED + RECEIPT_TTL_S
+    assert open_receipt(sealed, run_id=RUN).reason == "reward_error"
+    assert len(long.detail) == 10_000  # the caller's message is left as it was
+    _assert_opening_refuses(
+        dict(accepted=False, reason="x", detail="d" * (MAX_VERDICT_DETAIL_CHARS + 1), reward=0.0), "too long"
+    )
+
+
+def test_a_verdict_is_a_receipt_for_its_lifetime_only() -> None:
+    sealed = seal_verdict(VALIDATOR, run_id=RUN, verdict=_verdict())
+    assert open_verdict(sealed, run_id=RUN, now=ISSUED + RECEIPT_TTL_S - 60)[1] == _verdict()
+    with pytest.raises(InvalidMessage, match="expired"):
+        open_verdict(sealed, run_id=RUN, now=ISSUED + RECEIPT_TTL_S + 3600)
+    longer = seal(
+        VALIDATOR,
+        domain="rollout-verdict",
+        run_id=RUN,
+        payload=_verdict().SerializeToString(),
+        expires_at=ISSUED + 3 * RECEIPT_TTL_S,
+        seq=1,
+    )
+    with pytest.raises(InvalidMessage, match="validity beyond"):
+        open_verdict(longer, run_id=RUN, now=ISSUED)
 
 
 # --- forwards -----------------------------------------------------------------------------------

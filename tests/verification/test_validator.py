@@ -16,18 +16,15 @@ from protocol import rollouts_pb2
 from protocol.assignment import derive_assignment
 from protocol.envelope import open_envelope
 from protocol.errors import InvalidMessage
+from protocol.limits import RECEIPT_TTL_S
 from protocol.peer_keys import peer_id_from_private_key
+from protocol.receipts import ReceiptKind, open_receipt
+from protocol.rollout_messages import DOMAIN_VERDICT as VERDICT_DOMAIN
+from protocol.rollout_messages import open_verdict, rollout_hash
 from tests.verification.rl_workers import FakeTask, Generated, RLWorker
 from training.model import ModelConfig, TinyGPT
 from training.sampling import SamplingParams
-from verification.rollout_wire import rollout_hash
-from verification.validator import (
-    BANNING_REASONS,
-    RECEIPT_TTL_S,
-    VERDICT_DOMAIN,
-    Validator,
-    VerifiedRollout,
-)
+from verification.validator import BANNING_REASONS, Validator, VerifiedRollout
 from verification.verdict import RejectReason
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -187,6 +184,31 @@ def test_verdicts_are_receipts_signed_by_the_validator_for_thirty_days(make_vali
         with pytest.raises(InvalidMessage):
             open_envelope(bytes(forged), domain=VERDICT_DOMAIN, run_id=RUN, now=NOW)
     assert len({open_envelope(d, domain=VERDICT_DOMAIN, now=NOW).seq for d in sealed}) == GROUP
+
+
+@pytest.mark.parametrize("cheat", [False, True])
+def test_the_same_verdict_bytes_open_for_workers_and_for_ledgers(make_validator, honest, cheat) -> None:
+    group = honest(0, 0)
+    if cheat:  # a rejection carries a reason and a detail, which both openers cap
+        group.task = "another-task"
+    sealed, _ = make_validator().judge_group(ALICE, group)
+    for i, data in enumerate(sealed):
+        _, verdict = open_verdict(data, run_id=RUN, validator=VALIDATOR_ID, now=NOW)
+        receipt = open_receipt(data, run_id=RUN, kinds=frozenset({ReceiptKind.ROLLOUT}), now=NOW)
+        assert verdict.accepted is not cheat and verdict.index == i
+        assert (receipt.signer, receipt.contributor, receipt.evidence) == (
+            VALIDATOR_ID,
+            ALICE,
+            verdict.rollout_hash,
+        )
+        assert (receipt.accepted, receipt.reason, receipt.tokens) == (
+            verdict.accepted,
+            verdict.reason,
+            verdict.tokens,
+        )
+        late = NOW + RECEIPT_TTL_S - 60  # both keep it for the whole receipt lifetime
+        assert open_verdict(data, run_id=RUN, now=late)[1] == verdict
+        assert open_receipt(data, run_id=RUN, now=late).receipt_id == receipt.receipt_id
 
 
 def test_a_group_of_any_held_version_in_the_window_is_accepted(make_validator, alice, policies) -> None:
@@ -363,7 +385,8 @@ def _bad_dtype(index: int, gen: Generated) -> None:
     ("case", "expected"),
     [
         (dict(tamper=_other_seed), {"seed_mismatch"}),
-        (dict(tamper=_drop_a_proof), {"malformed_proof"}),
+        # one proof per 32 tokens is structure: the transport's parse refuses it before any TOPLOC check
+        (dict(tamper=_drop_a_proof), {"malformed_claim"}),
         (dict(tamper=_other_prompt), {"prompt_mismatch"}),
         (dict(tamper=_huge_token), {"malformed_claim"}),
         (dict(tamper=_bad_dtype), {"malformed_claim"}),
@@ -440,7 +463,7 @@ def test_a_banned_worker_is_refused_and_bans_grow(make_validator, alice, bob, po
     stats = validator.stats().workers[BOB]
     assert stats.strikes == 2
     assert stats.banned_until == pytest.approx(NOW + 0.1)  # twice the first ban
-    assert bans.reasons["seed_mismatch"] == 1 and bans.reasons["malformed_proof"] == 1
+    assert bans.reasons["seed_mismatch"] == 1 and bans.reasons["malformed_claim"] == 1
     # Alice is unaffected
     sealed, _ = validator.judge_group(ALICE, honest(0, 0))
     assert reasons(sealed) == [""] * GROUP

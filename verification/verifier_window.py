@@ -9,6 +9,10 @@ already dropped), or unknown (never seen: maybe newer than what this validator h
 It also remembers the hashes of rollouts judged for each held version, so a rollout submitted
 twice is a replay; those are forgotten with their version (a rollout is bound to its version by
 its assigned seeds, and rollouts of dropped versions are stale anyway).
+
+An inference worker's window (`training.rl_run.ModelWindow`) keeps models to generate with; it
+shares only "drop the oldest beyond the window" with this one, which adds weight snapshots,
+memory of dropped versions, staleness against the trainer's step and replay hashes.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from training.model import TinyGPT
 from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.verdict import RolloutVerifier
 
-__all__ = ["PolicyWindow", "VersionStatus", "VersionVerdict"]
+__all__ = ["VerifierWindow", "VersionStatus", "VersionVerdict"]
 
 
 class VersionStatus(enum.Enum):
@@ -39,8 +43,9 @@ class VersionVerdict:
     verifier: RolloutVerifier | None = None
 
 
-class PolicyWindow:
-    """The newest `async_level + 1` policy versions, a verifier each, and the trainer's step."""
+class VerifierWindow:
+    """The newest `async_level + 1` policy versions, a verifier each, and the trainer's step (not thread-safe:
+    the validator holds its lock)."""
 
     def __init__(self, async_level: int, policy: VerificationPolicy = DEFAULT_POLICY) -> None:
         if async_level < 0:
