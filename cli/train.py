@@ -120,5 +120,6 @@ def describe_report(report: Any) -> str:
     eval_part = f" eval {report.eval_loss:.3f}" if report.eval_loss is not None else ""
     return (
         f"outer step {report.outer_step:>4} | {report.peer} | loss {report.train_loss:.3f}{eval_part} | "
-        f"peers {report.num_peers} | sent {report.bytes_sent / 2**20:,.2f} MiB | tokens {report.tokens:,}"
+        f"peers {report.num_peers} | sent {report.bytes_sent / 2**20:,.2f} MiB | tokens {report.tokens:,} | "
+        f"state {report.outer_hash}"
     )

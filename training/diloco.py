@@ -392,7 +392,9 @@ class DiLoCoTrainer:
         report.wall_time_s = time.perf_counter() - start
         report.inner_time_s = self.inner_time_s
         reports.append(report)
-        logger.info(
+        # whoever consumes the progress shows it; the log line is for runs without a consumer
+        logger.log(
+            logging.DEBUG if on_progress is not None else logging.INFO,
             "%s: outer step %d loss %.4f peers %d hash %s bytes %d",
             self.name, report.outer_step, report.train_loss, report.num_peers, report.outer_hash,
             report.bytes_sent,

@@ -87,7 +87,7 @@ def start_trainer(
         except Exception as exc:
             logger.warning("could not publish version %d of run %s: %r", state.step, config.run_id, exc)
             return
-        logger.info("published version %d (%d bytes)", state.step, manifest.total_bytes)
+        logger.debug("published version %d (%d bytes)", state.step, manifest.total_bytes)
 
     runtime = TrainerRuntime(config, node.dht, node.short_id, on_outer_state=publish)
     thread = TrainerThread(
