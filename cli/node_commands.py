@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,10 +12,10 @@ import click
 from cli.errors import friendly_errors
 from cli.output import echo_json, json_option, setup_logging
 from cli.rl import CHEAT_CHOICES, RL_OPTION_NAMES, build_rl_config, rl_options
+from cli.running import run_until_interrupted
 from cli.train import (
     TRAINER_OPTION_NAMES,
     build_trainer_config,
-    describe_report,
     resolve_trainer_options,
     trainer_options,
 )
@@ -24,7 +23,6 @@ from protocol.node_record import Role
 
 if TYPE_CHECKING:
     from node.node import HivenetNode
-    from training.trainer_thread import TrainerThread
 
 DEFAULT_SEED_PORT = 31337
 
@@ -71,76 +69,6 @@ def _build_config(config_file: Path | None, **flags: Any) -> Any:
         elif key in flags:
             flags[key] = list(flags[key])
     return load_config(config_file, **flags)
-
-
-def _run_until_interrupted(
-    node: HivenetNode,
-    label: str,
-    trainer_config: Any = None,
-    wait_for_trainers: int = 1,
-    rl_config: Any = None,
-) -> None:
-    """Start `node` (and its trainer, if any), show a live status line until Ctrl-C/SIGTERM, then leave cleanly."""
-    from rich.console import Console
-    from rich.live import Live
-
-    from node.shutdown import StopRequest
-
-    console = Console(stderr=True)
-    stop = StopRequest()
-    trainer: TrainerThread | None = None
-    rl: Any = None
-    try:
-        with console.status(f"starting {label} (dialling seeds, joining the DHT)..."):
-            node.start(should_stop=lambda: stop.requested)
-        console.print(f"[green]{label} {node.short_id} running[/] on run [bold]{node.config.run_id}[/]")
-        for address in node.multiaddrs():
-            click.echo(address)
-        sys.stdout.flush()
-        if trainer_config is not None and _wait_for_trainers(node, wait_for_trainers, stop, console):
-            from training.trainer_node import start_trainer
-
-            trainer, _ = start_trainer(
-                node, trainer_config,
-                on_progress=lambda report: console.print(describe_report(report), highlight=False, soft_wrap=True),
-                wait_for_peers=wait_for_trainers - 1, should_stop=lambda: stop.requested,
-            )  # fmt: skip
-        if rl_config is not None:
-            from cli.rl import RLRoles
-
-            rl = RLRoles(node, rl_config, lambda line: console.print(line, highlight=False, soft_wrap=True))
-        with Live(console=console, refresh_per_second=1, transient=True) as live:
-            while not stop.requested and (trainer is None or trainer.alive) and (rl is None or rl.alive):
-                node.refresh_view()
-                uptime = time.time() - node.started_at
-                training = f" | {trainer.summary()}" if trainer is not None else ""
-                training += f" | {rl.summary()}" if rl is not None else ""
-                live.update(
-                    f"[bold]{label}[/] {node.short_id} | DHT peers {node.dht_peer_count()} | live nodes in run "
-                    f"{len(node.live_nodes)} | uptime {uptime:,.0f} s{training} | Ctrl-C to leave"
-                )
-                stop.wait(min(node.config.refresh_interval_s, 5.0))
-        if trainer is not None:
-            console.print("finishing the outer step in flight and writing a checkpoint...")
-            trainer.stop()
-        console.print("leaving the swarm cleanly...")
-    finally:
-        if rl is not None:
-            rl.stop()
-        if trainer is not None:
-            trainer.stop()
-        node.stop()
-    console.print("left.")
-
-
-def _wait_for_trainers(node: HivenetNode, count: int, stop: Any, console: Any) -> bool:
-    """Wait until `count` trainers are live in the run; False if a stop was requested first."""
-    with console.status(f"waiting for {count} trainers in run {node.config.run_id!r}..."):
-        while not stop.requested:
-            if len(node.discover(Role.TRAINER)) >= count:
-                return True
-            stop.wait(1.0)
-    return False
 
 
 @click.command()
@@ -234,7 +162,7 @@ def join(
         if Role.TRAINER in config.roles and not is_rl
         else None
     )
-    _run_until_interrupted(
+    run_until_interrupted(
         HivenetNode(config),
         "node",
         trainer_config=trainer,
@@ -269,7 +197,7 @@ def seed(announce_ip: str | None, config_file: Path | None, verbose: bool, **fla
     setup_logging(verbose)
     from node.node import HivenetNode
 
-    _run_until_interrupted(HivenetNode(config, dht_only=True), "seed")
+    run_until_interrupted(HivenetNode(config, dht_only=True), "seed")
 
 
 def _initial_peers(given: tuple[str, ...]) -> list[str]:

@@ -136,6 +136,7 @@ class RLRoles:
         from protocol.node_record import Role
 
         self.node = node
+        self.config = config
         self.trainer: Any = None
         self.worker: Any = None
         self.validator: Any = None

@@ -1,0 +1,118 @@
+"""Running a joined node in the foreground: a live status line, the roles' progress, the node's
+contribution once a minute and at exit, and a clean leave on Ctrl-C or SIGTERM."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from cli.train import describe_report
+from protocol.node_record import Role
+
+if TYPE_CHECKING:
+    from node.node import HivenetNode
+    from training.trainer_thread import TrainerThread
+
+CONTRIBUTION_EVERY_S = 60.0
+
+
+def run_until_interrupted(
+    node: HivenetNode,
+    label: str,
+    trainer_config: Any = None,
+    wait_for_trainers: int = 1,
+    rl_config: Any = None,
+) -> None:
+    """Start `node` (and its trainer, if any), show a live status line until Ctrl-C/SIGTERM, then leave cleanly."""
+    from rich.console import Console
+    from rich.live import Live
+
+    from node.shutdown import StopRequest
+
+    console = Console(stderr=True)
+    stop = StopRequest()
+    trainer: TrainerThread | None = None
+    rl: Any = None
+    try:
+        with console.status(f"starting {label} (dialling seeds, joining the DHT)..."):
+            node.start(should_stop=lambda: stop.requested)
+        console.print(f"[green]{label} {node.short_id} running[/] on run [bold]{node.config.run_id}[/]")
+        for address in node.multiaddrs():
+            click.echo(address)
+        sys.stdout.flush()
+        if trainer_config is not None and _wait_for_trainers(node, wait_for_trainers, stop, console):
+            from training.trainer_node import start_trainer
+
+            trainer, _ = start_trainer(
+                node, trainer_config,
+                on_progress=lambda report: console.print(describe_report(report), highlight=False, soft_wrap=True),
+                wait_for_peers=wait_for_trainers - 1, should_stop=lambda: stop.requested,
+            )  # fmt: skip
+        if rl_config is not None:
+            from cli.rl import RLRoles
+
+            rl = RLRoles(node, rl_config, lambda line: console.print(line, highlight=False, soft_wrap=True))
+        last_summary = time.monotonic()
+        with Live(console=console, refresh_per_second=1, transient=True) as live:
+            while not stop.requested and (trainer is None or trainer.alive) and (rl is None or rl.alive):
+                if time.monotonic() - last_summary >= CONTRIBUTION_EVERY_S:
+                    console.print(_contribution(node, rl), highlight=False, soft_wrap=True)
+                    last_summary = time.monotonic()
+                node.refresh_view()
+                uptime = time.time() - node.started_at
+                training = f" | {trainer.summary()}" if trainer is not None else ""
+                training += f" | {rl.summary()}" if rl is not None else ""
+                live.update(
+                    f"[bold]{label}[/] {node.short_id} | DHT peers {node.dht_peer_count()} | live nodes in run "
+                    f"{len(node.live_nodes)} | uptime {uptime:,.0f} s{training} | Ctrl-C to leave"
+                )
+                stop.wait(min(node.config.refresh_interval_s, 5.0))
+        if trainer is not None:
+            console.print("finishing the outer step in flight and writing a checkpoint...")
+            trainer.stop()
+        console.print(_contribution(node, rl), highlight=False, soft_wrap=True)
+        console.print("leaving the swarm cleanly...")
+    finally:
+        if rl is not None:
+            rl.stop()
+        if trainer is not None:
+            trainer.stop()
+        node.stop()
+    console.print("left.")
+
+
+def _contribution(node: HivenetNode, rl: Any) -> str:
+    """This node's contribution line (see `cli.contribution`)."""
+    from hivemind.p2p import PeerID
+
+    from cli.contribution import contribution_line
+
+    receipts: list[bytes] = []
+    trusted: list[bytes] = []
+    if rl is not None:
+        if rl.worker is not None:
+            receipts = [receipt.envelope for receipt in rl.worker.receipts]
+        trusted = [
+            PeerID.from_base58(p).to_bytes()
+            for p in [*rl.config.authorized_publishers, *rl.config.trusted_validators]
+        ]
+    return contribution_line(
+        node.metrics.figures(),
+        me=node.identity.peer_id_bytes,
+        run_id=node.config.run_id,
+        receipts=receipts,
+        trusted=trusted,
+    )
+
+
+def _wait_for_trainers(node: HivenetNode, count: int, stop: Any, console: Any) -> bool:
+    """Wait until `count` trainers are live in the run; False if a stop was requested first."""
+    with console.status(f"waiting for {count} trainers in run {node.config.run_id!r}..."):
+        while not stop.requested:
+            if len(node.discover(Role.TRAINER)) >= count:
+                return True
+            stop.wait(1.0)
+    return False
