@@ -3,7 +3,8 @@
 `RLRunConfig` is what every role of a decentralized RL run must agree on: the run, the task,
 the model, the GRPO hyper-parameters (group size, async level) and who may publish weights.
 `PolicyWindow` holds the newest `async_level + 1` policy versions as models, which is all a
-worker may generate with and all a validator may verify against.
+worker may generate with and all a validator may verify against. `RLDiLoCoConfig` (the run's
+`diloco`) makes several trainers train one policy together (see `training.rl_diloco`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
 from training.rl_sync import RL_MODEL_CONFIG
 
-__all__ = ["DTYPES", "PolicyWindow", "RLRunConfig", "group_id", "model_from_state"]
+__all__ = ["DTYPES", "PolicyWindow", "RLDiLoCoConfig", "RLRunConfig", "group_id", "model_from_state"]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -28,6 +29,32 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 """Precisions a worker may generate in, by the name it claims."""
+
+
+class RLDiLoCoConfig(BaseModel):
+    """Several trainers of one RL run: H GRPO inner steps each, then one averaged DiLoCo outer step.
+
+    The published policy versions are the outer steps; every trainer of the run must use the
+    same settings (and start from the same policy) so that they hold bit-identical states.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    inner_steps: int = Field(default=4, ge=1)
+    """H: GRPO steps each trainer makes between two outer steps."""
+    outer_lr: float = Field(default=0.7, gt=0.0)
+    outer_momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    """Outer Nesterov SGD (lr 1, momentum 0: plain averaging of the trainers' policies)."""
+    compression: Literal["fp32", "fp16", "int8"] = "fp32"
+    """Encoding of pseudo-gradients on the wire (every trainer receives the same averaged bytes)."""
+    target_group_size: int | None = Field(default=None, ge=2)
+    """Start the all-reduce as soon as this many trainers are in the group (None: after matchmaking)."""
+    matchmaking_time_s: float = Field(default=2.0, gt=0.0)
+    request_timeout_s: float = Field(default=1.0, gt=0.0)
+    averaging_timeout_s: float = Field(default=300.0, gt=0.0)
+    """How long a trainer at an outer-step boundary waits for the others (their inner steps wait for
+    rollouts) before it steps alone."""
+    sender_timeout_s: float = Field(default=10.0, gt=0.0)
 
 
 class RLRunConfig(BaseModel):
@@ -51,6 +78,9 @@ class RLRunConfig(BaseModel):
     """The trainer stops after this many GRPO steps (None: until stopped)."""
     submit_timeout_s: float = Field(default=120.0, gt=0)
     """How long a worker waits for a validator's verdicts on one group."""
+    diloco: RLDiLoCoConfig | None = None
+    """Several trainers training together (policy version = outer step); None: one trainer whose
+    every GRPO step is a policy version."""
 
 
 def group_id(worker: bytes, counter: int) -> bytes:
