@@ -3,7 +3,9 @@
 * `scored_groups(seed, version, ...)`: random GRPO groups (byte tokens, varied rewards).
 * `PairAverager`: a `training.diloco.RoundAverager` for trainers in threads of one process:
   every member's `start_average` waits for the others and gets the same mean (no network).
-* `LoneAverager`: a round that never finds anybody (the trainer steps alone).
+* `LoneAverager`: a round that never finds anybody (the trainer steps alone);
+  `OutvotedAverager` one whose group's majority held another state, and `FixedStateSource`
+  the state the trainer then downloads.
 * `fetch_published(peers, root, run_id, version, publisher)`: join the swarm as a fresh peer
   that trusts only `publisher` and fetch `version` through the weight broadcast.
 """
@@ -19,6 +21,7 @@ from typing import Any
 
 import torch
 
+from node.averaging.outer_state import OuterState
 from node.averaging.rounds import DoneAverage, PendingAverage, RoundOutcome
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
@@ -65,6 +68,28 @@ class LoneAverager:
 
     def bytes_sent(self) -> int:
         return 0
+
+
+class OutvotedAverager(LoneAverager):
+    """Every round averages, but this trainer's state hash was not the group's majority."""
+
+    def start_average(
+        self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str
+    ) -> PendingAverage:
+        averaged = [g.clone() for g in pseudo_grads]
+        return DoneAverage(RoundOutcome(averaged=averaged, num_peers=3, in_sync=False))
+
+
+class FixedStateSource:
+    """Serves one outer state to a trainer that resyncs; records what it was asked."""
+
+    def __init__(self, state: OuterState) -> None:
+        self.state = state
+        self.asked: list[int] = []
+
+    def fetch_state(self, *, newer_than: int) -> OuterState | None:
+        self.asked.append(newer_than)
+        return self.state.clone() if self.state.step > newer_than else None
 
 
 class PairAverager:

@@ -16,8 +16,17 @@ import pytest
 import torch
 from hivemind.p2p import PeerID
 
+from node.averaging.outer_state import OuterState
 from protocol.manifest import Manifest
-from tests.helpers.rl_diloco import LoneAverager, PairAverager, fetch_published, scored_groups
+from tests.helpers.rl_diloco import (
+    FixedStateSource,
+    LoneAverager,
+    OutvotedAverager,
+    PairAverager,
+    fetch_published,
+    scored_groups,
+)
+from training.diloco import RoundAverager
 from training.grpo import GRPOConfig, StaleRolloutError
 from training.model import ModelConfig, TinyGPT
 from training.rl_diloco import DiLoCoUpdates, OuterVersionLearner
@@ -28,10 +37,9 @@ TINY = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=96)
 GRPO = GRPOConfig(group_size=4, groups_per_step=1, async_level=1, lr=1e-2)
 
 
-def updates_for(policy: TinyGPT, averager: object, inner_steps: int = 2) -> DiLoCoUpdates:
+def updates_for(policy: TinyGPT, averager: RoundAverager, inner_steps: int = 2) -> DiLoCoUpdates:
     learner = OuterVersionLearner(policy, GRPO, inner_steps=inner_steps, outer_version=0)
-    config = RLDiLoCoConfig(inner_steps=inner_steps)
-    return DiLoCoUpdates(learner, config, averager)  # type: ignore[arg-type]
+    return DiLoCoUpdates(learner, RLDiLoCoConfig(inner_steps=inner_steps), averager)
 
 
 def params(model: TinyGPT) -> list[torch.Tensor]:
@@ -105,6 +113,24 @@ def test_two_trainers_end_every_outer_step_with_identical_states() -> None:
         assert torch.equal(a, b)
     # they really averaged: trainer 0 alone on the same rollouts ends elsewhere
     assert alone.records[-1].state_hash != first.records[-1].state_hash
+
+
+def test_a_trainer_outvoted_by_its_group_adopts_the_majority_state() -> None:
+    torch.manual_seed(4)
+    policy = TinyGPT(TINY)
+    majority = OuterState.from_model(TinyGPT(TINY), step=1)
+    source = FixedStateSource(majority)
+    learner = OuterVersionLearner(policy, GRPO, inner_steps=1, outer_version=0)
+    updates = DiLoCoUpdates(learner, RLDiLoCoConfig(inner_steps=1), OutvotedAverager(), state_source=source)
+
+    _, new = updates.step(scored_groups(8, 0))
+
+    assert new and source.asked == [0]
+    assert updates.records[-1].resynced and updates.records[-1].state_hash == majority.hash()
+    assert updates.version == 1 and updates.state.hash() == majority.hash()
+    assert all(torch.equal(p, o) for p, o in zip(params(policy), majority.params, strict=True))
+    updates.step(scored_groups(9, 1))  # and trains on from there
+    assert updates.version == 2
 
 
 @pytest.mark.slow
