@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
@@ -75,12 +75,22 @@ class RLRunConfig(BaseModel):
     """Base58 PeerIDs of the standalone validators whose forwarded rollouts a trainer learns from
     (a trainer always learns from its own validator)."""
     max_trainer_steps: int | None = Field(default=None, ge=1)
-    """The trainer stops after this many GRPO steps (None: until stopped)."""
+    """The trainer stops after this many GRPO steps (None: until stopped); with `diloco`, a multiple
+    of its `inner_steps`, so that no trainer leaves the others waiting in a round it never joins."""
     submit_timeout_s: float = Field(default=120.0, gt=0)
     """How long a worker waits for a validator's verdicts on one group."""
     diloco: RLDiLoCoConfig | None = None
     """Several trainers training together (policy version = outer step); None: one trainer whose
     every GRPO step is a policy version."""
+
+    @model_validator(mode="after")
+    def _whole_rounds(self) -> RLRunConfig:
+        steps, diloco = self.max_trainer_steps, self.diloco
+        if steps is not None and diloco is not None and steps % diloco.inner_steps:
+            raise ValueError(
+                f"max_trainer_steps ({steps}) must be a multiple of diloco.inner_steps ({diloco.inner_steps})"
+            )
+        return self
 
 
 def group_id(worker: bytes, counter: int) -> bytes:

@@ -133,6 +133,12 @@ def test_a_trainer_outvoted_by_its_group_adopts_the_majority_state() -> None:
     assert updates.version == 2
 
 
+def test_a_run_stops_only_at_an_outer_step_boundary() -> None:
+    RLRunConfig(max_trainer_steps=4, diloco=RLDiLoCoConfig(inner_steps=2))
+    with pytest.raises(ValueError, match="must be a multiple of"):
+        RLRunConfig(max_trainer_steps=3, diloco=RLDiLoCoConfig(inner_steps=2))
+
+
 @pytest.mark.slow
 def test_two_rl_trainers_train_one_policy_with_diloco(tmp_path: Path) -> None:
     config = RLRunConfig(
