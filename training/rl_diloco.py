@@ -190,6 +190,8 @@ def diloco_updates(
             averaging_timeout_s=config.averaging_timeout_s,
             sender_timeout_s=config.sender_timeout_s,
             target_group_size=config.target_group_size,
+            max_norm_ratio=config.max_norm_ratio,
+            min_norm_per_value=config.min_norm_per_value or grpo.lr * config.inner_steps,
             name=name,
         )
 

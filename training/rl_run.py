@@ -55,6 +55,13 @@ class RLDiLoCoConfig(BaseModel):
     """How long a trainer at an outer-step boundary waits for the others (their inner steps wait for
     rollouts) before it steps alone."""
     sender_timeout_s: float = Field(default=10.0, gt=0.0)
+    max_norm_ratio: float = Field(default=10.0, gt=1.0)
+    """A pseudo-gradient part with a norm above this multiple of the reducer's bound is refused (and
+    its sender banned); see `node.averaging.runner.norm_bound`."""
+    min_norm_per_value: float | None = Field(default=None, gt=0.0)
+    """The bound's floor per value. None: `grpo.lr * inner_steps`, about as far as H AdamW steps move
+    a weight, since a trainer whose groups all had equal rewards has a zero pseudo-gradient and
+    must not refuse its peers' ordinary ones."""
 
 
 class RLRunConfig(BaseModel):
