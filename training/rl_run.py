@@ -6,7 +6,8 @@ the model, the GRPO hyper-parameters (group size, async level) and who may publi
 `add_policy_follower` hosts the weight broadcast through which inference workers and standalone
 validators follow the run's policy. `ModelWindow` holds the newest `async_level + 1` policy versions as models, which is all an
 inference worker may generate with; threads wait on it for the first version. (The validator's
-`verification.verifier_window.VerifierWindow` holds verifiers instead and judges staleness.)
+`verification.verifier_window.VerifierWindow` holds verifiers instead and judges staleness.) `RLDiLoCoConfig` (the run's
+`diloco`) makes several trainers train one policy together (see `training.rl_diloco`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
@@ -29,6 +30,7 @@ from training.rl_sync import RL_MODEL_CONFIG
 __all__ = [
     "DTYPES",
     "ModelWindow",
+    "RLDiLoCoConfig",
     "RLRunConfig",
     "RoleThread",
     "add_policy_follower",
@@ -42,6 +44,39 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 """Precisions a worker may generate in, by the name it claims."""
+
+
+class RLDiLoCoConfig(BaseModel):
+    """Several trainers of one RL run: H GRPO inner steps each, then one averaged DiLoCo outer step.
+
+    The published policy versions are the outer steps; every trainer of the run must use the
+    same settings (and start from the same policy) so that they hold bit-identical states.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    inner_steps: int = Field(default=4, ge=1)
+    """H: GRPO steps each trainer makes between two outer steps."""
+    outer_lr: float = Field(default=0.7, gt=0.0)
+    outer_momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
+    """Outer Nesterov SGD (lr 1, momentum 0: plain averaging of the trainers' policies)."""
+    compression: Literal["fp32", "fp16", "int8"] = "fp32"
+    """Encoding of pseudo-gradients on the wire (every trainer receives the same averaged bytes)."""
+    target_group_size: int | None = Field(default=None, ge=2)
+    """Start the all-reduce as soon as this many trainers are in the group (None: after matchmaking)."""
+    matchmaking_time_s: float = Field(default=2.0, gt=0.0)
+    request_timeout_s: float = Field(default=1.0, gt=0.0)
+    averaging_timeout_s: float = Field(default=300.0, gt=0.0)
+    """How long a trainer at an outer-step boundary waits for the others (their inner steps wait for
+    rollouts) before it steps alone."""
+    sender_timeout_s: float = Field(default=10.0, gt=0.0)
+    max_norm_ratio: float = Field(default=10.0, gt=1.0)
+    """A pseudo-gradient part with a norm above this multiple of the reducer's bound is refused (and
+    its sender banned); see `node.averaging.runner.norm_bound`."""
+    min_norm_per_value: float | None = Field(default=None, gt=0.0)
+    """The bound's floor per value. None: `grpo.lr * inner_steps`, about as far as H AdamW steps move
+    a weight, since a trainer whose groups all had equal rewards has a zero pseudo-gradient and
+    must not refuse its peers' ordinary ones."""
 
 
 class RLRunConfig(BaseModel):
@@ -62,9 +97,22 @@ class RLRunConfig(BaseModel):
     """Base58 PeerIDs of the standalone validators whose forwarded rollouts a trainer learns from
     (a trainer always learns from its own validator)."""
     max_trainer_steps: int | None = Field(default=None, ge=1)
-    """The trainer stops after this many GRPO steps (None: until stopped)."""
+    """The trainer stops after this many GRPO steps (None: until stopped); with `diloco`, a multiple
+    of its `inner_steps`, so that no trainer leaves the others waiting in a round it never joins."""
     submit_timeout_s: float = Field(default=120.0, gt=0)
     """How long a worker waits for a validator's verdicts on one group."""
+    diloco: RLDiLoCoConfig | None = None
+    """Several trainers training together (policy version = outer step); None: one trainer whose
+    every GRPO step is a policy version."""
+
+    @model_validator(mode="after")
+    def _whole_rounds(self) -> RLRunConfig:
+        steps, diloco = self.max_trainer_steps, self.diloco
+        if steps is not None and diloco is not None and steps % diloco.inner_steps:
+            raise ValueError(
+                f"max_trainer_steps ({steps}) must be a multiple of diloco.inner_steps ({diloco.inner_steps})"
+            )
+        return self
 
 
 def group_id(worker: bytes, counter: int) -> bytes:

@@ -13,6 +13,10 @@
 
 With `checkpoint_dir`, every step is saved; a restarted trainer resumes from its newest
 checkpoint and republishes that version.
+
+How GRPO steps become policy versions is a `PolicyUpdates` (default: every optimizer step is a
+version). `updates=` injects another, e.g. `training.rl_diloco`'s, where several trainers
+average every H steps and the versions are their common outer steps.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import queue
 import statistics
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -39,13 +43,22 @@ from node.rollouts.forward import ForwardIntake
 from node.rollouts.intake import RolloutIntake
 from node.runtime import offload
 from protocol.envelope import Envelope
+from protocol.manifest import Manifest
 from protocol.rollout_messages import Forwarded, parse_rollout
 from protocol.rollouts_pb2 import RolloutGroup
-from training.grpo import GRPOLearner, ScoredRollout
+from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
 from training.model import TinyGPT
 from training.rl_run import RLRunConfig, RoleThread, group_id
 
-__all__ = ["RLStepReport", "RLTrainer", "RolloutJudge"]
+__all__ = [
+    "EveryStepUpdates",
+    "PolicyUpdates",
+    "RLStepReport",
+    "RLTrainer",
+    "RolloutJudge",
+    "UpdatesFactory",
+    "every_step_updates",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +76,51 @@ class RolloutJudge(Protocol):
     def add_version(self, version: int, model: TinyGPT) -> None: ...
 
     def set_trainer_step(self, step: int) -> None: ...
+
+
+class PolicyUpdates(Protocol):
+    """Turns GRPO batches into policy versions (the trainer publishes each new one)."""
+
+    @property
+    def learner(self) -> GRPOLearner:
+        """Its model holds the newest version's weights whenever `step` returns True."""
+        ...
+
+    @property
+    def version(self) -> int:
+        """The newest policy version: what rollouts, staleness and publishing refer to."""
+        ...
+
+    def step(self, batch: Sequence[Sequence[ScoredRollout]]) -> tuple[GRPOStepReport, bool]:
+        """One GRPO step on `batch`; True when it made a new policy version."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class EveryStepUpdates:
+    """One trainer alone: every GRPO optimizer step is a new policy version."""
+
+    def __init__(self, learner: GRPOLearner) -> None:
+        self.learner = learner
+
+    @property
+    def version(self) -> int:
+        return self.learner.version
+
+    def step(self, batch: Sequence[Sequence[ScoredRollout]]) -> tuple[GRPOStepReport, bool]:
+        return self.learner.step(batch), True
+
+    def close(self) -> None:
+        pass
+
+
+UpdatesFactory = Callable[[TinyGPT, GRPOConfig, int], PolicyUpdates]
+"""Builds a trainer's `PolicyUpdates` from (policy, GRPO config, the version it starts at)."""
+
+
+def every_step_updates(policy: TinyGPT, config: GRPOConfig, version: int) -> PolicyUpdates:
+    return EveryStepUpdates(GRPOLearner(policy, config, version=version))
 
 
 @dataclass
@@ -101,6 +159,7 @@ class RLTrainer(RoleThread):
         *,
         checkpoint_dir: Path | None = None,
         on_step: Callable[[RLStepReport], None] | None = None,
+        updates: UpdatesFactory = every_step_updates,
     ) -> None:
         assert node.dht is not None, "start the node first"
         self.node = node
@@ -114,13 +173,16 @@ class RLTrainer(RoleThread):
             policy.load_state_dict(saved["state"])
             version = int(saved["version"])
             logger.info("[%s] resumed from version %d", node.short_id, version)
-        self.learner = GRPOLearner(policy, config.grpo, version=version)
+        self.updates = updates(policy, config.grpo, version)
+        self.learner = self.updates.learner
         self.reports: list[RLStepReport] = []
         self.stale_dropped = 0
         self.trained_hashes: set[bytes] = set()
         self.trained_from: Counter[bytes] = Counter()
         """Rollouts trained on, per worker PeerID."""
         self.published_at: dict[int, float] = {}
+        self.manifests: dict[int, Manifest] = {}
+        """The manifest this trainer published for each version."""
         self._inbox: queue.Queue[list[ScoredRollout]] = queue.Queue()
         self._taken: dict[bytes, int] = {}
         """Policy version of every group id taken into the buffer while that version is usable."""
@@ -159,13 +221,17 @@ class RLTrainer(RoleThread):
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> RLTrainer:
-        self._new_version(self.learner.version)
+        self._new_version(self.version)
         self._start_thread(f"rl-trainer-{self.node.short_id}")
         return self
 
+    def stop(self, timeout_s: float = 60.0) -> None:
+        super().stop(timeout_s)
+        self.updates.close()
+
     @property
     def version(self) -> int:
-        return self.learner.version
+        return self.updates.version
 
     # ---- intake --------------------------------------------------------------------------
 
@@ -210,6 +276,7 @@ class RLTrainer(RoleThread):
                 timeout_s=PUBLISH_TIMEOUT_S,
             )
             self.published_at[version] = time.time()
+            self.manifests[version] = manifest
             logger.info(
                 "[%s] published version %d (%d bytes)", self.node.short_id, version, manifest.total_bytes
             )
@@ -235,7 +302,7 @@ class RLTrainer(RoleThread):
             if arrived and arrived[0].group_id not in self._taken:  # a group judged twice is trained on once
                 self._taken[arrived[0].group_id] = arrived[0].policy_version
                 groups[arrived[0].group_id] = list(arrived)
-            oldest_usable = self.learner.version - grpo.async_level
+            oldest_usable = self.version - grpo.async_level
             for gid in [g for g, v in self._taken.items() if v < oldest_usable]:
                 del self._taken[gid]  # a group of an unusable version is refused as stale anyway
             for stale in [g for g, rs in groups.items() if rs[0].policy_version < oldest_usable]:
@@ -251,22 +318,23 @@ class RLTrainer(RoleThread):
                 self.on_step(report)
 
     def _step(self, step: int, batch: list[list[ScoredRollout]]) -> RLStepReport:
-        version_before = self.learner.version
+        version_before = self.version
         rewards = [r.reward for group in batch for r in group]
         staleness = [version_before - r.policy_version for group in batch for r in group]
-        result = self.learner.step(batch)
+        result, new_version = self.updates.step(batch)
         for group in batch:
             self.trained_hashes.update(r.rollout_hash for r in group)
             self.trained_from.update(r.worker for r in group)
-        self._new_version(self.learner.version)
+        if new_version:
+            self._new_version(self.version)
         return RLStepReport(
             step=step,
-            version=self.learner.version,
+            version=self.version,
             mean_reward=statistics.fmean(rewards),
             groups=len(batch),
             rollouts=len(rewards),
             mean_staleness=statistics.fmean(staleness),
             stale_dropped=self.stale_dropped,
             loss=float(result.loss),
-            published=self.learner.version in self.published_at,
+            published=self.version in self.published_at,
         )

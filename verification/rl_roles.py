@@ -3,7 +3,8 @@
 - `TrainerJudge` adapts a `Validator` to what `training.rl_trainer.RLTrainer` consumes (the
   trainer's own validator: verdicts go back to the worker, accepted rollouts straight to GRPO).
 - `start_rl_trainer(node, config, policy)` builds that validator and the trainer on a node
-  announced as trainer and validator.
+  announced as trainer and validator; with `config.diloco` the trainer trains together with
+  the run's other trainers (`training.rl_diloco`: a version per DiLoCo outer step).
 - `StandaloneValidator(node, config)`: `--role validator` on an RL run. It follows the run's
   policy versions through the weight broadcast (the newest `async_level + 1`; the newest
   published version is its staleness reference), judges the groups workers submit to it, and
@@ -28,12 +29,14 @@ from node.rollouts.peers import connect_member
 from node.runtime import offload
 from protocol import hivenet_pb2 as hpb
 from protocol.envelope import Envelope
+from protocol.errors import ConfigError
 from protocol.node_record import Role
 from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict
 from training.grpo import ScoredRollout
 from training.model import TinyGPT
+from training.rl_diloco import diloco_updates
 from training.rl_run import RLRunConfig, add_policy_follower, group_id, model_from_state
-from training.rl_trainer import RLStepReport, RLTrainer
+from training.rl_trainer import RLStepReport, RLTrainer, UpdatesFactory, every_step_updates
 from training.tasks import get_task
 from verification.validator import Validator, VerifiedRollout
 
@@ -89,6 +92,8 @@ class TrainerJudge:
         self.cpu_seconds = 0.0
         """CPU time spent judging (verdicts and rewards), on whichever thread judged."""
         self.rollouts_judged = 0
+        self.accepted_hashes: set[bytes] = set()
+        """Hashes of every rollout this validator accepted (what its trainer may learn from)."""
 
     def judge_group(self, worker: bytes, group: RolloutGroup) -> tuple[list[bytes], list[ScoredRollout]]:
         started = time.thread_time()
@@ -98,6 +103,7 @@ class TrainerJudge:
         self.rollouts_judged += len(verdicts)
         if self.metrics is not None:
             count_verdicts(self.metrics, verdicts, spent)
+        self.accepted_hashes.update(r.rollout_hash for r in accepted)
         return verdicts, [scored(r) for r in accepted]
 
     def add_version(self, version: int, model: TinyGPT) -> None:
@@ -115,7 +121,18 @@ def start_rl_trainer(
     checkpoint_dir: Path | None = None,
     on_step: Callable[[RLStepReport], None] | None = None,
 ) -> tuple[RLTrainer, Validator]:
-    """A trainer with its own validator on a started `node`; returns both (the trainer is started)."""
+    """A trainer with its own validator on a started `node`; returns both (the trainer is started).
+
+    Call it from the thread that started the node: with `config.diloco` it forks the averager.
+    """
+    updates: UpdatesFactory = every_step_updates
+    if config.diloco is not None:
+        if checkpoint_dir is not None:
+            raise ConfigError(
+                "an RL trainer with DiLoCo does not checkpoint (its outer momentum is not saved)"
+            )
+        assert node.dht is not None, "start the node first"
+        updates = diloco_updates(node.dht, config.run_id, config.diloco, name=node.short_id)
     validator = make_validator(node, config)
     trainer = RLTrainer(
         node,
@@ -124,6 +141,7 @@ def start_rl_trainer(
         policy,
         checkpoint_dir=checkpoint_dir,
         on_step=on_step,
+        updates=updates,
     )
     return trainer.start(), validator
 

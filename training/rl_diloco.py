@@ -1,0 +1,216 @@
+"""Several RL trainers training one policy together: GRPO inner steps, DiLoCo outer steps.
+
+Each trainer makes GRPO steps on the rollouts its own validator accepted (`RLTrainer` as
+usual); after every `RLDiLoCoConfig.inner_steps` of them, `DiLoCoUpdates` averages its
+pseudo-gradient (outer parameters - local parameters) with the run's other trainers through
+the averaging transport (`node.averaging.averager.DiLoCoAverager`: one all-reduce whose
+result is bit-identical on every member) and applies the same outer Nesterov step
+(`training.outer_step.outer_update`). Every trainer then holds the same outer parameters and
+momentum, and publishes the outer parameters as policy version = outer step: identical
+weights, identical chunks, so workers can take them from any trainer and any trainer's
+validator can verify rollouts generated on any trainer's copy.
+
+Versions. Workers generate with outer versions only, so staleness and GRPO's behaviour
+log-probs refer to them: `OuterVersionLearner` keeps the weights of the newest
+`async_level + 1` outer versions (not of the inner steps), and within a round treats even
+the current outer version's rollouts as off-policy once an inner step has moved the weights.
+Inside the learner, outer version V is numbered `V * (H + 1)` and the inner steps of its round
+`V * (H + 1) + h` (h = 1..H), so the two never collide.
+
+A round that could not average with anybody (no other trainer, timeouts) steps alone; a
+trainer whose state hash disagreed with its group's majority downloads the majority's state
+when two other trainers confirm it (`StateSource`). The outer momentum is not checkpointed:
+these trainers do not resume from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+from hivemind import DHT
+
+from node.averaging.averager import DiLoCoAverager
+from node.averaging.outer_state import OuterState
+from protocol.dht_keys import averaging_prefix
+from training.diloco import RoundAverager, StateSource
+from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
+from training.model import TinyGPT
+from training.outer_step import DiLoCoConfig, outer_update, pseudo_gradient
+from training.rl_run import RLDiLoCoConfig
+
+__all__ = ["DiLoCoUpdates", "OuterStepRecord", "OuterVersionLearner", "diloco_updates"]
+
+logger = logging.getLogger(__name__)
+
+
+class OuterVersionLearner(GRPOLearner):
+    """A GRPO learner whose behaviour weights are those of the run's outer versions (see module docstring)."""
+
+    def __init__(self, model: TinyGPT, config: GRPOConfig, *, inner_steps: int, outer_version: int) -> None:
+        self.spacing = inner_steps + 1
+        super().__init__(model, config, version=outer_version * self.spacing)
+
+    def internal(self, outer_version: int) -> int:
+        """The learner's number for outer version `outer_version`."""
+        return outer_version * self.spacing
+
+    def _remember(self) -> None:
+        """Snapshot the weights only at outer versions; keep the newest `async_level + 1` of them."""
+        if self.version % self.spacing == 0:
+            self._history[self.version] = self.state_dict()
+        oldest = self.version - self.version % self.spacing - self.config.async_level * self.spacing
+        for v in [v for v in self._history if v < oldest or v > self.version]:
+            del self._history[v]
+
+    def outer_step(self, state: OuterState) -> None:
+        """Take the outer parameters of `state` as outer version `state.step` (the inner optimizer stays)."""
+        with torch.no_grad():
+            for p, o in zip(self.model.parameters(), state.params, strict=True):
+                p.copy_(o)
+        self.version = self.internal(state.step)
+        self._remember()
+
+    def inner_step(self, groups: Sequence[Sequence[ScoredRollout]]) -> GRPOStepReport:
+        """One GRPO step on rollouts labelled with outer versions."""
+        return self.step(
+            [[replace(r, policy_version=self.internal(r.policy_version)) for r in g] for g in groups]
+        )
+
+
+@dataclass(frozen=True)
+class OuterStepRecord:
+    """One outer step of one trainer."""
+
+    version: int
+    """The outer step reached (the policy version published for it)."""
+    state_hash: str
+    """`OuterState.hash()` after the step: equal on every trainer of the round."""
+    num_peers: int
+    """Trainers whose pseudo-gradients were averaged (1: alone)."""
+    resynced: bool = False
+
+
+class DiLoCoUpdates:
+    """`training.rl_trainer.PolicyUpdates` for a trainer among several: a version every H GRPO steps."""
+
+    def __init__(
+        self,
+        learner: OuterVersionLearner,
+        config: RLDiLoCoConfig,
+        averager: RoundAverager,
+        *,
+        state_source: StateSource | None = None,
+        on_outer_step: Callable[[OuterState], None] | None = None,
+        close: Callable[[], None] | None = None,
+        name: str = "trainer",
+    ) -> None:
+        self.learner = learner
+        self.config = config
+        self.averager = averager
+        self.state_source = state_source
+        self.on_outer_step = on_outer_step
+        self._close = close
+        self.name = name
+        self.outer = DiLoCoConfig(
+            inner_steps=config.inner_steps, outer_lr=config.outer_lr, outer_momentum=config.outer_momentum
+        )
+        self.state = OuterState.from_model(learner.model, step=learner.version // learner.spacing)
+        self.inner_done = 0
+        """GRPO steps made in the current round."""
+        self.records: list[OuterStepRecord] = []
+
+    @property
+    def version(self) -> int:
+        return self.state.step
+
+    def current_state(self) -> OuterState:
+        """A copy of the outer state (served to trainers that resync)."""
+        return self.state.clone()
+
+    def step(self, batch: Sequence[Sequence[ScoredRollout]]) -> tuple[GRPOStepReport, bool]:
+        report = self.learner.inner_step(batch)
+        self.inner_done += 1
+        if self.inner_done < self.config.inner_steps:
+            return report, False
+        self.inner_done = 0
+        self._outer_step()
+        return report, True
+
+    def _outer_step(self) -> None:
+        before = self.state
+        local = [p.detach().clone() for p in self.learner.model.parameters()]
+        delta = pseudo_gradient(before.params, local)
+        # Matchmaking starts at the boundary, not ahead of time: how long the inner steps take
+        # depends on when rollouts arrive, so a schedule guessed in advance would not hold.
+        outcome = self.averager.start_average(delta, step=before.step, outer_hash=before.hash()).result()
+        averaged = outcome.averaged if outcome.averaged is not None else delta
+        state = outer_update(before, averaged, self.outer)
+        resynced = False
+        if not outcome.in_sync and self.state_source is not None:
+            fetched = self.state_source.fetch_state(newer_than=before.step)
+            if fetched is not None and fetched.matches(self.learner.model):
+                logger.warning("%s: outer state disagreed with the group; adopted a peer's state", self.name)
+                state, resynced = fetched, True
+        self.state = state
+        self.learner.outer_step(state)
+        record = OuterStepRecord(state.step, state.hash(), outcome.num_peers, resynced)
+        self.records.append(record)
+        logger.info(
+            "%s: outer step %d with %d trainers, state %s", self.name, state.step, record.num_peers,
+            record.state_hash,
+        )  # fmt: skip
+        if self.on_outer_step is not None:
+            self.on_outer_step(state)
+
+    def close(self) -> None:
+        if self._close is not None:
+            self._close()
+
+
+def diloco_updates(
+    dht: DHT, run_id: str, config: RLDiLoCoConfig, *, name: str
+) -> Callable[[TinyGPT, GRPOConfig, int], DiLoCoUpdates]:
+    """An `RLTrainer` updates factory: GRPO with `config`'s DiLoCo, averaging over `dht` with `run_id`'s trainers.
+
+    Call the factory in the thread that owns the process (the averager forks a process).
+    """
+
+    def build(policy: TinyGPT, grpo: GRPOConfig, version: int) -> DiLoCoUpdates:
+        learner = OuterVersionLearner(policy, grpo, inner_steps=config.inner_steps, outer_version=version)
+        averager = DiLoCoAverager(
+            [p.shape for p in policy.parameters()],
+            dht,
+            prefix=averaging_prefix(run_id),
+            compression=config.compression,
+            matchmaking_time_s=config.matchmaking_time_s,
+            request_timeout_s=config.request_timeout_s,
+            averaging_timeout_s=config.averaging_timeout_s,
+            sender_timeout_s=config.sender_timeout_s,
+            target_group_size=config.target_group_size,
+            max_norm_ratio=config.max_norm_ratio,
+            min_norm_per_value=config.min_norm_per_value or grpo.lr * config.inner_steps,
+            name=name,
+        )
+
+        def shutdown() -> None:
+            averager.cancel_round()
+            if averager.is_alive():
+                averager.shutdown()
+
+        updates = DiLoCoUpdates(
+            learner,
+            config,
+            averager,
+            state_source=averager,
+            on_outer_step=lambda state: averager.publish_step(state.step),
+            close=shutdown,
+            name=name,
+        )
+        averager.set_state_provider(updates.current_state)
+        averager.publish_step(updates.version)
+        return updates
+
+    return build
