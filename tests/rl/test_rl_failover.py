@@ -104,6 +104,8 @@ def test_a_worker_fails_over_when_a_validator_stops_answering(run: TwoValidators
         assert after and all(r.validator == own and not r.error for r in after), [r.describe() for r in after]
         assert not {reason for r in worker.reports for reason in r.rejected} - {"stale"}
         assert run.trainer.alive
+        worker.stop()
+        run.trainer.stop()  # settles its counts: a step adds its hashes before its report
         # nothing trained twice: every trained rollout is a distinct accepted one
         assert sum(r.rollouts for r in run.trainer.reports) == len(run.trainer.trained_hashes)
     finally:
