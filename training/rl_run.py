@@ -16,11 +16,13 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from node.broadcast.broadcaster import WeightBroadcast
+from node.broadcast.store import VersionEntry
 from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
 from training.rl_sync import RL_MODEL_CONFIG
 
-__all__ = ["DTYPES", "PolicyWindow", "RLRunConfig", "group_id", "model_from_state"]
+__all__ = ["DTYPES", "PolicyWindow", "RLRunConfig", "group_id", "held_versions", "model_from_state"]
 
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -56,6 +58,13 @@ class RLRunConfig(BaseModel):
 def group_id(worker: bytes, counter: int) -> bytes:
     """The id of a worker's `counter`-th group: the rollouts GRPO compares with each other."""
     return hashlib.sha256(worker + counter.to_bytes(8, "big")).digest()
+
+
+def held_versions(broadcast: WeightBroadcast, run_id: str, newest: int) -> list[VersionEntry]:
+    """The `newest` complete versions of `run_id` already in a started broadcast's store, oldest first
+    (what a restarted role must load itself: following fetches only versions newer than these)."""
+    entries = [broadcast.store.get(run_id, version) for version in broadcast.store.versions(run_id)]
+    return [entry for entry in entries if entry is not None and entry.complete][-newest:]
 
 
 def model_from_state(config: ModelConfig, state: Mapping[str, Any], dtype: torch.dtype) -> TinyGPT:

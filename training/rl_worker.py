@@ -8,6 +8,9 @@ with seeded sampling and TOPLOC proofs, seals the group with the node's key and 
 validator found through membership, failing over to the next validator when one does not
 answer. Every group ends in a `GroupReport` (version, accepted/rejected by reason, tokens/s).
 
+The next assignment counter is kept next to the weights store, and the versions the store
+already holds are loaded at start: a restarted worker goes on where it stopped.
+
 `cheat` makes a dishonest worker for demos, tests and benchmarks: it generates in another
 precision than it claims, or with other weights than the version it names.
 """
@@ -39,7 +42,7 @@ from protocol.rollout_messages import seal_group
 from protocol.rollouts_pb2 import Rollout, RolloutGroup, RolloutVerdict
 from training.generation import generate
 from training.model import TinyGPT
-from training.rl_run import DTYPES, PolicyWindow, RLRunConfig, model_from_state
+from training.rl_run import DTYPES, PolicyWindow, RLRunConfig, held_versions, model_from_state
 from training.sampling import SamplingParams
 from training.tasks import Task, get_task
 
@@ -116,6 +119,8 @@ class InferenceWorker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._validator_turn = 0
+        self.counter_path = node.config.weights_dir / f"{config.run_id}.next-counter"
+        """The next assignment counter, kept so that a restarted worker does not redo used ones (replays)."""
         self.broadcast = node.add_service(
             WeightBroadcast(
                 dht=node.dht,
@@ -138,6 +143,9 @@ class InferenceWorker:
         return self
 
     async def _follow(self) -> None:
+        # a restarted worker's store may hold the newest versions already: following fetches only newer ones
+        for entry in held_versions(self.broadcast, self.config.run_id, self.window.size):
+            await self._on_version(entry)
         self.broadcast.follow(self.config.run_id, on_version=self._on_version)
 
     def stop(self, timeout_s: float = 60.0) -> None:
@@ -172,9 +180,22 @@ class InferenceWorker:
 
     # ---- the loop ------------------------------------------------------------------------
 
+    def _saved_counter(self) -> int:
+        try:
+            return max(0, int(self.counter_path.read_text()))
+        except (OSError, ValueError):
+            return 0
+
+    def _save_counter(self, next_counter: int) -> None:
+        self.counter_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.counter_path.with_name(self.counter_path.name + ".tmp")
+        tmp.write_text(str(next_counter))
+        tmp.replace(self.counter_path)
+
     def _run(self) -> None:
-        counter = 0
-        while not self._stop.is_set() and (self.max_groups is None or counter < self.max_groups):
+        counter = self._saved_counter()
+        first = counter
+        while not self._stop.is_set() and (self.max_groups is None or counter - first < self.max_groups):
             newest = self.window.newest()
             if newest is None:
                 self._stop.wait(_NO_VERSION_WAIT_S)
@@ -233,6 +254,7 @@ class InferenceWorker:
             self.node.identity.private_key, run_id=self.config.run_id, group=group, seq=counter
         )
         self.cpu_seconds += time.thread_time() - cpu_started
+        self._save_counter(counter + 1)  # submitted, the counter is used: a restart goes on after it
         outcome = self._submit(sealed)
         if outcome is None:
             return None
