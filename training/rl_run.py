@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
+from node.broadcast.store import VersionEntry
 from node.node import HivenetNode
 from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
@@ -35,6 +36,7 @@ __all__ = [
     "RoleThread",
     "add_policy_follower",
     "group_id",
+    "held_versions",
     "model_from_state",
 ]
 
@@ -118,6 +120,13 @@ class RLRunConfig(BaseModel):
 def group_id(worker: bytes, counter: int) -> bytes:
     """The id of a worker's `counter`-th group: the rollouts GRPO compares with each other."""
     return hashlib.sha256(worker + counter.to_bytes(8, "big")).digest()
+
+
+def held_versions(broadcast: WeightBroadcast, run_id: str, newest: int) -> list[VersionEntry]:
+    """The `newest` complete versions of `run_id` already in a started broadcast's store, oldest first
+    (what a restarted role must load itself: following fetches only versions newer than these)."""
+    entries = [broadcast.store.get(run_id, version) for version in broadcast.store.versions(run_id)]
+    return [entry for entry in entries if entry is not None and entry.complete][-newest:]
 
 
 def model_from_state(config: ModelConfig, state: Mapping[str, Any], dtype: torch.dtype) -> TinyGPT:

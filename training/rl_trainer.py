@@ -11,8 +11,8 @@
   publishes the new version and moves the judge's staleness reference forward. A buffered
   rollout whose version fell more than `async_level` behind is dropped, never trained on.
 
-With `checkpoint_dir`, every step is saved; a restarted trainer resumes from its newest
-checkpoint and republishes that version.
+With `checkpoint_dir`, every version is saved before it is published; a restarted trainer
+resumes from its newest checkpoint and republishes that version.
 
 How GRPO steps become policy versions is a `PolicyUpdates` (default: every optimizer step is a
 version). `updates=` injects another, e.g. `training.rl_diloco`'s, where several trainers
@@ -36,6 +36,7 @@ import torch
 
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
+from node.broadcast.errors import StoreError
 from node.node import HivenetNode
 from node.rollouts.config import ForwardConfig
 from node.rollouts.errors import GroupRefused
@@ -266,15 +267,23 @@ class RLTrainer(RoleThread):
     # ---- training ------------------------------------------------------------------------
 
     def _new_version(self, version: int) -> None:
-        """Publish `version`, let the judge verify against it, checkpoint it."""
+        """Let the judge verify against `version`, checkpoint it, publish it.
+
+        The checkpoint comes first: a trainer that dies between the two resumes at a version the
+        network may not have seen yet (it publishes it then), never at an older one, whose next
+        step would publish a version number the network already holds with other weights.
+        """
         snapshot = copy.deepcopy(self.learner.model).eval()
         self.judge.add_version(version, snapshot)
         self.judge.set_trainer_step(version)
+        state = self.learner.state_dict()
+        if self.checkpoint_dir is not None:
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.checkpoint_dir / (_CHECKPOINT_NAME + ".tmp")
+            torch.save({"state": state, "version": version}, tmp)
+            tmp.replace(self.checkpoint_dir / _CHECKPOINT_NAME)
         try:
-            manifest = self.node.call(
-                self.broadcast.publish(self.config.run_id, version, self.learner.state_dict()),
-                timeout_s=PUBLISH_TIMEOUT_S,
-            )
+            manifest = self.node.call(self._publish(version, state), timeout_s=PUBLISH_TIMEOUT_S)
             self.published_at[version] = time.time()
             self.manifests[version] = manifest
             logger.info(
@@ -282,11 +291,22 @@ class RLTrainer(RoleThread):
             )
         except Exception as exc:
             logger.warning("[%s] could not publish version %d: %r", self.node.short_id, version, exc)
-        if self.checkpoint_dir is not None:
-            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.checkpoint_dir / (_CHECKPOINT_NAME + ".tmp")
-            torch.save({"state": self.learner.state_dict(), "version": version}, tmp)
-            tmp.replace(self.checkpoint_dir / _CHECKPOINT_NAME)
+
+    async def _publish(self, version: int, state: dict[str, torch.Tensor]) -> Manifest:
+        """Publish `version`, or announce it again if the store holds it already (a restarted trainer)."""
+        run_id = self.config.run_id
+        held = self.broadcast.store.get(run_id, version)
+        if held is None:
+            return await self.broadcast.publish(run_id, version, state)
+        stored = await offload(held.load_state_dict)
+        if stored.keys() != state.keys() or not all(torch.equal(stored[k], state[k]) for k in state):
+            raise StoreError(
+                f"version {version} is already in the store with other weights (published before a crash "
+                "that lost its checkpoint): it cannot be published again"
+            )
+        await self.broadcast.records.announce_holder(held)
+        await self.broadcast.records.announce_pointer(held.manifest)
+        return held.manifest
 
     def _run(self) -> None:
         groups: dict[bytes, list[ScoredRollout]] = {}
@@ -305,7 +325,14 @@ class RLTrainer(RoleThread):
             oldest_usable = self.version - grpo.async_level
             for gid in [g for g, v in self._taken.items() if v < oldest_usable]:
                 del self._taken[gid]  # a group of an unusable version is refused as stale anyway
-            for stale in [g for g, rs in groups.items() if rs[0].policy_version < oldest_usable]:
+            # the learner holds the weights of the versions it made since it started (a restarted
+            # trainer: none before its checkpoint's), and it can learn from rollouts of those only
+            known = set(self.learner.known_versions)
+            for stale in [
+                g
+                for g, rs in groups.items()
+                if rs[0].policy_version < oldest_usable or rs[0].policy_version not in known
+            ]:
                 self.stale_dropped += len(groups.pop(stale))
             complete = [g for g, rs in groups.items() if len(rs) == grpo.group_size]
             if len(complete) < grpo.groups_per_step:

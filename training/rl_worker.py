@@ -8,6 +8,9 @@ with seeded sampling and TOPLOC proofs, seals the group with the node's key and 
 validator found through membership, failing over to the next validator when one does not
 answer. Every group ends in a `GroupReport` (version, accepted/rejected by reason, tokens/s).
 
+The next assignment counter is kept next to the weights store, and the versions the store
+already holds are loaded at start: a restarted worker goes on where it stopped.
+
 `cheat` makes a dishonest worker for demos, tests and benchmarks: it generates in another
 precision than it claims, or with other weights than the version it names.
 """
@@ -42,6 +45,7 @@ from training.rl_run import (
     RLRunConfig,
     RoleThread,
     add_policy_follower,
+    held_versions,
     model_from_state,
 )
 from training.sampling import SamplingParams
@@ -121,6 +125,8 @@ class InferenceWorker(RoleThread):
         """CPU time the loop thread spent generating, proving and sealing (submission waits excluded)."""
         super().__init__()
         self._validator_turn = 0
+        self.counter_path = node.config.weights_dir / f"{config.run_id}.next-counter"
+        """The next assignment counter, kept so that a restarted worker does not redo used ones (replays)."""
         self.broadcast = add_policy_follower(node, config)
 
     # ---- lifecycle -----------------------------------------------------------------------
@@ -131,6 +137,9 @@ class InferenceWorker(RoleThread):
         return self
 
     async def _follow(self) -> None:
+        # a restarted worker's store may hold the newest versions already: following fetches only newer ones
+        for entry in held_versions(self.broadcast, self.config.run_id, self.window.size):
+            await self._on_version(entry)
         self.broadcast.follow(self.config.run_id, on_version=self._on_version)
 
     # ---- policy versions -----------------------------------------------------------------
@@ -156,9 +165,22 @@ class InferenceWorker(RoleThread):
 
     # ---- the loop ------------------------------------------------------------------------
 
+    def _saved_counter(self) -> int:
+        try:
+            return max(0, int(self.counter_path.read_text()))
+        except (OSError, ValueError):
+            return 0
+
+    def _save_counter(self, next_counter: int) -> None:
+        self.counter_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.counter_path.with_name(self.counter_path.name + ".tmp")
+        tmp.write_text(str(next_counter))
+        tmp.replace(self.counter_path)
+
     def _run(self) -> None:
-        counter = 0
-        while not self._stop.is_set() and (self.max_groups is None or counter < self.max_groups):
+        counter = self._saved_counter()
+        first = counter
+        while not self._stop.is_set() and (self.max_groups is None or counter - first < self.max_groups):
             newest = self.window.newest()
             if newest is None:
                 self._stop.wait(_NO_VERSION_WAIT_S)
@@ -218,6 +240,7 @@ class InferenceWorker(RoleThread):
         )
         self.cpu_seconds += time.thread_time() - cpu_started
         self.node.metrics.rollouts_generated(len(rollouts), tokens=tokens)
+        self._save_counter(counter + 1)  # submitted, the counter is used: a restart goes on after it
         outcome = self._submit(sealed)
         if outcome is None:
             return None

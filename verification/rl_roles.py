@@ -35,7 +35,7 @@ from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict
 from training.grpo import ScoredRollout
 from training.model import TinyGPT
 from training.rl_diloco import diloco_updates
-from training.rl_run import RLRunConfig, add_policy_follower, group_id, model_from_state
+from training.rl_run import RLRunConfig, add_policy_follower, group_id, held_versions, model_from_state
 from training.rl_trainer import RLStepReport, RLTrainer, UpdatesFactory, every_step_updates
 from training.tasks import get_task
 from verification.validator import Validator, VerifiedRollout
@@ -167,6 +167,9 @@ class StandaloneValidator:
         return self
 
     async def _follow(self) -> None:
+        # a restarted validator's store may hold the newest versions already: following fetches only newer ones
+        for entry in held_versions(self.broadcast, self.config.run_id, self.config.grpo.async_level + 1):
+            await self._on_version(entry)
         self.broadcast.follow(self.config.run_id, on_version=self._on_version)
 
     async def _on_version(self, entry: VersionEntry) -> None:

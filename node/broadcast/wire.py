@@ -19,6 +19,10 @@ WRITE_SLICE_BYTES = 64 * 1024
 """Payloads are written (and rate-limited) in slices of this size."""
 
 
+class TruncatedFrame(InvalidMessage):
+    """The stream ended inside a frame: what a peer that died or lost its connection mid-send leaves."""
+
+
 async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | None:
     """Read one frame of at most `max_bytes`; None on a clean end of stream before a frame starts."""
     try:
@@ -26,14 +30,14 @@ async def read_frame(reader: asyncio.StreamReader, max_bytes: int) -> bytes | No
     except asyncio.IncompleteReadError as exc:
         if not exc.partial:
             return None
-        raise InvalidMessage("stream ended inside a frame header") from None
+        raise TruncatedFrame("stream ended inside a frame header") from None
     length = int.from_bytes(header, "big")
     if length > max_bytes:
         raise InvalidMessage(f"frame of {length} bytes exceeds the {max_bytes}-byte limit")
     try:
         return await reader.readexactly(length)
     except asyncio.IncompleteReadError:
-        raise InvalidMessage("stream ended inside a frame") from None
+        raise TruncatedFrame("stream ended inside a frame") from None
 
 
 async def read_payload(reader: asyncio.StreamReader, declared_bytes: int, expected_bytes: int) -> bytes:

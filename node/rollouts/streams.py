@@ -7,7 +7,8 @@ and peers over the per-peer or total stream cap get an error response before a b
 stream is parsed (what they still send is discarded for a moment, so the answer is not lost to a
 stream reset); the first and every later frame must arrive within `frame_timeout_s`; a frame that
 is oversized or that the subclass finds malformed (`InvalidMessage`) gets its sender banned and
-an error response. `exchange` is the requesting side: it dials a peer **by PeerID only** (its
+an error response, but a stream that ends inside a frame (its sender died or lost the connection
+mid-send) is only closed. `exchange` is the requesting side: it dials a peer **by PeerID only** (its
 addresses come from the node's own peer store, never from a message), sends one frame and reads
 the capped answer under one overall timeout.
 """
@@ -24,7 +25,7 @@ from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError, P2PHandlerError
 
 from node.bans import BanList
-from node.broadcast.wire import read_frame, write_frame
+from node.broadcast.wire import TruncatedFrame, read_frame, write_frame
 from node.rollouts.config import StreamServiceConfig
 from node.rollouts.errors import PeerUnavailable, SubmissionTimeout
 from node.rollouts.peers import replicate_p2p
@@ -163,6 +164,9 @@ class FramedService:
                 return
             with self._slots.held(key):
                 await self._serve_frames(peer, reader, writer)
+        except TruncatedFrame:
+            # a sender that died or lost its connection mid-frame: nothing to answer, nothing to punish
+            pass
         except InvalidMessage as exc:
             self.bans.ban(peer, f"bad {self.what}: {exc}")
             with contextlib.suppress(Exception):

@@ -1,0 +1,112 @@
+"""Two validators in one run: the trainer's own and a standalone validator node it trusts.
+
+- A group submitted to both (each has its own assignment counters, so both accept it, and the
+  standalone one forwards it) is trained on once.
+- A real inference worker spreads its groups over both; when the standalone validator stops
+  answering (its node still listed in membership), the worker fails over to the trainer's
+  validator and keeps getting verdicts, and the trainer keeps stepping.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+
+from node.identity import create_identity
+from node.swarm import wait_until
+from protocol.node_record import Role
+from protocol.rollout_messages import rollout_hash
+from tests.helpers.rl_loop import TINY, LoopbackNodes, ScriptedWorker, honest_group, tiny_run
+from training.model import TinyGPT
+from training.rl_run import RLRunConfig
+from training.rl_trainer import RLTrainer
+from training.rl_worker import InferenceWorker
+from verification.rl_roles import StandaloneValidator, start_rl_trainer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@dataclass
+class TwoValidators:
+    nodes: LoopbackNodes
+    config: RLRunConfig
+    policy_v0: TinyGPT
+    trainer: RLTrainer
+    standalone: StandaloneValidator
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoValidators]:
+    root = tmp_path_factory.mktemp("rl-failover")
+    trainer_id = create_identity(root / "trainer.key").peer_id.to_base58()
+    validator_id = create_identity(root / "validator.key").peer_id.to_base58()
+    config = tiny_run(
+        None, async_level=4, authorized_publishers=[trainer_id], trusted_validators=[validator_id]
+    )
+    nodes = LoopbackNodes(root, config.run_id)
+    trainer = None
+    try:
+        policy = TinyGPT(TINY)
+        policy_v0 = copy.deepcopy(policy).eval()
+        trainer, _ = start_rl_trainer(nodes.add("trainer", [Role.TRAINER, Role.VALIDATOR]), config, policy)
+        standalone = StandaloneValidator(nodes.add("validator", [Role.VALIDATOR]), config).start()
+        yield TwoValidators(nodes, config, policy_v0, trainer, standalone)
+    finally:
+        if trainer is not None:
+            trainer.stop()
+        nodes.close()
+
+
+def test_a_group_accepted_by_both_validators_is_trained_on_once(run: TwoValidators) -> None:
+    scripted = ScriptedWorker(run.nodes.add("scripted", [Role.INFERENCE]), run.config)
+    try:
+        assert wait_until(lambda: 0 in run.standalone.validator.held_versions, 60.0, interval_s=0.5)
+        group = honest_group(run.policy_v0, run.config, scripted.peer, 0, 0)
+        sealed = scripted.seal(group)
+        own = scripted.validator(run.trainer.node.identity.peer_id_bytes)
+        other = scripted.validator(run.standalone.node.identity.peer_id_bytes)
+
+        assert all(v.accepted for v in scripted.submit(own, sealed))
+        assert all(v.accepted for v in scripted.submit(other, sealed))
+        assert wait_until(
+            lambda: run.trainer.forwards is not None and run.trainer.forwards.forwards_accepted >= 1, 30.0
+        )
+        assert wait_until(lambda: len(run.trainer.reports) >= 1, 30.0)
+        time.sleep(2.0)
+        assert run.trainer.trained_from[scripted.peer] == 4
+        assert len(run.trainer.reports) == 1
+        assert {rollout_hash(r) for r in group.rollouts} <= run.trainer.trained_hashes
+    finally:
+        scripted.close()
+
+
+def test_a_worker_fails_over_when_a_validator_stops_answering(run: TwoValidators) -> None:
+    worker_node = run.nodes.add("worker", [Role.INFERENCE])
+    worker = InferenceWorker(worker_node, run.config).start()
+    own = run.trainer.node.short_id
+    standalone = run.standalone.node.short_id
+    try:
+        judged_by = lambda: {r.validator for r in worker.reports if not r.error}  # noqa: E731
+        assert wait_until(lambda: judged_by() >= {own, standalone}, 120.0, interval_s=0.5), judged_by()
+
+        run.standalone.node.call(run.standalone.intake.stop())  # the validator dies; its record stays
+        killed_at = len(worker.reports)
+        steps_at = len(run.trainer.reports)
+        assert wait_until(lambda: len(worker.reports) >= killed_at + 4, 120.0, interval_s=0.5)
+        assert wait_until(lambda: len(run.trainer.reports) >= steps_at + 2, 60.0, interval_s=0.5)
+
+        # every group after the one in flight was judged by the trainer's own validator, none lost
+        after = worker.reports[killed_at + 1 :]
+        assert after and all(r.validator == own and not r.error for r in after), [r.describe() for r in after]
+        assert not {reason for r in worker.reports for reason in r.rejected} - {"stale"}
+        assert run.trainer.alive
+        worker.stop()
+        run.trainer.stop()  # settles its counts: a step adds its hashes before its report
+        # nothing trained twice: every trained rollout is a distinct accepted one
+        assert sum(r.rollouts for r in run.trainer.reports) == len(run.trainer.trained_hashes)
+    finally:
+        worker.stop()

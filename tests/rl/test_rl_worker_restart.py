@@ -1,0 +1,53 @@
+"""An inference worker that dies and comes back continues with its next assignment.
+
+Assignment counters are used once each at a validator: a restarted worker that started again at
+counter 0 would have every group it makes refused as a `replay` until it passed its old highest
+counter (all that generation wasted). It keeps its next counter next to its weights store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from node.identity import create_identity
+from node.swarm import wait_until
+from protocol.node_record import Role
+from tests.helpers.rl_loop import TINY, LoopbackNodes, tiny_run
+from training.model import TinyGPT
+from training.rl_worker import InferenceWorker
+from verification.rl_roles import start_rl_trainer
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_a_restarted_worker_continues_with_its_next_assignment(tmp_path: Path) -> None:
+    trainer_id = create_identity(tmp_path / "trainer.key").peer_id.to_base58()
+    config = tiny_run(None, async_level=4, authorized_publishers=[trainer_id])
+    nodes = LoopbackNodes(tmp_path, config.run_id)
+    trainer = None
+    workers: list[InferenceWorker] = []
+    try:
+        trainer, validator = start_rl_trainer(
+            nodes.add("trainer", [Role.TRAINER, Role.VALIDATOR]), config, TinyGPT(TINY)
+        )
+        first = InferenceWorker(nodes.add("worker", [Role.INFERENCE]), config, max_groups=2).start()
+        workers.append(first)
+        assert wait_until(lambda: not first.alive, 120.0, interval_s=0.5)
+        assert [r.accepted for r in first.reports] == [4, 4]
+        nodes.stop(first.node)
+
+        again = InferenceWorker(nodes.add("worker", [Role.INFERENCE]), config, max_groups=2).start()
+        workers.append(again)
+        assert wait_until(lambda: not again.alive, 120.0, interval_s=0.5)
+        assert [r.counter for r in again.reports] == [2, 3]
+        assert [r.accepted for r in again.reports] == [4, 4], [r.describe() for r in again.reports]
+        stats = validator.stats().workers[again.node.identity.peer_id_bytes]
+        assert stats.groups == 4 and stats.abandoned == 0 and not stats.rejected
+    finally:
+        for worker in workers:
+            worker.stop()
+        if trainer is not None:
+            trainer.stop()
+        nodes.close()

@@ -1,0 +1,128 @@
+"""A trainer that restarts resumes from its checkpoint and republishes that version.
+
+A real trainer node with a fake judge (groups enter through its intake handler), stopped and
+started again with the same key, weights store and `checkpoint_dir`, as a restarted process is.
+What must hold: the restarted trainer holds the checkpoint's weights and version, hands that
+version to its validator, republishes it (its store already holds it), and never publishes a
+version number with weights other than those the network was given under it, even when it died
+between publishing a version and checkpointing it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from node.swarm import wait_until
+from protocol.node_record import Role
+from protocol.peer_keys import peer_id_from_private_key
+from protocol.rollout_messages import open_group, seal_group
+from protocol.rollouts_pb2 import RolloutGroup
+from tests.helpers.broadcast import assert_state_dicts_equal
+from tests.helpers.rl_loop import TINY, FakeJudge, LoopbackNodes, fake_group, tiny_run
+from tests.helpers.rollouts import key
+from training.model import TinyGPT
+from training.rl_trainer import RLTrainer
+
+pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread"),
+    pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning"),
+]
+
+WORKER = key("worker")
+WORKER_PEER = peer_id_from_private_key(WORKER)
+CONFIG = tiny_run(None, async_level=4)
+SETTLE_S = 2.0
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNodes]:
+    nodes = LoopbackNodes(tmp_path_factory.mktemp("rl-restart"), CONFIG.run_id)
+    try:
+        yield nodes
+    finally:
+        nodes.close()
+
+
+def _start(nodes: LoopbackNodes, name: str, checkpoint_dir: Path) -> tuple[RLTrainer, FakeJudge]:
+    node = nodes.add(name, [Role.TRAINER, Role.VALIDATOR])
+    judge = FakeJudge(node, CONFIG.run_id, lambda worker, group: True)
+    # a fresh random policy: whatever it resumes must come from the checkpoint
+    return RLTrainer(node, CONFIG, judge, TinyGPT(TINY), checkpoint_dir=checkpoint_dir).start(), judge
+
+
+def _stop(nodes: LoopbackNodes, trainer: RLTrainer) -> None:
+    trainer.stop()
+    nodes.stop(trainer.node)
+
+
+def _submit(trainer: RLTrainer, group: RolloutGroup) -> None:
+    sealed = seal_group(WORKER, run_id=CONFIG.run_id, group=group, seq=int(group.counter))
+    envelope, opened = open_group(sealed, run_id=CONFIG.run_id)
+
+    async def judged() -> list[bytes]:
+        return await trainer.intake.handler(WORKER_PEER, envelope, opened)
+
+    trainer.node.call(judged(), timeout_s=30)
+
+
+def _published_state(trainer: RLTrainer, version: int) -> dict[str, torch.Tensor]:
+    return trainer.node.call(trainer.broadcast.load(CONFIG.run_id, version), timeout_s=30)
+
+
+def test_a_restarted_trainer_resumes_from_its_checkpoint_and_republishes_it(
+    nodes: LoopbackNodes, tmp_path: Path
+) -> None:
+    trainer, _ = _start(nodes, "trainer-a", tmp_path)
+    for counter in range(2):
+        _submit(trainer, fake_group(counter))
+    assert wait_until(lambda: trainer.version == 2 and 2 in trainer.published_at, 60.0)
+    state = trainer.learner.state_dict()
+    _stop(nodes, trainer)
+
+    restarted, judge = _start(nodes, "trainer-a", tmp_path)
+    try:
+        assert restarted.version == 2
+        assert_state_dicts_equal(restarted.learner.state_dict(), state)
+        assert judge.versions == [2] and judge.steps == [2]
+        assert 2 in restarted.published_at  # republished, though its store already held it
+        assert_state_dicts_equal(_published_state(restarted, 2), state)
+
+        # a group of a version from before the restart (within the async level, but the restarted
+        # learner holds only version 2's weights): dropped as stale, never a crash
+        _submit(restarted, fake_group(2, version=1))
+        assert wait_until(lambda: restarted.stale_dropped == 4, 30.0)
+        time.sleep(SETTLE_S)
+        assert restarted.alive and restarted.version == 2
+
+        _submit(restarted, fake_group(3, version=2))
+        assert wait_until(lambda: restarted.version == 3 and 3 in restarted.published_at, 60.0)
+        assert_state_dicts_equal(_published_state(restarted, 3), restarted.learner.state_dict())
+    finally:
+        _stop(nodes, restarted)
+
+
+def test_a_trainer_that_dies_before_checkpointing_never_republishes_a_version_with_other_weights(
+    nodes: LoopbackNodes, tmp_path: Path
+) -> None:
+    trainer, _ = _start(nodes, "trainer-b", tmp_path)
+    assert wait_until(lambda: (tmp_path / "policy.pt").exists(), 30.0)
+    (tmp_path / "policy.pt.tmp").mkdir()  # the next checkpoint cannot be written: the trainer dies there
+    _submit(trainer, fake_group(0))
+    assert wait_until(lambda: not trainer.alive, 60.0)
+    _stop(nodes, trainer)
+    (tmp_path / "policy.pt.tmp").rmdir()
+
+    restarted, _ = _start(nodes, "trainer-b", tmp_path)
+    try:
+        assert restarted.version == 0
+        _submit(restarted, fake_group(1))  # another group: version 1 now has other weights
+        assert wait_until(lambda: 1 in restarted.published_at, 60.0)
+        # what the network is given as version 1 is what the trainer (and its validator) hold as 1
+        assert_state_dicts_equal(_published_state(restarted, 1), restarted.learner.state_dict())
+    finally:
+        _stop(nodes, restarted)
