@@ -51,38 +51,47 @@ def test_bad_trainer_options_are_clear_errors(tmp_path: Path, monkeypatch: pytes
         resolve_trainer_options(None, {})
 
 
+class LevelProbe:
+    """The real `hivenet` group with one more command that sets up logging like the others and
+    records the root level it got. The level is recorded, not echoed: a CliRunner result's output
+    interleaves stderr, where any thread of the test process may log (a node of an earlier test
+    still shutting down), so echoed text is not only the probe's."""
+
+    def __init__(self) -> None:
+        self.levels: list[str] = []
+
+        @click.command("probe")
+        @click.option("-v", "--verbose", is_flag=True)
+        def probe(verbose: bool) -> None:
+            setup_logging(verbose)
+            self.levels.append(logging.getLevelName(logging.getLogger().level))
+
+        self.group = click.Group("hivenet", params=cli.params, commands={**cli.commands, "probe": probe})
+
+    def level(self, *args: str, env: dict[str, str] | None = None) -> str:
+        result = CliRunner().invoke(self.group, list(args), env=env)
+        assert result.exit_code == 0, result.output
+        return self.levels.pop()
+
+
 @pytest.fixture
-def probe_group() -> Iterator[click.Group]:
-    """The real `hivenet` group with one more command that sets up logging like the others."""
-
-    @click.command("probe")
-    @click.option("-v", "--verbose", is_flag=True)
-    def probe(verbose: bool) -> None:
-        setup_logging(verbose)
-        click.echo(logging.getLevelName(logging.getLogger().level))
-
-    group = click.Group("hivenet", params=cli.params, commands={**cli.commands, "probe": probe})
+def probe_group() -> Iterator[LevelProbe]:
     root = logging.getLogger()
     level, handlers = root.level, list(root.handlers)
-    yield group
+    yield LevelProbe()
     root.setLevel(level)
     root.handlers[:] = handlers
 
 
-def test_global_log_level_option_and_environment(probe_group: click.Group) -> None:
-    runner = CliRunner()
-    assert runner.invoke(probe_group, ["probe"]).output.strip() == "INFO"
-    assert runner.invoke(probe_group, ["probe", "-v"]).output.strip() == "DEBUG"
-    assert runner.invoke(probe_group, ["--log-level", "error", "probe"]).output.strip() == "ERROR"
-    assert runner.invoke(probe_group, ["--log-level", "WARNING", "probe"]).output.strip() == "WARNING"
-    from_env = runner.invoke(probe_group, ["probe"], env={"HIVENET_LOG_LEVEL": "debug"})
-    assert from_env.output.strip() == "DEBUG"
-    flag_wins = runner.invoke(
-        probe_group, ["--log-level", "error", "probe"], env={"HIVENET_LOG_LEVEL": "debug"}
-    )
-    assert flag_wins.output.strip() == "ERROR"
-    bad = runner.invoke(probe_group, ["--log-level", "loud", "probe"])
-    assert bad.exit_code == 2 and "loud" in bad.output
+def test_global_log_level_option_and_environment(probe_group: LevelProbe) -> None:
+    assert probe_group.level("probe") == "INFO"
+    assert probe_group.level("probe", "-v") == "DEBUG"
+    assert probe_group.level("--log-level", "error", "probe") == "ERROR"
+    assert probe_group.level("--log-level", "WARNING", "probe") == "WARNING"
+    assert probe_group.level("probe", env={"HIVENET_LOG_LEVEL": "debug"}) == "DEBUG"
+    assert probe_group.level("--log-level", "error", "probe", env={"HIVENET_LOG_LEVEL": "debug"}) == "ERROR"
+    bad = CliRunner().invoke(probe_group.group, ["--log-level", "loud", "probe"])
+    assert bad.exit_code == 2 and "loud" in bad.output and not probe_group.levels
 
 
 def _hivenet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
