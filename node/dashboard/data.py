@@ -17,7 +17,7 @@ import base64
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 from hivemind.p2p import PeerID
@@ -36,6 +36,7 @@ MAX_DETAILS = 50
 """Rejected rollouts of one node whose validator's detail is decoded from the signed verdict."""
 
 Json = dict[str, Any]
+T = TypeVar("T")
 
 
 def peer_text(peer: bytes) -> str:
@@ -67,6 +68,9 @@ class DashboardData:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.ledger = ledger
+        self._reader = ledger
+        self._reader_count = -1
+        """Receipts stored when `_reader` was opened (-1: `ledger` itself, whose peers may be stale)."""
         self.run_id = ledger.run_id
         self.trusted = frozenset(trusted)
         self.half_life_s = half_life_s
@@ -106,26 +110,50 @@ class DashboardData:
             and self.clock() - current.report.now < self.max_age_s
         ):
             return current
-        if not self._snapshot_lock.acquire(blocking=current is None):
-            return current  # type: ignore[return-value]  # another thread is computing the next one
+        # new receipts: wait for the snapshot that has them (a panel must not stay behind the others);
+        # only an aged snapshot is served while another thread computes its successor
+        if not self._snapshot_lock.acquire(blocking=current is None or current.count != count):
+            return current  # type: ignore[return-value]
         try:
             current = self._snapshot
             if (
                 current is None
-                or current.count != count
+                or current.count < count
                 or self.clock() - current.report.now >= self.max_age_s
             ):
                 count = len(self.ledger)
-                current = self._snapshot = take_snapshot(
-                    self.ledger.receipts(),
-                    count=count,
-                    trusted=self.trusted,
-                    now=self.clock(),
-                    half_life_s=self.half_life_s,
+                now = self.clock()
+                current = self._snapshot = self._read(
+                    lambda ledger: take_snapshot(
+                        ledger.receipts(),
+                        count=count,
+                        trusted=self.trusted,
+                        now=now,
+                        half_life_s=self.half_life_s,
+                    )
                 )
             return current
         finally:
             self._snapshot_lock.release()
+
+    def _read(self, read: Callable[[Ledger], T]) -> T:
+        """`read(ledger)` on a reader that knows every peer stored so far.
+
+        The node filling the ledger is usually another process, and an open `Ledger` maps only the
+        peers it has loaded: the reader is reopened when the ledger has grown, and once more if a
+        receipt of an unknown peer arrived while reading.
+        """
+        for attempt in range(2):
+            count = len(self.ledger)
+            if (attempt or count != self._reader_count) and str(self.ledger.path) != ":memory:":
+                self._reader = Ledger(self.ledger.path)  # the previous reader closes once no thread uses it
+                self._reader_count = count
+            try:
+                return read(self._reader)
+            except KeyError:
+                if attempt:
+                    raise
+        raise AssertionError("unreachable")
 
     def _text(self, peer: bytes) -> str:
         text = self._texts.get(peer)
@@ -285,7 +313,7 @@ class DashboardData:
     def node(self, peer: bytes) -> Json | None:
         """One node's page: its record if live, its credit, its receipts and why any work was rejected."""
         snap = self.snapshot()
-        mine = list(self.ledger.receipts(contributor=peer, with_envelopes=True))
+        mine = self._read(lambda ledger: list(ledger.receipts(contributor=peer, with_envelopes=True)))
         live = next((n for n in self._live or [] if n.record.peer_id == peer), None)
         credit = snap.report.contributors.get(peer)
         if not mine and live is None and credit is None:
@@ -305,6 +333,7 @@ class DashboardData:
             cumulative.append(round(total, 3))
         return {
             **self._peer(peer),
+            "run_id": self.run_id,
             "live": live is not None,
             "roles": [role.value for role in live.record.roles] if live else [],
             "online_s": max(0.0, self.clock() - live.record.started_at) if live else None,
@@ -356,7 +385,9 @@ class DashboardData:
         snap = self.snapshot()
         limit = max(1, min(limit, MAX_LIST))
         if contributor is not None:
-            pool: list[Receipt] = list(self.ledger.receipts(contributor=contributor))[::-1]
+            pool: list[Receipt] = self._read(lambda ledger: list(ledger.receipts(contributor=contributor)))[
+                ::-1
+            ]
             complete = True
         elif reason is not None:
             pool, complete = snap.behind("reason", reason), snap.rejected.get(reason, 0) <= RECENT_PER_FIGURE
@@ -392,7 +423,7 @@ class DashboardData:
 
     def receipt(self, rid: bytes) -> Json | None:
         """One receipt with its signed envelope (base64), which anyone can re-verify."""
-        found = self.ledger.get(rid)
+        found = self._read(lambda ledger: ledger.get(rid))
         if found is None:
             return None
         return {

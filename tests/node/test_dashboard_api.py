@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from node.dashboard import DashboardData, DashboardServer, peer_text
+from node.ledger import Ledger
 from protocol.receipts import open_receipt
 from tests.helpers import receipts
 from tests.helpers.dashboard import DashboardRun, build_run
@@ -241,3 +242,16 @@ def test_snapshot_is_recomputed_when_it_ages(tmp_path: Path) -> None:
     alice = run.peers["alice"].peer_id
     assert later.report.contributors[alice].recent < first.report.contributors[alice].recent
     ledger.close()
+
+
+def test_receipts_stored_by_another_writer_are_shown(served: Any) -> None:
+    """The node filling the ledger is another process: its new peers are unknown to the dashboard's open ledger."""
+    run, data, server = served
+    _, newcomer = receipts.new_peer()
+    data.snapshot()
+    with Ledger(data.ledger.path) as writer:  # a second connection, as another process would hold
+        writer.add(receipts.verdict(run.peers["val-a"].key, newcomer, tokens=77))
+    status, page = get(server, f"/api/node/{peer_text(newcomer)}")
+    assert status == 200 and page["credit"]["total"] == 77
+    _, board = get(server, "/api/leaderboard")
+    assert any(row["peer_id"] == peer_text(newcomer) and row["total"] == 77 for row in board["rows"])

@@ -178,6 +178,7 @@ async function drawNode(peer) {
   }
   $("missing").hidden = true;
   $("node-page").hidden = false;
+  $("run").textContent = "run " + n.run_id;
   $("node-name").textContent = n.name || shortPeer(n.peer_id);
   $("node-peer").textContent = n.peer_id;
   $("node-total").textContent = fmt(n.credit.total);
