@@ -207,6 +207,7 @@ class DashboardData:
             "tokens_accepted": snap.tokens_accepted,
             "validators": len(snap.validators),
             "receipts_url": receipts_url(kind="rollout"),
+            "rejected_receipts_url": receipts_url(standing="rejected"),
             "by_reason": [
                 {"reason": reason, "count": n, "receipts_url": receipts_url(reason=reason)}
                 for reason, n in snap.rejected.most_common()

@@ -135,7 +135,7 @@ async function drawVerification() {
   $("rejected").textContent = v.rejected;
   $("validators").textContent = v.validators;
   $("accepted-link").href = v.receipts_url;
-  $("rejected-link").href = "/api/receipts?kind=rollout";
+  $("rejected-link").href = v.rejected_receipts_url;
   fillRows("reasons", v.by_reason.map((r) => [el("span", r.reason, { class: "rejected" }), link(r.count, r.receipts_url)]));
   fillRows("rejected-peers", v.rejected_peers.map((p) => [p.name, peerLink(p.peer_id), p.rejected, Object.entries(p.reasons).map(([k, n]) => `${k} ${n}`).join(", ")]));
   $("banned-note").textContent = "Banned peers: " + v.banned_note + ".";
