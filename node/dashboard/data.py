@@ -65,6 +65,7 @@ class DashboardData:
         trusted: Iterable[bytes],
         half_life_s: float = DEFAULT_HALF_LIFE_S,
         max_age_s: float = 30.0,
+        count_ttl_s: float = 0.5,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.ledger = ledger
@@ -83,6 +84,10 @@ class DashboardData:
         self._texts: dict[bytes, str] = {}
         self._snapshot: LedgerSnapshot | None = None
         self._snapshot_lock = threading.Lock()
+        self.count_ttl_s = count_ttl_s
+        self._counted = 0
+        self._counted_at = -float("inf")
+        self._memos: tuple[LedgerSnapshot | None, dict[tuple[Any, ...], Json]] = (None, {})
 
     # --- inputs ---
 
@@ -98,12 +103,12 @@ class DashboardData:
 
     def version(self) -> Json:
         """What changes when a panel should be reloaded: the ledger's size and the swarm's generation."""
-        return {"receipts": len(self.ledger), "swarm": self._swarm_generation}
+        return {"receipts": self._count(), "swarm": self._swarm_generation}
 
     def snapshot(self) -> LedgerSnapshot:
         """The current snapshot, recomputed if the ledger grew or it is older than `max_age_s`."""
         current = self._snapshot
-        count = len(self.ledger)
+        count = self._count()
         if (
             current is not None
             and current.count == count
@@ -121,7 +126,7 @@ class DashboardData:
                 or current.count < count
                 or self.clock() - current.report.now >= self.max_age_s
             ):
-                count = len(self.ledger)
+                count = self._count(fresh=True)
                 now = self.clock()
                 current = self._snapshot = self._read(
                     lambda ledger: take_snapshot(
@@ -136,6 +141,25 @@ class DashboardData:
         finally:
             self._snapshot_lock.release()
 
+    def _count(self, *, fresh: bool = False) -> int:
+        """Receipts in the ledger, re-counted at most every `count_ttl_s` (SQLite counts a table by scanning it)."""
+        now = time.monotonic()
+        if fresh or now - self._counted_at >= self.count_ttl_s:
+            self._counted, self._counted_at = len(self.ledger), now
+        return self._counted
+
+    def _memo(self, key: tuple[Any, ...], compute: Callable[[LedgerSnapshot], Json]) -> Json:
+        """A panel computed once per snapshot and swarm view (many clients ask for the same one)."""
+        snap = self.snapshot()
+        owner, memo = self._memos
+        if owner is not snap:
+            memo = {}
+            self._memos = (snap, memo)
+        key = (*key, self._swarm_generation)
+        if key not in memo:
+            memo[key] = compute(snap)
+        return memo[key]
+
     def _read(self, read: Callable[[Ledger], T]) -> T:
         """`read(ledger)` on a reader that knows every peer stored so far.
 
@@ -144,7 +168,7 @@ class DashboardData:
         receipt of an unknown peer arrived while reading.
         """
         for attempt in range(2):
-            count = len(self.ledger)
+            count = self._count()
             if (attempt or count != self._reader_count) and str(self.ledger.path) != ":memory:":
                 self._reader = Ledger(self.ledger.path)  # the previous reader closes once no thread uses it
                 self._reader_count = count
@@ -199,7 +223,9 @@ class DashboardData:
 
     def verification(self) -> Json:
         """Rollout verdicts: accepted, rejected by reason, and the peers whose work was rejected."""
-        snap = self.snapshot()
+        return self._memo(("verification",), self._verification)
+
+    def _verification(self, snap: LedgerSnapshot) -> Json:
         peers = sorted(snap.rejected_peers.items(), key=lambda item: -sum(item[1].values()))
         return {
             "accepted": snap.accepted,
@@ -228,7 +254,9 @@ class DashboardData:
 
     def weights(self) -> Json:
         """Weights versions known from transfer receipts: bytes delivered, sources and how fast they spread."""
-        snap = self.snapshot()
+        return self._memo(("weights",), self._weights)
+
+    def _weights(self, snap: LedgerSnapshot) -> Json:
         return {
             "versions": [
                 {
@@ -249,7 +277,9 @@ class DashboardData:
 
     def leaderboard(self, limit: int = 100) -> Json:
         """Contributors by credit: public name, PeerID, credit per role, total and recent average."""
-        snap = self.snapshot()
+        return self._memo(("leaderboard", limit), lambda snap: self._leaderboard(snap, limit))
+
+    def _leaderboard(self, snap: LedgerSnapshot, limit: int) -> Json:
         board = snap.report.leaderboard()
         rows = []
         for rank, item in enumerate(board[: min(limit, MAX_LIST)], start=1):
@@ -278,7 +308,9 @@ class DashboardData:
 
     def credit_rules(self) -> Json:
         """How sybils are kept out: the trusted signers, the vouching ones, and how receipts counted."""
-        snap = self.snapshot()
+        return self._memo(("credit_rules",), self._credit_rules)
+
+    def _credit_rules(self, snap: LedgerSnapshot) -> Json:
         return {
             "trusted": [self._peer(peer) for peer in sorted(snap.report.trusted)],
             "vouchers": [

@@ -15,6 +15,7 @@ import pytest
 
 from node.dashboard import DashboardData, DashboardServer, peer_text
 from node.ledger import Ledger
+from node.swarm import wait_until
 from protocol.receipts import open_receipt
 from tests.helpers import receipts
 from tests.helpers.dashboard import DashboardRun, build_run
@@ -144,7 +145,8 @@ def test_new_receipts_show_at_once(served: Any) -> None:
     run, data, server = served
     before = data.version()
     data.ledger.add(run.verdict("val-a", "bob", tokens=25))
-    assert data.version()["receipts"] == before["receipts"] + 1
+    # the ledger is re-counted at most every count_ttl_s
+    assert wait_until(lambda: data.version()["receipts"] == before["receipts"] + 1, timeout_s=10)
     _, board = get(server, "/api/leaderboard")
     assert row_of(board, "bob")["total"] == 75
 
@@ -251,7 +253,8 @@ def test_receipts_stored_by_another_writer_are_shown(served: Any) -> None:
     data.snapshot()
     with Ledger(data.ledger.path) as writer:  # a second connection, as another process would hold
         writer.add(receipts.verdict(run.peers["val-a"].key, newcomer, tokens=77))
-    status, page = get(server, f"/api/node/{peer_text(newcomer)}")
-    assert status == 200 and page["credit"]["total"] == 77
+    assert wait_until(lambda: get(server, f"/api/node/{peer_text(newcomer)}")[0] == 200, timeout_s=10)
+    _, page = get(server, f"/api/node/{peer_text(newcomer)}")
+    assert page["credit"]["total"] == 77
     _, board = get(server, "/api/leaderboard")
     assert any(row["peer_id"] == peer_text(newcomer) and row["total"] == 77 for row in board["rows"])
