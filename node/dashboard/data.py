@@ -25,10 +25,10 @@ from hivemind.p2p import PeerID
 from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, bucket_of, take_snapshot, time_edges
 from node.ledger import DEFAULT_HALF_LIFE_S, Ledger, Standing
 from node.membership import LiveNode
-from protocol import rollouts_pb2
-from protocol.envelope import open_envelope
+from protocol import hivenet_pb2, rollouts_pb2
 from protocol.errors import InvalidMessage
-from protocol.receipts import DOMAIN_VERDICT, ROLES, Receipt, ReceiptKind
+from protocol.receipts import ROLES, Receipt, ReceiptKind
+from protocol.untrusted import parse_untrusted
 
 MAX_LIST = 500
 """Most receipts or leaderboard rows one answer lists."""
@@ -493,11 +493,14 @@ class DashboardData:
 
 
 def _verdict_detail(receipt: Receipt) -> str:
-    """The validator's human-readable figures behind a rejection, from the stored signed verdict."""
+    """The validator's human-readable figures behind a rejection, decoded from the stored verdict.
+
+    The ledger verified the envelope's signature when it stored it, so it is only decoded here.
+    """
     try:
-        payload = open_envelope(receipt.envelope, domain=DOMAIN_VERDICT, now=receipt.issued_at).payload
-        verdict = rollouts_pb2.RolloutVerdict()
-        verdict.ParseFromString(payload)
-    except (InvalidMessage, ValueError):
+        envelope = parse_untrusted(hivenet_pb2.SignedEnvelope, receipt.envelope, "envelope")
+        body = parse_untrusted(hivenet_pb2.EnvelopeBody, envelope.body, "envelope body")
+        verdict = parse_untrusted(rollouts_pb2.RolloutVerdict, body.payload, "rollout verdict")
+    except InvalidMessage:
         return ""
     return str(verdict.detail)

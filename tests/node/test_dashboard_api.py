@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +17,8 @@ import pytest
 from node.dashboard import DashboardData, DashboardServer, peer_text
 from node.ledger import Ledger
 from node.swarm import wait_until
-from protocol.receipts import open_receipt
+from protocol import rollouts_pb2
+from protocol.receipts import open_receipt, seal_verdict_receipt
 from tests.helpers import receipts
 from tests.helpers.dashboard import DashboardRun, build_run
 from tests.helpers.receipts import RUN
@@ -258,3 +260,18 @@ def test_receipts_stored_by_another_writer_are_shown(served: Any) -> None:
     assert page["credit"]["total"] == 77
     _, board = get(server, "/api/leaderboard")
     assert any(row["peer_id"] == peer_text(newcomer) and row["total"] == 77 for row in board["rows"])
+
+
+def test_node_page_shows_the_validators_detail_of_a_rejection(served: Any) -> None:
+    run, data, server = served
+    _, cheater = receipts.new_peer()
+    verdict = rollouts_pb2.RolloutVerdict(
+        worker=cheater, rollout_hash=os.urandom(32), policy_version=3, tokens=64, accepted=False,
+        reason="toploc_mantissa", detail="mantissa mismatch in chunk 2", issued_at=time.time(),
+    )  # fmt: skip
+    data.ledger.add(seal_verdict_receipt(run.peers["val-b"].key, run_id=RUN, verdict=verdict))
+    assert wait_until(lambda: get(server, f"/api/node/{peer_text(cheater)}")[0] == 200, timeout_s=10)
+    _, page = get(server, f"/api/node/{peer_text(cheater)}")
+    [rejection] = page["rejections"]["latest"]
+    assert rejection["reason"] == "toploc_mantissa" and rejection["detail"] == "mantissa mismatch in chunk 2"
+    assert rejection["signer"] == peer_text(run.peers["val-b"].peer_id)
