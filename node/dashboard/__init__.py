@@ -5,6 +5,8 @@ Map of the package:
 - `data.DashboardData`: the data layer, one JSON-able dict per panel (swarm, verification,
   weights, leaderboard, credit rules, history, a node's page, the receipts behind any figure),
   from discovered node records (`set_live_nodes`) and a `node.ledger.Ledger`.
+- `ledger_view.LedgerView`: the current snapshot of a ledger another process keeps filling, and a
+  reader that knows every peer stored so far.
 - `snapshot`: `take_snapshot` -> `LedgerSnapshot`, one pass over the ledger (credit report and
   the panels' aggregates), shared read-only between the server's threads.
 - `server.DashboardServer`: the standard library HTTP server: the page, its assets in

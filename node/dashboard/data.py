@@ -6,23 +6,22 @@ whoever polls the DHT) and answers one method per panel: `swarm`, `verification`
 path of the receipts behind it (`receipts_url`), so a person can go from a number to the signed
 receipts and check them (`/api/receipt/<id>` returns the envelope itself).
 
-Credit and aggregates come from one `LedgerSnapshot`, recomputed when the ledger has grown or
-the snapshot is older than `max_age_s` (recent averages decay with time); one thread computes
-it while the others keep answering from the previous one.
+Credit and aggregates come from one `LedgerSnapshot` (`node.dashboard.ledger_view.LedgerView`
+keeps it current); each panel is computed once per snapshot and swarm view.
 """
 
 from __future__ import annotations
 
 import base64
-import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlencode
 
 from hivemind.p2p import PeerID
 
-from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, bucket_of, take_snapshot, time_edges
+from node.dashboard.ledger_view import LedgerView
+from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, bucket_of, time_edges
 from node.ledger import DEFAULT_HALF_LIFE_S, Ledger, Standing
 from node.membership import LiveNode
 from protocol import hivenet_pb2, rollouts_pb2
@@ -36,7 +35,6 @@ MAX_DETAILS = 50
 """Rejected rollouts of one node whose validator's detail is decoded from the signed verdict."""
 
 Json = dict[str, Any]
-T = TypeVar("T")
 
 
 def peer_text(peer: bytes) -> str:
@@ -68,25 +66,19 @@ class DashboardData:
         count_ttl_s: float = 0.5,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """`max_age_s` and `count_ttl_s`: see `node.dashboard.ledger_view.LedgerView`."""
         self.ledger = ledger
-        self._reader = ledger
-        self._reader_count = -1
-        """Receipts stored when `_reader` was opened (-1: `ledger` itself, whose peers may be stale)."""
+        self.view = LedgerView(
+            ledger, trusted=trusted, half_life_s=half_life_s, max_age_s=max_age_s, count_ttl_s=count_ttl_s,
+            clock=clock,
+        )  # fmt: skip
         self.run_id = ledger.run_id
-        self.trusted = frozenset(trusted)
-        self.half_life_s = half_life_s
-        self.max_age_s = max_age_s
         self.clock = clock
         self._live: list[LiveNode] | None = None
         self._live_at = 0.0
         self._swarm_generation = 0
         self._names: dict[bytes, str] = {}
         self._texts: dict[bytes, str] = {}
-        self._snapshot: LedgerSnapshot | None = None
-        self._snapshot_lock = threading.Lock()
-        self.count_ttl_s = count_ttl_s
-        self._counted = 0
-        self._counted_at = -float("inf")
         self._memos: tuple[LedgerSnapshot | None, dict[tuple[Any, ...], Json]] = (None, {})
 
     # --- inputs ---
@@ -103,50 +95,10 @@ class DashboardData:
 
     def version(self) -> Json:
         """What changes when a panel should be reloaded: the ledger's size and the swarm's generation."""
-        return {"receipts": self._count(), "swarm": self._swarm_generation}
+        return {"receipts": self.view.count(), "swarm": self._swarm_generation}
 
     def snapshot(self) -> LedgerSnapshot:
-        """The current snapshot, recomputed if the ledger grew or it is older than `max_age_s`."""
-        current = self._snapshot
-        count = self._count()
-        if (
-            current is not None
-            and current.count == count
-            and self.clock() - current.report.now < self.max_age_s
-        ):
-            return current
-        # new receipts: wait for the snapshot that has them (a panel must not stay behind the others);
-        # only an aged snapshot is served while another thread computes its successor
-        if not self._snapshot_lock.acquire(blocking=current is None or current.count != count):
-            return current  # type: ignore[return-value]
-        try:
-            current = self._snapshot
-            if (
-                current is None
-                or current.count < count
-                or self.clock() - current.report.now >= self.max_age_s
-            ):
-                count = self._count(fresh=True)
-                now = self.clock()
-                current = self._snapshot = self._read(
-                    lambda ledger: take_snapshot(
-                        ledger.receipts(),
-                        count=count,
-                        trusted=self.trusted,
-                        now=now,
-                        half_life_s=self.half_life_s,
-                    )
-                )
-            return current
-        finally:
-            self._snapshot_lock.release()
-
-    def _count(self, *, fresh: bool = False) -> int:
-        """Receipts in the ledger, re-counted at most every `count_ttl_s` (SQLite counts a table by scanning it)."""
-        now = time.monotonic()
-        if fresh or now - self._counted_at >= self.count_ttl_s:
-            self._counted, self._counted_at = len(self.ledger), now
-        return self._counted
+        return self.view.snapshot()
 
     def _memo(self, key: tuple[Any, ...], compute: Callable[[LedgerSnapshot], Json]) -> Json:
         """A panel computed once per snapshot and swarm view (many clients ask for the same one)."""
@@ -159,25 +111,6 @@ class DashboardData:
         if key not in memo:
             memo[key] = compute(snap)
         return memo[key]
-
-    def _read(self, read: Callable[[Ledger], T]) -> T:
-        """`read(ledger)` on a reader that knows every peer stored so far.
-
-        The node filling the ledger is usually another process, and an open `Ledger` maps only the
-        peers it has loaded: the reader is reopened when the ledger has grown, and once more if a
-        receipt of an unknown peer arrived while reading.
-        """
-        for attempt in range(2):
-            count = self._count()
-            if (attempt or count != self._reader_count) and str(self.ledger.path) != ":memory:":
-                self._reader = Ledger(self.ledger.path)  # the previous reader closes once no thread uses it
-                self._reader_count = count
-            try:
-                return read(self._reader)
-            except KeyError:
-                if attempt:
-                    raise
-        raise AssertionError("unreachable")
 
     def _text(self, peer: bytes) -> str:
         text = self._texts.get(peer)
@@ -346,7 +279,7 @@ class DashboardData:
     def node(self, peer: bytes) -> Json | None:
         """One node's page: its record if live, its credit, its receipts and why any work was rejected."""
         snap = self.snapshot()
-        mine = self._read(lambda ledger: list(ledger.receipts(contributor=peer, with_envelopes=True)))
+        mine = self.view.read(lambda ledger: list(ledger.receipts(contributor=peer, with_envelopes=True)))
         live = next((n for n in self._live or [] if n.record.peer_id == peer), None)
         credit = snap.report.contributors.get(peer)
         if not mine and live is None and credit is None:
@@ -418,9 +351,9 @@ class DashboardData:
         snap = self.snapshot()
         limit = max(1, min(limit, MAX_LIST))
         if contributor is not None:
-            pool: list[Receipt] = self._read(lambda ledger: list(ledger.receipts(contributor=contributor)))[
-                ::-1
-            ]
+            pool: list[Receipt] = self.view.read(
+                lambda ledger: list(ledger.receipts(contributor=contributor))
+            )[::-1]
             complete = True
         elif reason is not None:
             pool, complete = snap.behind("reason", reason), snap.rejected.get(reason, 0) <= RECENT_PER_FIGURE
@@ -456,7 +389,7 @@ class DashboardData:
 
     def receipt(self, rid: bytes) -> Json | None:
         """One receipt with its signed envelope (base64), which anyone can re-verify."""
-        found = self._read(lambda ledger: ledger.get(rid))
+        found = self.view.read(lambda ledger: ledger.get(rid))
         if found is None:
             return None
         return {
