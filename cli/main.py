@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from cli.dashboard import dashboard
 from cli.ledger import ledger
 from cli.node_commands import doctor, identity, join, peers, seed, simulate
 from cli.output import log_level_option
@@ -28,7 +29,7 @@ def cli() -> None:
     """
 
 
-for command in (identity, join, seed, peers, doctor, simulate, weights, ledger):
+for command in (identity, join, seed, peers, doctor, simulate, weights, ledger, dashboard):
     cli.add_command(command)
 
 

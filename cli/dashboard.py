@@ -1,0 +1,135 @@
+"""`hivenet dashboard`: the contributor dashboard, a web page over the swarm and a receipts ledger.
+
+`hivenet dashboard --run R --initial-peers ADDR [--ledger PATH] [--trusted PEERID ...]` joins the
+swarm as an unannounced client with a throwaway identity, re-reads discovery every few seconds and
+serves the page (`node.dashboard`) on http://127.0.0.1:8080/ until Ctrl-C. `--host` exposes it to
+other machines. Without `--initial-peers` it shows the ledger alone.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from cli.errors import friendly_errors
+from cli.ledger import _peer_ids
+from cli.output import setup_logging
+
+if TYPE_CHECKING:
+    from node.node import HivenetNode
+
+
+@click.command()
+@click.option(
+    "--run", "run_id", default="default", show_default=True, envvar="HIVENET_RUN_ID", help="Run id."
+)
+@click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable).")
+@click.option(
+    "--ledger",
+    "ledger_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The receipts ledger (SQLite) to show; default: an empty one for this session.",
+)
+@click.option(
+    "--trusted",
+    "trusted",
+    multiple=True,
+    metavar="PEERID",
+    help="Base58 PeerID of a signer the run trusts: a trainer or validator (repeatable).",
+)
+@click.option(
+    "--half-life-days",
+    type=click.FloatRange(min=0, min_open=True),
+    default=1.0,
+    show_default=True,
+    help="Half-life of the recent average.",
+)
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to serve on; anything but 127.0.0.1 exposes the page to other machines.",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="TCP port (0: any free one).",
+)
+@click.option(
+    "--refresh",
+    "refresh_s",
+    type=click.FloatRange(min=0.5),
+    default=5.0,
+    show_default=True,
+    help="Seconds between discovery reads.",
+)
+@click.option(
+    "--timeout", "timeout_s", type=float, default=15.0, show_default=True, help="Seconds to reach the seeds."
+)
+@click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
+@friendly_errors
+def dashboard(
+    run_id: str,
+    initial_peers: tuple[str, ...],
+    ledger_path: Path | None,
+    trusted: tuple[str, ...],
+    half_life_days: float,
+    host: str,
+    port: int,
+    refresh_s: float,
+    timeout_s: float,
+    verbose: bool,
+) -> None:
+    """Serve the contributor dashboard: swarm, verification, weights, leaderboard and a page per node."""
+    from cli.node_commands import _ephemeral_client, _initial_peers
+    from node.dashboard import DashboardData, DashboardServer, SwarmWatcher
+    from node.ledger import Ledger
+    from node.shutdown import StopRequest
+
+    setup_logging(verbose, quiet=not verbose)
+    trusted_peers = _peer_ids(trusted)
+    stop = StopRequest()
+    scratch = None
+    if ledger_path is None:
+        scratch = tempfile.TemporaryDirectory(prefix="hivenet-dashboard-")
+        ledger_path = Path(scratch.name) / "ledger.db"
+        click.echo("no --ledger given: showing an empty ledger for this session", err=True)
+    client: HivenetNode | None = None
+    watcher: SwarmWatcher | None = None
+    server: DashboardServer | None = None
+    with Ledger(ledger_path, run_id) as ledger:
+        try:
+            data = DashboardData(ledger, trusted=trusted_peers, half_life_s=half_life_days * 86400)
+            if _initial_peers(initial_peers):
+                client = _ephemeral_client(initial_peers, run_id, timeout_s)
+                watcher = SwarmWatcher(data, client.discover, interval_s=refresh_s)
+                watcher.start()
+            else:
+                click.echo("no --initial-peers given: showing the ledger without the swarm", err=True)
+            server = DashboardServer(data, host=host, port=port)
+            try:
+                server.start()
+            except OSError as exc:
+                raise click.ClickException(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
+            if not trusted_peers:
+                click.echo(
+                    "no --trusted signer given: every receipt counts zero (shown as untrusted)", err=True
+                )
+            click.echo(f"dashboard of run {run_id!r} at {server.url} (Ctrl-C to stop)", err=True)
+            click.echo(server.url)  # alone on stdout, for scripts
+            while not stop.wait(1.0):
+                pass
+        finally:
+            if server is not None:
+                server.stop()
+            if watcher is not None:
+                watcher.stop()
+            if client is not None:
+                client.stop()
+    if scratch is not None:
+        scratch.cleanup()

@@ -1,0 +1,439 @@
+"""What the contributor dashboard shows, as JSON-able dicts, from discovery and a receipts ledger.
+
+`DashboardData` holds a `Ledger` and the latest discovered node records (`set_live_nodes`, fed by
+whoever polls the DHT) and answers one method per panel: `swarm`, `verification`, `weights`,
+`leaderboard`, `credit_rules`, `history`, `node` and `receipts`. Every figure carries the API
+path of the receipts behind it (`receipts_url`), so a person can go from a number to the signed
+receipts and check them (`/api/receipt/<id>` returns the envelope itself).
+
+Credit and aggregates come from one `LedgerSnapshot` (`node.dashboard.ledger_view.LedgerView`
+keeps it current); each panel is computed once per snapshot and swarm view.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import urlencode
+
+from hivemind.p2p import PeerID
+
+from node.dashboard.ledger_view import LedgerView
+from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, bucket_of, time_edges
+from node.ledger import DEFAULT_HALF_LIFE_S, Ledger, Standing
+from node.membership import LiveNode
+from protocol import hivenet_pb2, rollouts_pb2
+from protocol.errors import InvalidMessage
+from protocol.receipts import ROLES, Receipt, ReceiptKind
+from protocol.untrusted import parse_untrusted
+
+MAX_LIST = 500
+"""Most receipts or leaderboard rows one answer lists."""
+MAX_DETAILS = 50
+"""Rejected rollouts of one node whose validator's detail is decoded from the signed verdict."""
+
+Json = dict[str, Any]
+
+
+def peer_text(peer: bytes) -> str:
+    return str(PeerID(peer).to_base58())
+
+
+def parse_peer(text: str) -> bytes:
+    """PeerID bytes from base58 text; ValueError if it is not one."""
+    try:
+        return bytes(PeerID.from_base58(text).to_bytes())
+    except Exception:
+        raise ValueError(f"{text[:64]!r} is not a PeerID") from None
+
+
+def receipts_url(**query: object) -> str:
+    return "/api/receipts?" + urlencode({k: v for k, v in query.items() if v is not None})
+
+
+class DashboardData:
+    """The dashboard's data layer; see the module docstring. Safe to call from many threads."""
+
+    def __init__(
+        self,
+        ledger: Ledger,
+        *,
+        trusted: Iterable[bytes],
+        half_life_s: float = DEFAULT_HALF_LIFE_S,
+        max_age_s: float = 30.0,
+        count_ttl_s: float = 0.5,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """`max_age_s` and `count_ttl_s`: see `node.dashboard.ledger_view.LedgerView`."""
+        self.ledger = ledger
+        self.view = LedgerView(
+            ledger, trusted=trusted, half_life_s=half_life_s, max_age_s=max_age_s, count_ttl_s=count_ttl_s,
+            clock=clock,
+        )  # fmt: skip
+        self.run_id = ledger.run_id
+        self.clock = clock
+        self._live: list[LiveNode] | None = None
+        self._live_at = 0.0
+        self._swarm_generation = 0
+        self._names: dict[bytes, str] = {}
+        self._texts: dict[bytes, str] = {}
+        self._memos: tuple[LedgerSnapshot | None, dict[tuple[Any, ...], Json]] = (None, {})
+
+    # --- inputs ---
+
+    def set_live_nodes(self, nodes: list[LiveNode]) -> None:
+        """The nodes discovery found just now (remembered names outlive the nodes that gave them)."""
+        for node in nodes:
+            if node.record.public_name:
+                self._names[node.record.peer_id] = node.record.public_name
+        changed = self._live is None or [n.record for n in self._live] != [n.record for n in nodes]
+        self._live, self._live_at = list(nodes), self.clock()
+        if changed:
+            self._swarm_generation += 1
+
+    def version(self) -> Json:
+        """What changes when a panel should be reloaded: the ledger's size and the swarm's generation."""
+        return {"receipts": self.view.count(), "swarm": self._swarm_generation}
+
+    def snapshot(self) -> LedgerSnapshot:
+        return self.view.snapshot()
+
+    def _memo(self, key: tuple[Any, ...], compute: Callable[[LedgerSnapshot], Json]) -> Json:
+        """A panel computed once per snapshot and swarm view (many clients ask for the same one)."""
+        snap = self.snapshot()
+        owner, memo = self._memos
+        if owner is not snap:
+            memo = {}
+            self._memos = (snap, memo)
+        key = (*key, self._swarm_generation)
+        if key not in memo:
+            memo[key] = compute(snap)
+        return memo[key]
+
+    def _text(self, peer: bytes) -> str:
+        text = self._texts.get(peer)
+        if text is None:
+            text = self._texts[peer] = peer_text(peer)
+        return text
+
+    def _peer(self, peer: bytes) -> Json:
+        return {"peer_id": self._text(peer), "name": self._names.get(peer, "")}
+
+    # --- panels ---
+
+    def swarm(self) -> Json:
+        """The live nodes (by role, with their online time), or `connected: false` without discovery."""
+        now = self.clock()
+        nodes = self._live or []
+        by_role: dict[str, int] = {}
+        rows = []
+        for node in nodes:
+            record = node.record
+            for role in record.roles:
+                by_role[role.value] = by_role.get(role.value, 0) + 1
+            rows.append(
+                {
+                    **self._peer(record.peer_id),
+                    "roles": [role.value for role in record.roles],
+                    "software_version": record.software_version,
+                    "online_s": max(0.0, now - record.started_at),
+                    "started_at": record.started_at,
+                    "cpu_count": record.capabilities.cpu_count,
+                    "accelerator": record.capabilities.accelerator,
+                    "page": f"/node/{self._text(record.peer_id)}",
+                }
+            )
+        return {
+            "run_id": self.run_id,
+            "connected": self._live is not None,
+            "refreshed_at": self._live_at or None,
+            "nodes": len(nodes),
+            "by_role": dict(sorted(by_role.items())),
+            "list": rows,
+        }
+
+    def verification(self) -> Json:
+        """Rollout verdicts: accepted, rejected by reason, and the peers whose work was rejected."""
+        return self._memo(("verification",), self._verification)
+
+    def _verification(self, snap: LedgerSnapshot) -> Json:
+        peers = sorted(snap.rejected_peers.items(), key=lambda item: -sum(item[1].values()))
+        return {
+            "accepted": snap.accepted,
+            "rejected": sum(snap.rejected.values()),
+            "tokens_accepted": snap.tokens_accepted,
+            "validators": len(snap.validators),
+            "receipts_url": receipts_url(kind="rollout"),
+            "rejected_receipts_url": receipts_url(standing="rejected"),
+            "by_reason": [
+                {"reason": reason, "count": n, "receipts_url": receipts_url(reason=reason)}
+                for reason, n in snap.rejected.most_common()
+            ],
+            "rejected_peers": [
+                {
+                    **self._peer(peer),
+                    "rejected": sum(reasons.values()),
+                    "reasons": dict(reasons.most_common()),
+                    "page": f"/node/{self._text(peer)}",
+                }
+                for peer, reasons in peers[:MAX_LIST]
+            ],
+            "banned": None,
+            "banned_note": "bans are local to each node and are not recorded in receipts",
+            "history": self._history(snap),
+        }
+
+    def weights(self) -> Json:
+        """Weights versions known from transfer receipts: bytes delivered, sources and how fast they spread."""
+        return self._memo(("weights",), self._weights)
+
+    def _weights(self, snap: LedgerSnapshot) -> Json:
+        return {
+            "versions": [
+                {
+                    "version": spread.version,
+                    "receipts": spread.receipts,
+                    "bytes": spread.byte_count,
+                    "chunks": spread.chunks,
+                    "sources": len(spread.sources),
+                    "fetchers": len(spread.fetchers),
+                    "first_at": spread.first_at,
+                    "last_at": spread.last_at,
+                    "spread_s": spread.last_at - spread.first_at,
+                    "receipts_url": receipts_url(version=spread.version),
+                }
+                for spread in sorted(snap.versions.values(), key=lambda s: -s.version)
+            ]
+        }
+
+    def leaderboard(self, limit: int = 100) -> Json:
+        """Contributors by credit: public name, PeerID, credit per role, total and recent average."""
+        return self._memo(("leaderboard", limit), lambda snap: self._leaderboard(snap, limit))
+
+    def _leaderboard(self, snap: LedgerSnapshot, limit: int) -> Json:
+        board = snap.report.leaderboard()
+        rows = []
+        for rank, item in enumerate(board[: min(limit, MAX_LIST)], start=1):
+            text = self._text(item.contributor)
+            rows.append(
+                {
+                    "rank": rank,
+                    **self._peer(item.contributor),
+                    "roles": {role: round(item.roles[role].total, 3) for role in ROLES},
+                    "total": round(item.total, 3),
+                    "recent": round(item.recent, 3),
+                    "untrusted": round(item.untrusted, 3),
+                    "receipts": item.receipts,
+                    "page": f"/node/{text}",
+                    "receipts_url": receipts_url(contributor=text),
+                }
+            )
+        return {
+            "run_id": self.run_id,
+            "at": snap.report.now,
+            "half_life_s": snap.report.half_life_s,
+            "contributors": len(board),
+            "receipts": snap.count,
+            "rows": rows,
+        }
+
+    def credit_rules(self) -> Json:
+        """How sybils are kept out: the trusted signers, the vouching ones, and how receipts counted."""
+        return self._memo(("credit_rules",), self._credit_rules)
+
+    def _credit_rules(self, snap: LedgerSnapshot) -> Json:
+        return {
+            "trusted": [self._peer(peer) for peer in sorted(snap.report.trusted)],
+            "vouchers": [
+                {**self._peer(peer), "budget": round(budget, 3)}
+                for peer, budget in sorted(snap.report.vouchers.items(), key=lambda item: -item[1])
+            ],
+            "standing": {
+                name: {"count": n, "receipts_url": receipts_url(standing=name)}
+                for name, n in snap.report.standing_counts().items()
+            },
+            "receipts": snap.count,
+            "signers": len(snap.signers),
+            "kinds": {
+                kind.value: {
+                    "count": snap.kinds.get(kind.value, 0),
+                    "receipts_url": receipts_url(kind=kind.value),
+                }
+                for kind in ReceiptKind
+            },
+        }
+
+    def _history(self, snap: LedgerSnapshot) -> Json:
+        return {
+            "edges": snap.history_edges,
+            "credit": [round(v, 3) for v in snap.credit_history],
+            "rejections": snap.rejection_history,
+        }
+
+    def history(self) -> Json:
+        """Credit counted and rollouts rejected over time (the whole ledger)."""
+        return self._history(self.snapshot())
+
+    def node(self, peer: bytes) -> Json | None:
+        """One node's page: its record if live, its credit, its receipts and why any work was rejected."""
+        snap = self.snapshot()
+        mine = self.view.read(lambda ledger: list(ledger.receipts(contributor=peer, with_envelopes=True)))
+        live = next((n for n in self._live or [] if n.record.peer_id == peer), None)
+        credit = snap.report.contributors.get(peer)
+        if not mine and live is None and credit is None:
+            return None
+        text = self._text(peer)
+        rejected = [r for r in mine if r.kind is ReceiptKind.ROLLOUT and not r.accepted]
+        reasons: dict[str, int] = {}
+        for receipt in rejected:
+            reasons[receipt.reason] = reasons.get(receipt.reason, 0) + 1
+        edges = time_edges(min((r.issued_at for r in mine), default=snap.report.now - 3600), snap.report.now)
+        earned = [0.0] * (len(edges) - 1)
+        for receipt in mine:
+            earned[bucket_of(edges, receipt.issued_at)] += snap.report.counted.get(receipt.receipt_id, 0.0)
+        cumulative, total = [], 0.0
+        for points in earned:
+            total += points
+            cumulative.append(round(total, 3))
+        return {
+            **self._peer(peer),
+            "run_id": self.run_id,
+            "live": live is not None,
+            "roles": [role.value for role in live.record.roles] if live else [],
+            "online_s": max(0.0, self.clock() - live.record.started_at) if live else None,
+            "credit": {
+                "total": round(credit.total, 3) if credit else 0.0,
+                "recent": round(credit.recent, 3) if credit else 0.0,
+                "untrusted": round(credit.untrusted, 3) if credit else 0.0,
+                "roles": {role: c.to_json() for role, c in credit.roles.items()} if credit else {},
+            },
+            "vouching_budget": snap.report.vouchers.get(peer),
+            "trusted_signer": peer in snap.report.trusted,
+            "receipts": len(mine),
+            "receipts_url": receipts_url(contributor=text),
+            "rejections": {
+                "count": len(rejected),
+                "by_reason": [
+                    {
+                        "reason": reason,
+                        "count": n,
+                        "receipts_url": receipts_url(contributor=text, reason=reason),
+                    }
+                    for reason, n in sorted(reasons.items(), key=lambda item: -item[1])
+                ],
+                "latest": [self._receipt_json(r, snap, detail=True) for r in rejected[::-1][:MAX_DETAILS]],
+            },
+            "latest": [self._receipt_json(r, snap) for r in mine[::-1][:MAX_DETAILS]],
+            "history": {"edges": edges, "cumulative_credit": cumulative},
+        }
+
+    def receipts(
+        self,
+        *,
+        contributor: bytes | None = None,
+        kind: str | None = None,
+        reason: str | None = None,
+        standing: str | None = None,
+        version: int | None = None,
+        limit: int = 100,
+    ) -> Json:
+        """Receipts behind a figure, newest first; ValueError for an unknown kind or standing.
+
+        With a contributor, all of that contributor's receipts are searched; without, the newest
+        `RECENT_PER_FIGURE` behind the figure are (`complete` says which).
+        """
+        if kind is not None and kind not in {k.value for k in ReceiptKind}:
+            raise ValueError(f"unknown receipt kind {kind[:32]!r}")
+        if standing is not None and standing not in {s.value for s in Standing}:
+            raise ValueError(f"unknown standing {standing[:32]!r}")
+        snap = self.snapshot()
+        limit = max(1, min(limit, MAX_LIST))
+        if contributor is not None:
+            pool: list[Receipt] = self.view.read(
+                lambda ledger: list(ledger.receipts(contributor=contributor))
+            )[::-1]
+            complete = True
+        elif reason is not None:
+            pool, complete = snap.behind("reason", reason), snap.rejected.get(reason, 0) <= RECENT_PER_FIGURE
+        elif version is not None:
+            pool = snap.behind("version", str(version))
+            spread = snap.versions.get(version)
+            complete = spread is None or spread.receipts <= RECENT_PER_FIGURE
+        elif standing is not None:
+            pool, complete = snap.behind("standing", standing), snap.count <= RECENT_PER_FIGURE
+        elif kind is not None:
+            pool, complete = snap.behind("kind", kind), snap.kinds.get(kind, 0) <= RECENT_PER_FIGURE
+        else:
+            pool = sorted(
+                (r for k in ReceiptKind for r in snap.behind("kind", k.value)), key=lambda r: -r.issued_at
+            )
+            complete = snap.count <= RECENT_PER_FIGURE
+        selected = [
+            r
+            for r in pool
+            if (kind is None or r.kind.value == kind)
+            and (reason is None or (r.kind is ReceiptKind.ROLLOUT and not r.accepted and r.reason == reason))
+            and (version is None or (r.kind is ReceiptKind.TRANSFER and r.step == version))
+            and (
+                standing is None
+                or snap.report.standing.get(r.receipt_id, Standing.UNTRUSTED).value == standing
+            )
+        ]
+        return {
+            "complete": complete,
+            "matched": len(selected),
+            "receipts": [self._receipt_json(r, snap) for r in selected[:limit]],
+        }
+
+    def receipt(self, rid: bytes) -> Json | None:
+        """One receipt with its signed envelope (base64), which anyone can re-verify."""
+        found = self.view.read(lambda ledger: ledger.get(rid))
+        if found is None:
+            return None
+        return {
+            **self._receipt_json(found, self.snapshot(), detail=True),
+            "envelope": base64.b64encode(found.envelope).decode(),
+        }
+
+    def _receipt_json(self, receipt: Receipt, snap: LedgerSnapshot, *, detail: bool = False) -> Json:
+        standing = snap.report.standing.get(receipt.receipt_id)
+        item: Json = {
+            "id": receipt.receipt_id.hex(),
+            "kind": receipt.kind.value,
+            "role": receipt.role,
+            "signer": self._text(receipt.signer),
+            "signer_name": self._names.get(receipt.signer, ""),
+            "contributor": self._text(receipt.contributor),
+            "contributor_name": self._names.get(receipt.contributor, ""),
+            "issued_at": receipt.issued_at,
+            "step": receipt.step,
+            "tokens": receipt.tokens,
+            "bytes": receipt.byte_count,
+            "chunks": receipt.chunks,
+            "count": receipt.count,
+            "accepted": receipt.accepted,
+            "reason": receipt.reason,
+            "evidence": receipt.evidence.hex(),
+            "standing": standing.value if standing else "new",
+            "counted": round(snap.report.counted.get(receipt.receipt_id, 0.0), 3),
+            "url": f"/api/receipt/{receipt.receipt_id.hex()}",
+        }
+        if detail and receipt.kind is ReceiptKind.ROLLOUT and not receipt.accepted and receipt.envelope:
+            item["detail"] = _verdict_detail(receipt)
+        return item
+
+
+def _verdict_detail(receipt: Receipt) -> str:
+    """The validator's human-readable figures behind a rejection, decoded from the stored verdict.
+
+    The ledger verified the envelope's signature when it stored it, so it is only decoded here.
+    """
+    try:
+        envelope = parse_untrusted(hivenet_pb2.SignedEnvelope, receipt.envelope, "envelope")
+        body = parse_untrusted(hivenet_pb2.EnvelopeBody, envelope.body, "envelope body")
+        verdict = parse_untrusted(rollouts_pb2.RolloutVerdict, body.payload, "rollout verdict")
+    except InvalidMessage:
+        return ""
+    return str(verdict.detail)

@@ -1,0 +1,226 @@
+// The hivenet dashboard: draws each panel from its JSON API and redraws on server-sent events.
+// Everything is built with DOM calls and textContent (names come from the network).
+"use strict";
+
+const SVG = "http://www.w3.org/2000/svg";
+
+function $(id) { return document.getElementById(id); }
+
+async function api(path) {
+  const response = await fetch(path, { headers: { Accept: "application/json" } });
+  const body = await response.json();
+  if (!response.ok) { throw new Error(body.error || response.statusText); }
+  return body;
+}
+
+function el(tag, text, attrs) {
+  const node = document.createElement(tag);
+  if (text !== undefined && text !== null) { node.textContent = String(text); }
+  for (const [key, value] of Object.entries(attrs || {})) { node.setAttribute(key, value); }
+  return node;
+}
+
+function link(text, href, cls) {
+  return el("a", text, cls ? { href: href, class: cls } : { href: href });
+}
+
+function fillRows(table, rows) {
+  const body = $(table).querySelector("tbody");
+  body.replaceChildren(...rows.map((cells) => {
+    const tr = document.createElement("tr");
+    for (const cell of cells) {
+      const td = document.createElement("td");
+      if (cell instanceof Node) { td.appendChild(cell); } else { td.textContent = cell === null || cell === undefined ? "" : String(cell); }
+      if (typeof cell === "number") { td.className = "num"; }
+      tr.appendChild(td);
+    }
+    return tr;
+  }));
+}
+
+function fmt(value, digits) {
+  return Number(value).toLocaleString("en-US", { maximumFractionDigits: digits === undefined ? 1 : digits });
+}
+
+function duration(seconds) {
+  if (seconds === null || seconds === undefined) { return ""; }
+  if (seconds < 90) { return fmt(seconds, 0) + " s"; }
+  if (seconds < 5400) { return fmt(seconds / 60, 0) + " min"; }
+  if (seconds < 172800) { return fmt(seconds / 3600, 1) + " h"; }
+  return fmt(seconds / 86400, 1) + " d";
+}
+
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return fmt(n, 1) + " " + units[i];
+}
+
+function when(unix) { return new Date(unix * 1000).toISOString().replace("T", " ").slice(0, 19); }
+
+function shortPeer(peer) { return peer.slice(0, 6) + "…" + peer.slice(-8); }
+
+function peerLink(peer) {
+  const a = link(shortPeer(peer), "/node/" + encodeURIComponent(peer), "peer");
+  a.title = peer;
+  return a;
+}
+
+// A bar plot of `bars` with an optional line of `line` on its own scale, under `edges` in time.
+function plot(container, edges, bars, barLabel, line, lineLabel) {
+  const width = 600, height = 160, pad = 28;
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
+  svg.setAttribute("role", "img");
+  const maxBar = Math.max(1e-9, ...bars);
+  const step = (width - 2 * pad) / Math.max(1, bars.length);
+  bars.forEach((value, i) => {
+    const h = (value / maxBar) * (height - 2 * pad);
+    const rect = document.createElementNS(SVG, "rect");
+    rect.setAttribute("x", pad + i * step + 1);
+    rect.setAttribute("y", height - pad - h);
+    rect.setAttribute("width", Math.max(1, step - 2));
+    rect.setAttribute("height", h);
+    rect.setAttribute("fill", "#3b6fd4");
+    const title = document.createElementNS(SVG, "title");
+    title.textContent = `${barLabel} ${fmt(value)} until ${when(edges[i + 1])}`;
+    rect.appendChild(title);
+    svg.appendChild(rect);
+  });
+  if (line) {
+    const maxLine = Math.max(1e-9, ...line);
+    const points = line.map((value, i) => `${pad + (i + 0.5) * step},${height - pad - (value / maxLine) * (height - 2 * pad)}`);
+    const path = document.createElementNS(SVG, "polyline");
+    path.setAttribute("points", points.join(" "));
+    path.setAttribute("fill", "none");
+    path.setAttribute("stroke", "#b42318");
+    path.setAttribute("stroke-width", "2");
+    svg.appendChild(path);
+  }
+  const labels = [[pad, 14, `${barLabel} (max ${fmt(maxBar)})`, "#3b6fd4"]];
+  if (line) { labels.push([width / 2, 14, `${lineLabel} (max ${fmt(Math.max(0, ...line), 0)})`, "#b42318"]); }
+  labels.push([pad, height - 8, when(edges[0]), "#5b6475"], [width - pad - 130, height - 8, when(edges[edges.length - 1]), "#5b6475"]);
+  for (const [x, y, text, color] of labels) {
+    const t = document.createElementNS(SVG, "text");
+    t.setAttribute("x", x); t.setAttribute("y", y); t.setAttribute("font-size", "11"); t.setAttribute("fill", color);
+    t.textContent = text;
+    svg.appendChild(t);
+  }
+  container.replaceChildren(svg);
+}
+
+async function drawSwarm() {
+  const swarm = await api("/api/swarm");
+  $("run").textContent = "run " + swarm.run_id;
+  $("node-count").textContent = swarm.nodes;
+  $("by-role").replaceChildren(...Object.entries(swarm.by_role).map(([role, n]) => el("span", `${role} ${n}`, { class: "role", "data-role": role })));
+  fillRows("swarm-table", swarm.list.map((n) => [n.name, peerLink(n.peer_id), n.roles.join(", "), duration(n.online_s), n.software_version]));
+  $("swarm-note").textContent = swarm.connected ? "" : "not connected to a swarm (no --initial-peers): showing the ledger only";
+}
+
+async function drawLeaderboard() {
+  const board = await api("/api/leaderboard?limit=100");
+  $("leaderboard-note").textContent = `${board.contributors} contributors, ${board.receipts} receipts; recent average with a half-life of ${duration(board.half_life_s)}`;
+  fillRows("leaderboard", board.rows.map((r) => [
+    r.rank, r.name, peerLink(r.peer_id),
+    fmt(r.roles.inference), fmt(r.roles.trainer), fmt(r.roles.broadcast), fmt(r.roles.seed),
+    fmt(r.total), fmt(r.recent), r.untrusted ? fmt(r.untrusted) : "", link(r.receipts, r.receipts_url),
+  ]));
+}
+
+async function drawVerification() {
+  const v = await api("/api/verification");
+  $("accepted").textContent = v.accepted;
+  $("rejected").textContent = v.rejected;
+  $("validators").textContent = v.validators;
+  $("accepted-link").href = v.receipts_url;
+  $("rejected-link").href = v.rejected_receipts_url;
+  fillRows("reasons", v.by_reason.map((r) => [el("span", r.reason, { class: "rejected" }), link(r.count, r.receipts_url)]));
+  fillRows("rejected-peers", v.rejected_peers.map((p) => [p.name, peerLink(p.peer_id), p.rejected, Object.entries(p.reasons).map(([k, n]) => `${k} ${n}`).join(", ")]));
+  $("banned-note").textContent = "Banned peers: " + v.banned_note + ".";
+  plot($("history-plot"), v.history.edges, v.history.credit, "credit counted", v.history.rejections, "rollouts rejected");
+}
+
+async function drawWeights() {
+  const w = await api("/api/weights");
+  fillRows("weights", w.versions.map((v) => [v.version, link(v.receipts, v.receipts_url), bytes(v.bytes), v.sources, v.fetchers, duration(v.spread_s)]));
+}
+
+async function drawCredit() {
+  const c = await api("/api/credit");
+  $("standing").replaceChildren(...Object.entries(c.standing).map(([name, s]) => link(`${s.count} ${name}`, s.receipts_url, "figure")));
+  $("kinds").replaceChildren(...Object.entries(c.kinds).map(([name, k]) => link(`${k.count} ${name}`, k.receipts_url, "figure")));
+  $("trusted-note").textContent = `${c.trusted.length} trusted signer(s), ${c.vouchers.length} vouching signer(s) one hop away, ${c.signers} signers in all.` +
+    (c.trusted.length ? "" : " No trusted signer was given (--trusted): every receipt counts zero.");
+}
+
+async function drawOverview() {
+  await Promise.all([drawSwarm(), drawLeaderboard(), drawVerification(), drawWeights(), drawCredit()]);
+}
+
+function amount(r) {
+  if (r.kind === "rollout") { return `${r.tokens} tokens` + (r.accepted ? "" : ` (rejected: ${r.reason})`); }
+  if (r.kind === "training") { return `${r.tokens} tokens, step ${r.step}`; }
+  if (r.kind === "transfer") { return `${bytes(r.bytes)} of v${r.step}`; }
+  return `${r.count} service(s)`;
+}
+
+async function drawNode(peer) {
+  let n;
+  try {
+    n = await api("/api/node/" + encodeURIComponent(peer));
+  } catch (error) {
+    $("node-page").hidden = true;
+    $("missing").hidden = false;
+    $("missing-text").textContent = `${peer}: ${error.message}`;
+    return;
+  }
+  $("missing").hidden = true;
+  $("node-page").hidden = false;
+  $("run").textContent = "run " + n.run_id;
+  $("node-name").textContent = n.name || shortPeer(n.peer_id);
+  $("node-peer").textContent = n.peer_id;
+  $("node-total").textContent = fmt(n.credit.total);
+  $("node-recent").textContent = fmt(n.credit.recent);
+  $("node-receipts").textContent = n.receipts;
+  $("node-receipts-link").href = n.receipts_url;
+  $("node-rejected").textContent = n.rejections.count;
+  $("node-status").textContent = n.live ? `live as ${n.roles.join(", ")} for ${duration(n.online_s)}` : "not live now";
+  fillRows("node-roles", Object.entries(n.credit.roles).map(([role, c]) => [role, fmt(c.total), fmt(c.recent), c.untrusted ? fmt(c.untrusted) : "", c.receipts]));
+  plot($("node-plot"), n.history.edges, n.history.cumulative_credit, "credit (cumulative)");
+  fillRows("node-reasons", n.rejections.by_reason.map((r) => [el("span", r.reason, { class: "rejected" }), link(r.count, r.receipts_url)]));
+  fillRows("node-rejections", n.rejections.latest.map((r) => [when(r.issued_at), r.reason, r.detail || "", peerLink(r.signer), link(r.id.slice(0, 12), r.url)]));
+  fillRows("node-latest", n.latest.map((r) => [when(r.issued_at), r.kind, peerLink(r.signer), amount(r), r.standing, fmt(r.counted), link(r.id.slice(0, 12), r.url)]));
+}
+
+function listen(redraw) {
+  const badge = $("live");
+  const events = new EventSource("/api/events");
+  let last = null;
+  events.addEventListener("update", (event) => {
+    badge.textContent = "live";
+    badge.className = "badge on";
+    if (last !== null && event.data !== last) { redraw().catch(showError); }
+    last = event.data;
+  });
+  events.onerror = () => { badge.textContent = "reconnecting"; badge.className = "badge"; };
+}
+
+function showError(error) { $("live").textContent = "error: " + error.message; }
+
+function main() {
+  const match = window.location.pathname.match(/^\/node\/([^/]+)$/);
+  let redraw;
+  if (match) {
+    const peer = decodeURIComponent(match[1]);
+    redraw = () => drawNode(peer);
+  } else {
+    $("overview").hidden = false;
+    redraw = drawOverview;
+  }
+  redraw().then(() => { document.body.dataset.ready = "1"; }).catch(showError);
+  listen(async () => { await redraw(); document.body.dataset.updates = String(Number(document.body.dataset.updates || 0) + 1); });
+}
+
+document.addEventListener("DOMContentLoaded", main);

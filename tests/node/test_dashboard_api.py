@@ -1,0 +1,277 @@
+"""The dashboard's JSON API over HTTP, on a ledger of sealed receipts and discovered node records."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.dashboard import DashboardData, DashboardServer, peer_text
+from node.ledger import Ledger
+from node.swarm import wait_until
+from protocol import rollouts_pb2
+from protocol.receipts import open_receipt, seal_verdict_receipt
+from tests.helpers import receipts
+from tests.helpers.dashboard import DashboardRun, build_run
+from tests.helpers.receipts import RUN
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[DashboardRun, DashboardData, DashboardServer]]:
+    run, ledger = build_run(tmp_path / "ledger.db")
+    data = DashboardData(ledger, trusted=run.trusted)
+    data.set_live_nodes(run.live_nodes())
+    server = DashboardServer(data, port=0)
+    server.start()
+    try:
+        yield run, data, server
+    finally:
+        server.stop()
+        ledger.close()
+
+
+def get(server: DashboardServer, path: str, host: str | None = None) -> tuple[int, Any]:
+    request = urllib.request.Request(f"http://127.0.0.1:{server.port}{path}")
+    if host is not None:
+        request.add_header("Host", host)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = response.read()
+            kind = response.headers["Content-Type"]
+            return response.status, json.loads(body) if kind == "application/json" else body.decode()
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def row_of(board: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(row for row in board["rows"] if row["name"] == name)
+
+
+def test_swarm_counts_live_nodes_by_role(served: Any) -> None:
+    run, _, server = served
+    status, swarm = get(server, "/api/swarm")
+    assert status == 200
+    assert swarm["connected"] is True and swarm["nodes"] == len(run.peers)
+    assert swarm["by_role"] == {"inference": 3, "trainer": 2, "validator": 2}
+    assert {n["name"] for n in swarm["list"]} == set(run.peers)
+    assert all(n["online_s"] >= 600 for n in swarm["list"])
+
+
+def test_leaderboard_credit_matches_the_receipts(served: Any) -> None:
+    run, _, server = served
+    _, board = get(server, "/api/leaderboard")
+    assert board["receipts"] == 11
+    assert row_of(board, "alice")["roles"]["inference"] == run.worker_tokens["alice"] == 200
+    assert row_of(board, "mallory")["total"] == run.worker_tokens["mallory"] == 30
+    # trainer-a: 1000 tokens trained (trusted signer) + 1 MiB delivered to alice, vouched by alice's credit
+    trainer = row_of(board, "trainer-a")
+    assert trainer["roles"] == {"inference": 0, "trainer": 1000, "broadcast": 100, "seed": 0}
+    assert board["rows"][0]["name"] == "trainer-a"
+    bob = row_of(board, "bob")
+    assert bob["total"] == 50 and bob["untrusted"] == 400  # a transfer receipt from an unknown signer
+    assert all(row["recent"] > 0 for row in board["rows"] if row["total"])
+    # the figure links to the receipts behind it
+    _, listed = get(server, alice_url := row_of(board, "alice")["receipts_url"])
+    assert alice_url.startswith("/api/receipts?contributor=")
+    assert {r["contributor"] for r in listed["receipts"]} == {peer_text(run.peers["alice"].peer_id)}
+    assert sum(r["counted"] for r in listed["receipts"]) == 200
+
+
+def test_verification_counts_rejections_by_reason_with_their_receipts(served: Any) -> None:
+    run, _, server = served
+    _, verification = get(server, "/api/verification")
+    assert verification["accepted"] == 4 and verification["rejected"] == 3
+    by_reason = {r["reason"]: r for r in verification["by_reason"]}
+    assert {k: v["count"] for k, v in by_reason.items()} == {"toploc_mantissa": 2, "stale": 1}
+    _, listed = get(server, by_reason["stale"]["receipts_url"])
+    assert [r["reason"] for r in listed["receipts"]] == ["stale"]
+    assert listed["receipts"][0]["contributor"] == peer_text(run.peers["mallory"].peer_id)
+    assert [p["name"] for p in verification["rejected_peers"]] == ["mallory"]
+    assert sum(verification["history"]["rejections"]) == 3
+
+
+def test_node_page_explains_rejections(served: Any) -> None:
+    run, _, server = served
+    mallory = peer_text(run.peers["mallory"].peer_id)
+    status, page = get(server, f"/api/node/{mallory}")
+    assert status == 200
+    assert page["name"] == "mallory" and page["live"] is True and page["roles"] == ["inference"]
+    assert page["credit"]["total"] == 30 and page["receipts"] == 4
+    assert {r["reason"]: r["count"] for r in page["rejections"]["by_reason"]} == {
+        "toploc_mantissa": 2,
+        "stale": 1,
+    }
+    assert [r["reason"] for r in page["rejections"]["latest"]] == [
+        "stale",
+        "toploc_mantissa",
+        "toploc_mantissa",
+    ]
+    assert page["history"]["cumulative_credit"][-1] == 30
+
+
+def test_a_listed_receipt_returns_its_signed_envelope(served: Any) -> None:
+    _, _, server = served
+    _, listed = get(server, "/api/receipts?kind=training")
+    assert listed["matched"] == 2
+    _, receipt = get(server, listed["receipts"][0]["url"])
+    opened = open_receipt(base64.b64decode(receipt["envelope"]), run_id=RUN)
+    assert opened.receipt_id.hex() == receipt["id"] and opened.tokens == 1000
+
+
+def test_weights_versions_from_transfer_receipts(served: Any) -> None:
+    _, _, server = served
+    _, weights = get(server, "/api/weights")
+    assert [v["version"] for v in weights["versions"]] == [2]
+    assert weights["versions"][0]["receipts"] == 2 and weights["versions"][0]["bytes"] == 5 << 20
+
+
+def test_credit_rules_show_trust_and_standing(served: Any) -> None:
+    run, _, server = served
+    _, rules = get(server, "/api/credit")
+    assert {p["name"] for p in rules["trusted"]} == {"val-a", "val-b", "trainer-a", "trainer-b"}
+    assert {p["name"]: p["budget"] for p in rules["vouchers"]} == {"alice": 200, "bob": 50, "mallory": 30}
+    assert rules["standing"]["untrusted"]["count"] == 1 and rules["standing"]["rejected"]["count"] == 3
+    _, untrusted = get(server, rules["standing"]["untrusted"]["receipts_url"])
+    assert [r["contributor"] for r in untrusted["receipts"]] == [peer_text(run.peers["bob"].peer_id)]
+
+
+def test_new_receipts_show_at_once(served: Any) -> None:
+    run, data, server = served
+    before = data.version()
+    data.ledger.add(run.verdict("val-a", "bob", tokens=25))
+    # the ledger is re-counted at most every count_ttl_s
+    assert wait_until(lambda: data.version()["receipts"] == before["receipts"] + 1, timeout_s=10)
+    _, board = get(server, "/api/leaderboard")
+    assert row_of(board, "bob")["total"] == 75
+
+
+def test_events_stream_sends_the_ledger_version(served: Any) -> None:
+    _, _, server = served
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/api/events", timeout=10) as stream:
+        assert stream.headers["Content-Type"] == "text/event-stream"
+        lines = [stream.readline().decode().strip() for _ in range(4)]
+    assert "event: update" in lines
+    data = json.loads(next(line for line in lines if line.startswith("data: "))[len("data: ") :])
+    assert data["receipts"] == 11
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/api/node/not-a-peer", 400),
+        (f"/api/node/{peer_text(receipts.new_peer()[1])}", 404),
+        ("/api/receipts?kind=bogus", 400),
+        ("/api/receipts?limit=100000", 400),
+        ("/api/receipts?limit=ten", 400),
+        ("/api/receipts?reason=" + "x" * 500, 400),
+        ("/api/receipts?evil=1", 400),
+        ("/api/receipts?kind=rollout&kind=seed", 400),
+        ("/api/receipt/zz", 400),
+        ("/api/receipt/" + "00" * 32, 404),
+        ("/api/nothing", 404),
+        ("/static/../data.py", 404),
+        ("/" + "a" * 3000, 414),
+    ],
+)
+def test_bad_requests_get_a_json_error_without_a_traceback(served: Any, path: str, status: int) -> None:
+    _, _, server = served
+    got, body = get(server, path)
+    assert got == status
+    assert set(body) == {"error"} and "Traceback" not in body["error"]
+
+
+def test_an_internal_error_answers_500_without_a_traceback(
+    served: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, data, server = served
+
+    def broken() -> None:
+        raise RuntimeError("secret internals")
+
+    monkeypatch.setattr(data, "weights", broken)
+    status, body = get(server, "/api/weights")
+    assert status == 500 and body == {"error": "internal error"}
+
+
+def test_other_hosts_are_refused_unless_exposed(served: Any) -> None:
+    _, data, server = served
+    assert get(server, "/api/swarm", host="evil.example")[0] == 403
+    assert get(server, "/api/swarm", host=f"localhost:{server.port}")[0] == 200
+    exposed = DashboardServer(data, host="0.0.0.0", port=0)
+    exposed.start()
+    try:
+        assert get(exposed, "/api/swarm", host="dashboard.example")[0] == 200
+    finally:
+        exposed.stop()
+
+
+def test_the_page_and_its_assets_are_served(served: Any) -> None:
+    run, _, server = served
+    status, html = get(server, "/")
+    assert status == 200 and "/static/app.js" in html and "http" not in html.replace("http-equiv", "")
+    assert get(server, f"/node/{peer_text(run.peers['alice'].peer_id)}") == (200, html)
+    status, script = get(server, "/static/app.js")
+    assert status == 200 and "EventSource" in script
+
+
+def test_without_discovery_the_swarm_says_so(tmp_path: Path) -> None:
+    run, ledger = build_run(tmp_path / "ledger.db")
+    data = DashboardData(ledger, trusted=run.trusted)
+    swarm = data.swarm()
+    assert swarm["connected"] is False and swarm["nodes"] == 0
+    board = data.leaderboard()
+    assert row_of(board, "")["total"] >= 0  # nodes never discovered have no name, but still rank
+    assert data.snapshot() is data.snapshot()  # cached while the ledger does not change
+    ledger.close()
+
+
+def test_snapshot_is_recomputed_when_it_ages(tmp_path: Path) -> None:
+    run, ledger = build_run(tmp_path / "ledger.db")
+    clock = [time.time()]
+    data = DashboardData(ledger, trusted=run.trusted, max_age_s=30.0, clock=lambda: clock[0])
+    first = data.snapshot()
+    clock[0] += 10
+    assert data.snapshot() is first
+    clock[0] += 25
+    later = data.snapshot()
+    assert later is not first and later.report.now == clock[0]
+    alice = run.peers["alice"].peer_id
+    assert later.report.contributors[alice].recent < first.report.contributors[alice].recent
+    ledger.close()
+
+
+def test_receipts_stored_by_another_writer_are_shown(served: Any) -> None:
+    """The node filling the ledger is another process: its new peers are unknown to the dashboard's open ledger."""
+    run, data, server = served
+    _, newcomer = receipts.new_peer()
+    data.snapshot()
+    with Ledger(data.ledger.path) as writer:  # a second connection, as another process would hold
+        writer.add(receipts.verdict(run.peers["val-a"].key, newcomer, tokens=77))
+    assert wait_until(lambda: get(server, f"/api/node/{peer_text(newcomer)}")[0] == 200, timeout_s=10)
+    _, page = get(server, f"/api/node/{peer_text(newcomer)}")
+    assert page["credit"]["total"] == 77
+    _, board = get(server, "/api/leaderboard")
+    assert any(row["peer_id"] == peer_text(newcomer) and row["total"] == 77 for row in board["rows"])
+
+
+def test_node_page_shows_the_validators_detail_of_a_rejection(served: Any) -> None:
+    run, data, server = served
+    _, cheater = receipts.new_peer()
+    verdict = rollouts_pb2.RolloutVerdict(
+        worker=cheater, rollout_hash=os.urandom(32), policy_version=3, tokens=64, accepted=False,
+        reason="toploc_mantissa", detail="mantissa mismatch in chunk 2", issued_at=time.time(),
+    )  # fmt: skip
+    data.ledger.add(seal_verdict_receipt(run.peers["val-b"].key, run_id=RUN, verdict=verdict))
+    assert wait_until(lambda: get(server, f"/api/node/{peer_text(cheater)}")[0] == 200, timeout_s=10)
+    _, page = get(server, f"/api/node/{peer_text(cheater)}")
+    [rejection] = page["rejections"]["latest"]
+    assert rejection["reason"] == "toploc_mantissa" and rejection["detail"] == "mantissa mismatch in chunk 2"
+    assert rejection["signer"] == peer_text(run.peers["val-b"].peer_id)

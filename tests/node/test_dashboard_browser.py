@@ -1,0 +1,197 @@
+"""The dashboard in a real browser: headless Chromium (Debian's `chromium` and `chromium-driver`) via selenium.
+
+The dashboard serves a ledger of sealed receipts and the nodes it discovers, and the page must
+show what the JSON API and the ledger say: node counts by role, a contributor's credit, a
+rejected rollout's reason; then it must update by itself when a receipt is added. The default
+test serves discovered records in process; the slow one runs `hivenet dashboard` as a process
+against a seed and two nodes started as processes (a real DHT). Screenshots are saved under the test's tmp_path and copied to
+tests/artifacts/ (git-ignored) so a person can look at them; their paths are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import urllib.request
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from node.dashboard import DashboardData, DashboardServer, parse_peer, peer_text
+from node.ledger import Ledger
+from node.swarm import LocalSwarm, wait_until
+from tests.helpers import receipts
+from tests.helpers.dashboard import DashboardRun, build_run
+from tests.helpers.receipts import RUN
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "tests" / "artifacts"
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+
+try:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+except ImportError:  # the test extra installs it
+    webdriver = None  # type: ignore[assignment]
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None or webdriver is None,
+    reason="needs Debian's chromium and chromium-driver and the selenium package "
+    "(apt-get install -y chromium chromium-driver; pip install -e .[test]); .ci/run installs them",
+)
+
+
+def fetch(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
+                     "--window-size=1400,2000", "--no-first-run", "--disable-extensions"):  # fmt: skip
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def screenshot(driver: Any, tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    assert driver.save_screenshot(str(path)), f"no screenshot written to {path}"
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copy(path, ARTIFACTS / name)
+    print(f"dashboard screenshot: {path} (copied to {ARTIFACTS / name})")
+
+
+def leaderboard_cells(driver: Any, peer: str) -> list[str]:
+    """The cells of a contributor's leaderboard row, read in one script call (the page may redraw meanwhile)."""
+    script = """
+        const link = document.querySelector(`#leaderboard a[href='/node/${arguments[0]}']`);
+        return link ? Array.from(link.closest('tr').cells, (cell) => cell.textContent) : [];
+    """
+    cells: list[str] = driver.execute_script(script, peer)
+    assert cells, f"{peer} is not on the leaderboard"
+    return cells
+
+
+def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker: str, tmp_path: Path) -> None:
+    """The page against the JSON API and the ledger, its live update, the node page; screenshots."""
+    worker_bytes = parse_peer(worker)
+    ledger.add_many(
+        [
+            _verdict(run, "val-a", worker_bytes, 64),
+            _verdict(run, "val-b", worker_bytes, 32, reason="sampling"),
+        ]
+    )
+    swarm = fetch(url + "api/swarm")
+    api_board = {row["peer_id"]: row for row in fetch(url + "api/leaderboard")["rows"]}
+    credit = ledger.credit(trusted=run.trusted).contributors[worker_bytes]
+    assert api_board[worker]["total"] == credit.total
+    name = api_board[worker]["name"]
+
+    driver.get(url)
+    wait = WebDriverWait(driver, 30)
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+    wait.until(lambda d: d.find_element(By.ID, "live").text == "live")
+    assert not driver.find_element(By.ID, "node-page").is_displayed()
+    assert driver.find_element(By.ID, "node-count").text == str(swarm["nodes"])
+    roles = {
+        e.get_attribute("data-role"): e.text for e in driver.find_elements(By.CSS_SELECTOR, "#by-role .role")
+    }
+    assert roles == {role: f"{role} {n}" for role, n in swarm["by_role"].items()}
+    cells = leaderboard_cells(driver, worker)
+    assert (
+        cells[1] == name
+        and cells[3] == f"{credit.roles['inference'].total:,.0f}"
+        and cells[7] == f"{credit.total:,.0f}"
+    )
+    reasons = {row.find_elements(By.TAG_NAME, "td")[0].text: row.find_elements(By.TAG_NAME, "td")[1].text
+               for row in driver.find_elements(By.CSS_SELECTOR, "#reasons tbody tr")}  # fmt: skip
+    api_reasons = {r["reason"]: str(r["count"]) for r in fetch(url + "api/verification")["by_reason"]}
+    ledger_reasons = Counter(r.reason for r in ledger.receipts() if r.reason)
+    assert reasons == api_reasons == {reason: str(n) for reason, n in ledger_reasons.items()}
+    assert reasons["sampling"] == "1"
+    assert driver.find_element(By.CSS_SELECTOR, "#history-plot svg rect") is not None
+
+    # a new receipt lands in the ledger: the page redraws by itself (server-sent events)
+    ledger.add(_verdict(run, "val-a", worker_bytes, 1000))
+    total = credit.total + 1000
+    wait.until(lambda d: leaderboard_cells(d, worker)[7] == f"{total:,.0f}")
+    assert driver.find_element(By.ID, "accepted").text == str(fetch(url + "api/verification")["accepted"])
+    screenshot(driver, tmp_path, "dashboard.png")
+
+    driver.get(f"{url}node/{worker}")
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+    assert not driver.find_element(By.ID, "overview").is_displayed()
+    assert driver.find_element(By.ID, "node-name").text == name
+    assert driver.find_element(By.ID, "node-total").text == f"{total:,.0f}"
+    rejection = driver.find_element(By.CSS_SELECTOR, "#node-rejections tbody tr").find_elements(
+        By.TAG_NAME, "td"
+    )
+    assert rejection[1].text == "sampling"
+    screenshot(driver, tmp_path, "dashboard-node.png")
+
+
+def test_the_page_matches_the_api_and_the_ledger_and_updates_live(browser: Any, tmp_path: Path) -> None:
+    run, ledger = build_run(tmp_path / "ledger.db")
+    data = DashboardData(ledger, trusted=run.trusted)
+    data.set_live_nodes(run.live_nodes())
+    with DashboardServer(data, port=0) as server:
+        check_page(browser, server.url, ledger, run, peer_text(run.peers["alice"].peer_id), tmp_path)
+        assert "live as inference" in browser.find_element(By.ID, "node-status").text
+    ledger.close()
+
+
+@pytest.mark.slow
+def test_the_dashboard_command_on_a_local_swarm(browser: Any, tmp_path: Path) -> None:
+    """`hivenet dashboard` as a process, discovering a seed and two nodes through the DHT."""
+    run, ledger = build_run(tmp_path / "ledger.db")
+    with LocalSwarm(run_id=RUN, workdir=tmp_path) as swarm:
+        swarm.start(2, roles=["relay", "validator"])
+        worker = swarm.nodes["node1"].peer_id  # a live relay, named "node1" in its record
+        dashboard = _start_dashboard(swarm, ledger, run, tmp_path / "dashboard.log")
+        try:
+            url = dashboard.stdout.readline().strip()  # type: ignore[union-attr]
+            assert url.startswith("http://127.0.0.1:"), url
+            assert wait_until(lambda: fetch(url + "api/swarm")["nodes"] == 3, timeout_s=60)
+            assert fetch(url + "api/swarm")["by_role"] == {"relay": 1, "seed": 1, "validator": 1}
+            check_page(browser, url, ledger, run, worker, tmp_path)
+            assert browser.find_element(By.ID, "node-name").text == "node1"
+            assert "live as relay" in browser.find_element(By.ID, "node-status").text
+        finally:
+            dashboard.terminate()
+            dashboard.wait(timeout=30)
+    ledger.close()
+
+
+def _verdict(run: DashboardRun, validator: str, worker: bytes, tokens: int, reason: str = "") -> bytes:
+    return receipts.verdict(
+        run.peers[validator].key, worker, tokens=tokens, accepted=not reason, reason=reason
+    )
+
+
+def _start_dashboard(
+    swarm: LocalSwarm, ledger: Ledger, run: DashboardRun, log: Path
+) -> subprocess.Popen[str]:
+    trusted = [arg for peer in run.trusted for arg in ("--trusted", peer_text(peer))]
+    command = [sys.executable, "-m", "cli.main", "dashboard", "--run", RUN, "--initial-peers", swarm.seed_multiaddr,
+               "--ledger", str(ledger.path), "--port", "0", "--refresh", "1", *trusted]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.Popen(
+        command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=log.open("w"), text=True
+    )
