@@ -18,7 +18,8 @@ from node.dashboard import DashboardData, DashboardServer, peer_text
 from node.ledger import Ledger
 from node.swarm import wait_until
 from protocol import rollouts_pb2
-from protocol.receipts import open_receipt, seal_verdict_receipt
+from protocol.receipts import open_receipt
+from protocol.rollout_messages import seal_verdict
 from tests.helpers import receipts
 from tests.helpers.dashboard import DashboardRun, build_run
 from tests.helpers.receipts import RUN
@@ -269,7 +270,7 @@ def test_node_page_shows_the_validators_detail_of_a_rejection(served: Any) -> No
         worker=cheater, rollout_hash=os.urandom(32), policy_version=3, tokens=64, accepted=False,
         reason="toploc_mantissa", detail="mantissa mismatch in chunk 2", issued_at=time.time(),
     )  # fmt: skip
-    data.ledger.add(seal_verdict_receipt(run.peers["val-b"].key, run_id=RUN, verdict=verdict))
+    data.ledger.add(seal_verdict(run.peers["val-b"].key, run_id=RUN, verdict=verdict))
     assert wait_until(lambda: get(server, f"/api/node/{peer_text(cheater)}")[0] == 200, timeout_s=10)
     _, page = get(server, f"/api/node/{peer_text(cheater)}")
     [rejection] = page["rejections"]["latest"]
