@@ -141,9 +141,7 @@ def join(
     is_rl = rl_flags.pop("rl") or Role.INFERENCE in config.roles
     rl_config = None
     if is_rl:
-        rl_config = build_rl_config(config.run_id, **rl_flags).model_copy(
-            update={"authorized_publishers": list(publishers)}
-        )
+        rl_config = build_rl_config(config.run_id, authorized_publishers=publishers, **rl_flags)
         if not publishers and Role.TRAINER not in config.roles:
             raise click.UsageError(
                 "on an RL run, give the PeerID of the run's trainer with --publisher (its `hivenet join` prints it): "

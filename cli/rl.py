@@ -22,13 +22,17 @@ def rl_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--rl-steps", "max_trainer_steps", type=int, help="Stop the RL trainer after this many steps."),
         click.option("--group-size", type=int, help="Completions per prompt (GRPO group)."),
         click.option("--async-level", type=int, help="Rollouts may lag the trainer by this many versions (0: sync)."),
+        click.option(
+            "--trusted-validator", "trusted_validators", multiple=True,
+            help="On an RL trainer: PeerID of a standalone validator whose forwarded rollouts it learns from (repeatable).",
+        ),
     ]  # fmt: skip
     for option in reversed(options):
         func = option(func)
     return func
 
 
-RL_OPTION_NAMES = ("rl", "task", "max_trainer_steps", "group_size", "async_level")
+RL_OPTION_NAMES = ("rl", "task", "max_trainer_steps", "group_size", "async_level", "trusted_validators")
 
 
 def build_rl_config(run_id: str, **options: Any) -> Any:
@@ -43,6 +47,9 @@ def build_rl_config(run_id: str, **options: Any) -> Any:
     for key in ("task", "max_trainer_steps"):
         if options.get(key) is not None:
             top[key] = options[key]
+    for key in ("authorized_publishers", "trusted_validators"):
+        if options.get(key):
+            top[key] = list(options[key])
     try:
         from training.tasks import get_task
 

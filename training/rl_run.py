@@ -18,11 +18,12 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
+from node.config import check_base58_peer_ids
 from node.node import HivenetNode
 from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
@@ -106,6 +107,11 @@ class RLRunConfig(BaseModel):
     diloco: RLDiLoCoConfig | None = None
     """Several trainers training together (policy version = outer step); None: one trainer whose
     every GRPO step is a policy version."""
+
+    @field_validator("authorized_publishers", "trusted_validators")
+    @classmethod
+    def _peer_ids(cls, value: list[str]) -> list[str]:
+        return check_base58_peer_ids(value)
 
     @model_validator(mode="after")
     def _whole_rounds(self) -> RLRunConfig:

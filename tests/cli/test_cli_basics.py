@@ -49,6 +49,21 @@ def test_an_inference_worker_must_name_the_publisher_it_trusts(tmp_path: Path) -
     assert "Traceback" not in result.stderr and "<Role" not in result.stderr
 
 
+def test_a_publisher_that_is_not_a_peer_id_is_a_clear_error(tmp_path: Path) -> None:
+    result = hivenet(
+        "join",
+        "--role",
+        "inference",
+        "--new-swarm",
+        "--publisher",
+        "alice",
+        "--identity",
+        str(tmp_path / "k"),
+    )
+    assert result.returncode != 0 and "'alice' is not a base58 PeerID" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_join_without_seeds_needs_new_swarm(tmp_path: Path) -> None:
     result = hivenet("join", "--identity", str(tmp_path / "k"))
     assert result.returncode == 2 and "--new-swarm" in result.stderr and "--initial-peers" in result.stderr
