@@ -265,7 +265,7 @@ def publish(
                 manifest = await broadcast.publish_file(run_id, version, file)
             console.print(
                 f"[green]published[/] {run_id} v{version}: {_human(manifest.total_bytes)} in "
-                f"{manifest.num_chunks} chunks, manifest {manifest.sha256.hex()[:16]}, publisher {own_id}"
+                f"{manifest.num_chunks} chunks, content {manifest.content_id.hex()[:16]}, publisher {own_id}"
             )
             for address in await broadcast.p2p.get_visible_maddrs():
                 click.echo(f"{address}/p2p/{own_id}" if "/p2p/" not in str(address) else str(address))
@@ -388,7 +388,7 @@ def _version_json(item: Any) -> dict[str, Any]:
     """One VersionStatus as plain JSON values."""
     return {
         "version": item.version,
-        "manifest_sha256": item.manifest_sha256.hex(),
+        "content_id": item.content_id.hex(),
         "publisher": item.publisher.to_base58(),
         "total_bytes": item.total_bytes,
         "num_chunks": item.num_chunks,

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18protocol/broadcast.proto\x12\x11hivenet.broadcast\"b\n\x0cTensorLayout\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x13\n\x0b\x62\x65gin_bytes\x18\x04 \x01(\x04\x12\x11\n\tend_bytes\x18\x05 \x01(\x04\"\xe2\x01\n\x0cManifestBody\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x11\n\tpublisher\x18\x04 \x01(\x0c\x12\x12\n\ncreated_at\x18\x05 \x01(\x01\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x04\x12\x13\n\x0b\x63hunk_bytes\x18\x07 \x01(\x04\x12\x14\n\x0c\x63hunk_hashes\x18\x08 \x01(\x0c\x12\x30\n\x07tensors\x18\t \x03(\x0b\x32\x1f.hivenet.broadcast.TensorLayout\"1\n\x0eSignedManifest\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"\x9e\x01\n\x0eWeightsPointer\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x17\n\x0fmanifest_sha256\x18\x03 \x01(\x0c\x12\x16\n\x0emanifest_bytes\x18\x04 \x01(\x04\x12\x12\n\nnum_chunks\x18\x05 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x04\x12\x11\n\tpublisher\x18\x07 \x01(\x0c\"\x8a\x01\n\x12HolderAnnouncement\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x17\n\x0fmanifest_sha256\x18\x03 \x01(\x0c\x12\x13\n\x0b\x63hunks_held\x18\x04 \x01(\x04\x12\x12\n\nnum_chunks\x18\x05 \x01(\x04\x12\x11\n\taddresses\x18\x06 \x03(\t\"K\n\x0fManifestRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x17\n\x0fmanifest_sha256\x18\x03 \x01(\x0c\"W\n\x0c\x43hunkRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x17\n\x0fmanifest_sha256\x18\x03 \x01(\x0c\x12\r\n\x05index\x18\x04 \x01(\x04\"H\n\x0cWatchRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x17\n\x0fmanifest_sha256\x18\x03 \x01(\x0c\"b\n\x0eResponseHeader\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.hivenet.broadcast.Status\x12\x15\n\rpayload_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"S\n\nHaveUpdate\x12\x0e\n\x06\x62itmap\x18\x01 \x01(\x0c\x12\x12\n\nnew_chunks\x18\x02 \x03(\x04\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x08\x12\x10\n\x08\x66\x65tching\x18\x04 \x03(\x04*n\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSTATUS_OK\x10\x01\x12\x14\n\x10STATUS_NOT_FOUND\x10\x02\x12\x16\n\x12STATUS_BAD_REQUEST\x10\x03\x12\x0f\n\x0bSTATUS_BUSY\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18protocol/broadcast.proto\x12\x11hivenet.broadcast\"b\n\x0cTensorLayout\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x13\n\x0b\x62\x65gin_bytes\x18\x04 \x01(\x04\x12\x11\n\tend_bytes\x18\x05 \x01(\x04\"\xe2\x01\n\x0cManifestBody\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0e\n\x06run_id\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\x04\x12\x11\n\tpublisher\x18\x04 \x01(\x0c\x12\x12\n\ncreated_at\x18\x05 \x01(\x01\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x04\x12\x13\n\x0b\x63hunk_bytes\x18\x07 \x01(\x04\x12\x14\n\x0c\x63hunk_hashes\x18\x08 \x01(\x0c\x12\x30\n\x07tensors\x18\t \x03(\x0b\x32\x1f.hivenet.broadcast.TensorLayout\"1\n\x0eSignedManifest\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"\x99\x01\n\x0eWeightsPointer\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x12\n\ncontent_id\x18\x03 \x01(\x0c\x12\x16\n\x0emanifest_bytes\x18\x04 \x01(\x04\x12\x12\n\nnum_chunks\x18\x05 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x04\x12\x11\n\tpublisher\x18\x07 \x01(\x0c\"\x85\x01\n\x12HolderAnnouncement\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x12\n\ncontent_id\x18\x03 \x01(\x0c\x12\x13\n\x0b\x63hunks_held\x18\x04 \x01(\x04\x12\x12\n\nnum_chunks\x18\x05 \x01(\x04\x12\x11\n\taddresses\x18\x06 \x03(\t\"F\n\x0fManifestRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x12\n\ncontent_id\x18\x03 \x01(\x0c\"R\n\x0c\x43hunkRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x12\n\ncontent_id\x18\x03 \x01(\x0c\x12\r\n\x05index\x18\x04 \x01(\x04\"C\n\x0cWatchRequest\x12\x0e\n\x06run_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x12\n\ncontent_id\x18\x03 \x01(\x0c\"b\n\x0eResponseHeader\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.hivenet.broadcast.Status\x12\x15\n\rpayload_bytes\x18\x02 \x01(\x04\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"S\n\nHaveUpdate\x12\x0e\n\x06\x62itmap\x18\x01 \x01(\x0c\x12\x12\n\nnew_chunks\x18\x02 \x03(\x04\x12\x0f\n\x07\x64ropped\x18\x03 \x01(\x08\x12\x10\n\x08\x66\x65tching\x18\x04 \x03(\x04*n\n\x06Status\x12\x16\n\x12STATUS_UNSPECIFIED\x10\x00\x12\r\n\tSTATUS_OK\x10\x01\x12\x14\n\x10STATUS_NOT_FOUND\x10\x02\x12\x16\n\x12STATUS_BAD_REQUEST\x10\x03\x12\x0f\n\x0bSTATUS_BUSY\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protocol.broadcast_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATUS']._serialized_start=1154
-  _globals['_STATUS']._serialized_end=1264
+  _globals['_STATUS']._serialized_start=1129
+  _globals['_STATUS']._serialized_end=1239
   _globals['_TENSORLAYOUT']._serialized_start=47
   _globals['_TENSORLAYOUT']._serialized_end=145
   _globals['_MANIFESTBODY']._serialized_start=148
@@ -40,17 +40,17 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SIGNEDMANIFEST']._serialized_start=376
   _globals['_SIGNEDMANIFEST']._serialized_end=425
   _globals['_WEIGHTSPOINTER']._serialized_start=428
-  _globals['_WEIGHTSPOINTER']._serialized_end=586
-  _globals['_HOLDERANNOUNCEMENT']._serialized_start=589
-  _globals['_HOLDERANNOUNCEMENT']._serialized_end=727
-  _globals['_MANIFESTREQUEST']._serialized_start=729
-  _globals['_MANIFESTREQUEST']._serialized_end=804
-  _globals['_CHUNKREQUEST']._serialized_start=806
-  _globals['_CHUNKREQUEST']._serialized_end=893
-  _globals['_WATCHREQUEST']._serialized_start=895
-  _globals['_WATCHREQUEST']._serialized_end=967
-  _globals['_RESPONSEHEADER']._serialized_start=969
-  _globals['_RESPONSEHEADER']._serialized_end=1067
-  _globals['_HAVEUPDATE']._serialized_start=1069
-  _globals['_HAVEUPDATE']._serialized_end=1152
+  _globals['_WEIGHTSPOINTER']._serialized_end=581
+  _globals['_HOLDERANNOUNCEMENT']._serialized_start=584
+  _globals['_HOLDERANNOUNCEMENT']._serialized_end=717
+  _globals['_MANIFESTREQUEST']._serialized_start=719
+  _globals['_MANIFESTREQUEST']._serialized_end=789
+  _globals['_CHUNKREQUEST']._serialized_start=791
+  _globals['_CHUNKREQUEST']._serialized_end=873
+  _globals['_WATCHREQUEST']._serialized_start=875
+  _globals['_WATCHREQUEST']._serialized_end=942
+  _globals['_RESPONSEHEADER']._serialized_start=944
+  _globals['_RESPONSEHEADER']._serialized_end=1042
+  _globals['_HAVEUPDATE']._serialized_start=1044
+  _globals['_HAVEUPDATE']._serialized_end=1127
 # @@protoc_insertion_point(module_scope)

@@ -65,70 +65,70 @@ class SignedManifest(_message.Message):
     def __init__(self, body: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
 
 class WeightsPointer(_message.Message):
-    __slots__ = ("run_id", "version", "manifest_sha256", "manifest_bytes", "num_chunks", "total_bytes", "publisher")
+    __slots__ = ("run_id", "version", "content_id", "manifest_bytes", "num_chunks", "total_bytes", "publisher")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
-    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_BYTES_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     PUBLISHER_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
-    manifest_sha256: bytes
+    content_id: bytes
     manifest_bytes: int
     num_chunks: int
     total_bytes: int
     publisher: bytes
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., manifest_sha256: _Optional[bytes] = ..., manifest_bytes: _Optional[int] = ..., num_chunks: _Optional[int] = ..., total_bytes: _Optional[int] = ..., publisher: _Optional[bytes] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., content_id: _Optional[bytes] = ..., manifest_bytes: _Optional[int] = ..., num_chunks: _Optional[int] = ..., total_bytes: _Optional[int] = ..., publisher: _Optional[bytes] = ...) -> None: ...
 
 class HolderAnnouncement(_message.Message):
-    __slots__ = ("run_id", "version", "manifest_sha256", "chunks_held", "num_chunks", "addresses")
+    __slots__ = ("run_id", "version", "content_id", "chunks_held", "num_chunks", "addresses")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
-    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_HELD_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
-    manifest_sha256: bytes
+    content_id: bytes
     chunks_held: int
     num_chunks: int
     addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., manifest_sha256: _Optional[bytes] = ..., chunks_held: _Optional[int] = ..., num_chunks: _Optional[int] = ..., addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., content_id: _Optional[bytes] = ..., chunks_held: _Optional[int] = ..., num_chunks: _Optional[int] = ..., addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ManifestRequest(_message.Message):
-    __slots__ = ("run_id", "version", "manifest_sha256")
+    __slots__ = ("run_id", "version", "content_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
-    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
-    manifest_sha256: bytes
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., manifest_sha256: _Optional[bytes] = ...) -> None: ...
+    content_id: bytes
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., content_id: _Optional[bytes] = ...) -> None: ...
 
 class ChunkRequest(_message.Message):
-    __slots__ = ("run_id", "version", "manifest_sha256", "index")
+    __slots__ = ("run_id", "version", "content_id", "index")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
-    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
-    manifest_sha256: bytes
+    content_id: bytes
     index: int
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., manifest_sha256: _Optional[bytes] = ..., index: _Optional[int] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., content_id: _Optional[bytes] = ..., index: _Optional[int] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("run_id", "version", "manifest_sha256")
+    __slots__ = ("run_id", "version", "content_id")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
-    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
-    manifest_sha256: bytes
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., manifest_sha256: _Optional[bytes] = ...) -> None: ...
+    content_id: bytes
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., content_id: _Optional[bytes] = ...) -> None: ...
 
 class ResponseHeader(_message.Message):
     __slots__ = ("status", "payload_bytes", "detail")

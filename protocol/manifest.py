@@ -2,11 +2,15 @@
 
 A **manifest** describes one published version of a run's weights: the safetensors file's
 size, the chunk size, the SHA-256 of every chunk and the tensor layout, signed by the
-publisher's Ed25519 key (`MANIFEST_CONTEXT` || body). Manifests can be large, so they are
-not DHT values: the DHT carries a small signed **pointer** (run, version, manifest hash and
-exact size, publisher) and peers fetch the manifest from any holder, checking it against the
-pointer's hash. A **holder announcement** is a short-lived signed DHT value saying that a
-peer holds (part of) a version. Only publishers listed for the run are believed.
+publisher's Ed25519 key (`MANIFEST_CONTEXT` || body). A version is named by its **content
+id**: the SHA-256 of a canonical encoding of what defines its bytes (run, version, sizes,
+chunk hashes, tensor layout), not of the signed manifest, so publishers holding bit-identical
+weights publish the same content id and their chunks are interchangeable. Manifests can be
+large, so they are not DHT values: the DHT carries a small signed **pointer** (run, version,
+content id, manifest size, publisher) and peers fetch a manifest from any holder of that
+content id, checking its signature, its publisher and its content id. A **holder
+announcement** is a short-lived signed DHT value saying that a peer holds (part of) a version's
+content. Only publishers listed for the run are believed.
 
 Everything here is pure: `parse_*` turn untrusted bytes into typed objects or raise
 InvalidMessage (UnauthorizedPublisher when the signer is not allowed to publish).
@@ -15,6 +19,7 @@ InvalidMessage (UnauthorizedPublisher when the signer is not allowed to publish)
 from __future__ import annotations
 
 import hashlib
+import struct
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
@@ -53,8 +58,11 @@ WEIGHTS_POINTER_DOMAIN = "weights-pointer"
 WEIGHTS_HOLDER_DOMAIN = "weights-holder"
 """Envelope domain of a holder announcement."""
 
+CONTENT_ID_CONTEXT = b"hivenet-weights-content-v1\x00"
+"""Prefixed to the canonical content encoding before hashing it into a content id."""
+
 HASH_BYTES = 32
-"""SHA-256 digest size; chunk and manifest hashes."""
+"""SHA-256 digest size; chunk hashes and content ids."""
 
 _MAX_VERSION = (1 << 63) - 1
 
@@ -107,8 +115,9 @@ class Manifest:
     """SHA-256 of every chunk, concatenated."""
     tensors: tuple[TensorInfo, ...] = field(repr=False)
     raw: bytes = field(repr=False)
-    """The serialized SignedManifest, exactly as signed and hashed."""
-    sha256: bytes
+    """The serialized SignedManifest, exactly as signed."""
+    content_id: bytes
+    """What names this version's bytes, whoever published them (see `content_id_of`)."""
 
     @property
     def num_chunks(self) -> int:
@@ -142,12 +151,45 @@ class Manifest:
         return WeightsPointer(
             run_id=self.run_id,
             version=self.version,
-            manifest_sha256=self.sha256,
+            content_id=self.content_id,
             manifest_bytes=len(self.raw),
             num_chunks=self.num_chunks,
             total_bytes=self.total_bytes,
             publisher=self.publisher,
         )
+
+
+def content_id_of(
+    *,
+    run_id: str,
+    version: int,
+    total_bytes: int,
+    chunk_bytes: int,
+    chunk_hashes: bytes,
+    tensors: Collection[TensorInfo],
+) -> bytes:
+    """The content id of a version: SHA-256 of a canonical, unambiguous encoding of exactly the fields
+    that define its bytes (never the publisher, the publication time or the signature)."""
+
+    def text(value: str) -> bytes:
+        encoded = value.encode("utf-8")
+        return struct.pack(">I", len(encoded)) + encoded
+
+    parts = [
+        CONTENT_ID_CONTEXT,
+        text(run_id),
+        struct.pack(">QQQ", version, total_bytes, chunk_bytes),
+        struct.pack(">I", len(chunk_hashes)) + chunk_hashes,
+        struct.pack(">I", len(tensors)),
+    ]
+    for t in tensors:
+        parts += [
+            text(t.name),
+            text(t.dtype),
+            struct.pack(f">I{len(t.shape)}Q", len(t.shape), *t.shape),
+            struct.pack(">QQ", t.begin_bytes, t.end_bytes),
+        ]
+    return sha256(b"".join(parts))
 
 
 def build_manifest(
@@ -196,21 +238,20 @@ def _check_authorized(signer: bytes, authorized_publishers: Collection[bytes] | 
 def parse_manifest(
     data: object,
     *,
-    expected_sha256: bytes | None = None,
+    expected_content_id: bytes | None = None,
     run_id: str | None = None,
     version: int | None = None,
     authorized_publishers: Collection[bytes] | None = None,
 ) -> Manifest:
     """Verify an untrusted serialized manifest and return it.
 
-    Raises InvalidMessage if it is not bytes, too large, does not hash to `expected_sha256`,
-    is malformed, badly signed, of another protocol version, run or version, or internally
-    inconsistent; UnauthorizedPublisher if its signer is not in `authorized_publishers`.
+    Raises InvalidMessage if it is not bytes, too large, malformed, badly signed, of another
+    protocol version, run or version, internally inconsistent, or describes other content than
+    `expected_content_id`; UnauthorizedPublisher if it is otherwise valid (the content asked
+    for, when given) but its signer is not in `authorized_publishers`, which says nothing
+    against the peer that served it: it may trust other publishers of the same content.
     """
     data = capped_bytes(data, MAX_MANIFEST_BYTES, "manifest")
-    digest = sha256(data)
-    if expected_sha256 is not None and digest != expected_sha256:
-        raise InvalidMessage("manifest does not match the hash in its signed pointer")
     signed = parse_untrusted(bpb.SignedManifest, data, "manifest")
     body = parse_untrusted(bpb.ManifestBody, signed.body, "manifest body")
     try:
@@ -218,7 +259,6 @@ def parse_manifest(
         public_key.verify(signed.signature, MANIFEST_CONTEXT + signed.body)
     except InvalidSignature:
         raise InvalidMessage("manifest signature does not verify") from None
-    _check_authorized(body.publisher, authorized_publishers)
     if body.protocol_version != PROTOCOL_VERSION:
         raise InvalidMessage(
             f"manifest uses protocol v{body.protocol_version}, this node speaks v{PROTOCOL_VERSION}"
@@ -255,6 +295,17 @@ def parse_manifest(
         if not (t.begin_bytes <= t.end_bytes <= body.total_bytes):
             raise InvalidMessage(f"tensor {t.name!r} lies outside the file")
         tensors.append(TensorInfo(t.name, t.dtype, tuple(t.shape), t.begin_bytes, t.end_bytes))
+    content_id = content_id_of(
+        run_id=body.run_id,
+        version=body.version,
+        total_bytes=body.total_bytes,
+        chunk_bytes=body.chunk_bytes,
+        chunk_hashes=body.chunk_hashes,
+        tensors=tensors,
+    )
+    if expected_content_id is not None and content_id != expected_content_id:
+        raise InvalidMessage("manifest describes other content than the content id asked for")
+    _check_authorized(body.publisher, authorized_publishers)
     return Manifest(
         run_id=body.run_id,
         version=body.version,
@@ -265,18 +316,19 @@ def parse_manifest(
         chunk_hashes=body.chunk_hashes,
         tensors=tuple(tensors),
         raw=data,
-        sha256=digest,
+        content_id=content_id,
     )
 
 
 @dataclass(frozen=True)
 class WeightsPointer:
-    """The signed DHT value naming a version's manifest by hash and exact size."""
+    """The signed DHT value naming a version by content id, with its publisher's manifest size."""
 
     run_id: str
     version: int
-    manifest_sha256: bytes
+    content_id: bytes
     manifest_bytes: int
+    """Size of the publisher's signed manifest: the most bytes read when fetching a manifest."""
     num_chunks: int
     total_bytes: int
     publisher: bytes
@@ -285,7 +337,7 @@ class WeightsPointer:
         return bpb.WeightsPointer(
             run_id=self.run_id,
             version=self.version,
-            manifest_sha256=self.manifest_sha256,
+            content_id=self.content_id,
             manifest_bytes=self.manifest_bytes,
             num_chunks=self.num_chunks,
             total_bytes=self.total_bytes,
@@ -296,8 +348,8 @@ class WeightsPointer:
     def from_payload(cls, payload: bytes) -> WeightsPointer:
         """Parse and check an untrusted pointer payload; raise InvalidMessage if it is bad."""
         message = parse_untrusted(bpb.WeightsPointer, payload, "weights pointer")
-        if len(message.manifest_sha256) != HASH_BYTES:
-            raise InvalidMessage("weights pointer holds a malformed manifest hash")
+        if len(message.content_id) != HASH_BYTES:
+            raise InvalidMessage("weights pointer holds a malformed content id")
         if not (0 < message.total_bytes <= MAX_WEIGHTS_BYTES) or message.version > _MAX_VERSION:
             raise InvalidMessage("weights pointer declares an out-of-range size or version")
         if not (0 < message.num_chunks <= num_chunks_for(message.total_bytes, MIN_CHUNK_BYTES)):
@@ -309,7 +361,7 @@ class WeightsPointer:
         return cls(
             run_id=message.run_id,
             version=message.version,
-            manifest_sha256=message.manifest_sha256,
+            content_id=message.content_id,
             manifest_bytes=message.manifest_bytes,
             num_chunks=message.num_chunks,
             total_bytes=message.total_bytes,
@@ -325,11 +377,11 @@ def manifest_bytes_cap(num_chunks: int) -> int:
 
 @dataclass(frozen=True)
 class HolderAnnouncement:
-    """A peer's signed claim that it holds (part of) a version; checked chunk by chunk on use."""
+    """A peer's signed claim that it holds (part of) a version's content; checked chunk by chunk on use."""
 
     run_id: str
     version: int
-    manifest_sha256: bytes
+    content_id: bytes
     chunks_held: int
     num_chunks: int
     addresses: tuple[str, ...] = ()
@@ -339,7 +391,7 @@ class HolderAnnouncement:
         return bpb.HolderAnnouncement(
             run_id=self.run_id,
             version=self.version,
-            manifest_sha256=self.manifest_sha256,
+            content_id=self.content_id,
             chunks_held=self.chunks_held,
             num_chunks=self.num_chunks,
             addresses=list(self.addresses),
@@ -349,7 +401,7 @@ class HolderAnnouncement:
     def from_payload(cls, payload: bytes) -> HolderAnnouncement:
         """Parse and check an untrusted announcement payload; raise InvalidMessage if it is bad."""
         message = parse_untrusted(bpb.HolderAnnouncement, payload, "holder announcement")
-        if len(message.manifest_sha256) != HASH_BYTES or message.chunks_held > message.num_chunks:
+        if len(message.content_id) != HASH_BYTES or message.chunks_held > message.num_chunks:
             raise InvalidMessage("holder announcement is inconsistent")
         if message.version > _MAX_VERSION:
             raise InvalidMessage("holder announcement version is out of range")
@@ -365,7 +417,7 @@ class HolderAnnouncement:
         return cls(
             run_id=message.run_id,
             version=message.version,
-            manifest_sha256=message.manifest_sha256,
+            content_id=message.content_id,
             chunks_held=message.chunks_held,
             num_chunks=message.num_chunks,
             addresses=tuple(message.addresses),

@@ -6,9 +6,10 @@ the DHT records (`records`):
 
 - publishing signs a manifest, stores the file as a complete version, serves it and puts a
   signed **pointer** in the DHT (under the run's `latest` key and the version's key);
-- fetching reads the pointer (only from authorised publishers), fetches the manifest from the
-  publisher or any holder and checks it against the pointer's hash, announces itself as a
-  holder at once and downloads the chunks from everyone (see `node.broadcast.fetch`),
+- fetching reads the pointer (only from authorised publishers), fetches a manifest of the
+  pointer's content id (signed by any authorised publisher) from the publisher or any holder,
+  announces itself as a holder at once and downloads the chunks from every holder of that
+  content, whoever published it (see `node.broadcast.fetch`),
   serving each chunk as soon as it is verified on disk;
 - while it runs, holder announcements (and the publisher's pointers) are refreshed for every
   version kept; versions beyond `keep_versions` are deleted and no longer announced;
@@ -60,7 +61,7 @@ class VersionStatus:
     """What is known about one version of a run."""
 
     version: int
-    manifest_sha256: bytes
+    content_id: bytes
     publisher: PeerID
     total_bytes: int
     num_chunks: int
@@ -321,15 +322,15 @@ class WeightBroadcast:
         key = (run_id, pointer.version)
 
         async def find_holders() -> list[HolderInfo]:
-            return await self.records.find_holders(run_id, pointer.version, pointer.manifest_sha256)
+            return await self.records.find_holders(run_id, pointer.version, pointer.content_id)
 
         lock = self._fetch_locks.setdefault(key, asyncio.Lock())
         async with lock:
             entry = self.store.get(run_id, pointer.version)
-            if entry is not None and entry.manifest.sha256 != pointer.manifest_sha256:
+            if entry is not None and entry.manifest.content_id != pointer.content_id:
                 raise StoreError(
-                    f"the store holds a different manifest for {run_id} v{pointer.version} than the publisher's "
-                    "pointer; delete that version from the store"
+                    f"the store holds different content for {run_id} v{pointer.version} than the publisher's "
+                    "pointer names; delete that version from the store"
                 )
             if entry is None:
                 manifest = await obtain_manifest(
@@ -432,18 +433,18 @@ class WeightBroadcast:
             entry = self.store.get(run_id, version)
             local = (
                 entry.chunks_held
-                if entry is not None and entry.manifest.sha256 == pointer.manifest_sha256
+                if entry is not None and entry.manifest.content_id == pointer.content_id
                 else 0
             )
             statuses.append(
                 VersionStatus(
                     version=version,
-                    manifest_sha256=pointer.manifest_sha256,
+                    content_id=pointer.content_id,
                     publisher=PeerID(pointer.publisher),
                     total_bytes=pointer.total_bytes,
                     num_chunks=pointer.num_chunks,
                     local_chunks=local,
-                    holders=await self.records.find_holders(run_id, version, pointer.manifest_sha256),
+                    holders=await self.records.find_holders(run_id, version, pointer.content_id),
                 )
             )
         return statuses

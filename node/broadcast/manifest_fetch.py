@@ -1,8 +1,11 @@
 """Fetching a version's signed manifest: from the publisher or any holder, checked against the pointer.
 
-The pointer (signed by an authorised publisher and read from the DHT) names the manifest by
-hash and size, so a manifest can come from anyone: at most the declared size is read, and a
-peer whose manifest does not match is banned. Peers are tried publisher first, then a capped
+The pointer (signed by an authorised publisher and read from the DHT) names the version by
+content id and the manifest's size, so a manifest can come from anyone: at most the declared
+size is read, and it is taken if it is signed by any authorised publisher and describes that
+content. A peer whose manifest is bad or describes other content is banned; one that serves a
+valid manifest of the same content signed by a publisher this node does not trust is only
+passed over (it may hold another trainer's publication of the same weights). Peers are tried publisher first, then a capped
 random sample of the holders (each dialled only when its turn comes), until one serves a valid
 manifest or the deadline passes.
 """
@@ -26,7 +29,7 @@ from node.broadcast.service import PROTO_MANIFEST
 from node.broadcast.wire import read_payload
 from protocol import broadcast_pb2 as bpb
 from protocol.errors import InvalidMessage
-from protocol.manifest import Manifest, WeightsPointer, parse_manifest
+from protocol.manifest import Manifest, UnauthorizedPublisher, WeightsPointer, parse_manifest
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +41,7 @@ async def call_manifest(
 ) -> Manifest:
     """Fetch a version's manifest from one peer, reading at most the size the signed pointer declares."""
     request = bpb.ManifestRequest(
-        run_id=pointer.run_id, version=pointer.version, manifest_sha256=pointer.manifest_sha256
+        run_id=pointer.run_id, version=pointer.version, content_id=pointer.content_id
     ).SerializeToString()
 
     async def call() -> bytes:
@@ -55,7 +58,7 @@ async def call_manifest(
     raw = await asyncio.wait_for(call(), timeout_s)
     return parse_manifest(
         raw,
-        expected_sha256=pointer.manifest_sha256,
+        expected_content_id=pointer.content_id,
         run_id=pointer.run_id,
         version=pointer.version,
         authorized_publishers=authorized,
@@ -97,6 +100,12 @@ async def obtain_manifest(
                 await dial(holder)
                 return await call_manifest(
                     p2p, peer_id, pointer, authorized=authorized, timeout_s=request_timeout_s
+                )
+            except UnauthorizedPublisher:
+                logger.info(
+                    "[%s] %s serves this content under a publisher not trusted here",
+                    owner,
+                    peer_id.to_base58()[-8:],
                 )
             except InvalidMessage as exc:
                 bans.ban(peer_id, f"bad manifest: {exc}")

@@ -1,10 +1,10 @@
 """The weight broadcast's DHT records: signed weights pointers and holder announcements.
 
-- A **pointer** (`WeightsPointer`) names a version's manifest by hash; the publisher keeps one
+- A **pointer** (`WeightsPointer`) names a version by content id; the publisher keeps one
   under the version's key and, for its newest version of a run, one under the run's `latest` key.
   Only pointers signed by an authorised publisher are believed.
-- A **holder announcement** says that a peer holds (part of) a version and where it can be
-  dialled; it is a claim, and every chunk is verified on arrival anyway. Reading one dials
+- A **holder announcement** says that a peer holds (part of) a version's content, whoever
+  published it, and where it can be dialled; it is a claim, and every chunk is verified on arrival anyway. Reading one dials
   nobody: a fetch dials only the holders it picks (`node.broadcast.dialing`).
 
 `BroadcastRecords` reads both, announces this node's, and keeps them fresh: every third of
@@ -146,8 +146,8 @@ class BroadcastRecords:
                 best = pointer
         return best
 
-    async def find_holders(self, run_id: str, version: int, manifest_sha256: bytes) -> list[HolderInfo]:
-        """Peers that announced `version` (with this manifest) in the DHT."""
+    async def find_holders(self, run_id: str, version: int, content_id: bytes) -> list[HolderInfo]:
+        """Peers that announced `version` with this content in the DHT (whichever publisher's manifest they hold)."""
         key = weights_holders_key(run_id, version)
         holders = []
         values = await self.signed.get(
@@ -158,7 +158,7 @@ class BroadcastRecords:
                 announcement = HolderAnnouncement.from_payload(value.payload)
             except InvalidMessage:
                 continue
-            if announcement.version != version or announcement.manifest_sha256 != manifest_sha256:
+            if announcement.version != version or announcement.content_id != content_id:
                 continue
             holders.append(
                 HolderInfo(
@@ -177,7 +177,7 @@ class BroadcastRecords:
         announcement = HolderAnnouncement(
             run_id=entry.run_id,
             version=entry.version,
-            manifest_sha256=entry.manifest.sha256,
+            content_id=entry.manifest.content_id,
             chunks_held=entry.chunks_held,
             num_chunks=entry.manifest.num_chunks,
             addresses=await self.own_addresses(),

@@ -58,7 +58,7 @@ async def request_chunk(
     """Request one chunk on a stream from `idle_streams` (or a new one), which goes back there if still
     usable; the payload is read only at the chunk's exact size."""
     request = bpb.ChunkRequest(
-        run_id=manifest.run_id, version=manifest.version, manifest_sha256=manifest.sha256, index=index
+        run_id=manifest.run_id, version=manifest.version, content_id=manifest.content_id, index=index
     ).SerializeToString()
     stream = idle_streams.pop() if idle_streams else None
     header, stream = await request_frame(p2p, peer_id, PROTO_CHUNK, request, stream)
@@ -83,7 +83,7 @@ async def request_chunk(
 async def open_watch(p2p: P2P, peer_id: PeerID, manifest: Manifest) -> Stream:
     """Ask a source to stream its chunk bitmap for `manifest`'s version; NotHeld if it has none."""
     request = bpb.WatchRequest(
-        run_id=manifest.run_id, version=manifest.version, manifest_sha256=manifest.sha256
+        run_id=manifest.run_id, version=manifest.version, content_id=manifest.content_id
     ).SerializeToString()
     header, stream = await request_frame(p2p, peer_id, PROTO_WATCH, request)
     if header.status != bpb.STATUS_OK:

@@ -143,9 +143,9 @@ class BroadcastService:
         for queue in self._watchers.get(key, ()):
             queue.put_nowait(index)
 
-    def _lookup(self, run_id: str, version: int, manifest_sha256: bytes) -> VersionEntry | None:
+    def _lookup(self, run_id: str, version: int, content_id: bytes) -> VersionEntry | None:
         entry = self._entries.get((run_id, version))
-        if entry is None or entry.closed or entry.manifest.sha256 != manifest_sha256:
+        if entry is None or entry.closed or entry.manifest.content_id != content_id:
             return None
         return entry
 
@@ -218,7 +218,7 @@ class BroadcastService:
         """Send the signed manifest of a version this node holds."""
         while (frame := await self._read_request(reader)) is not None:
             request = parse_request(frame, bpb.ManifestRequest)
-            entry = self._lookup(request.run_id, request.version, request.manifest_sha256)
+            entry = self._lookup(request.run_id, request.version, request.content_id)
             if entry is None:
                 await send_header(writer, bpb.STATUS_NOT_FOUND)
                 continue
@@ -234,7 +234,7 @@ class BroadcastService:
         """Send held chunks, one per request, for as long as the client keeps the stream open."""
         while (frame := await self._read_request(reader)) is not None:
             request = parse_request(frame, bpb.ChunkRequest)
-            entry = self._lookup(request.run_id, request.version, request.manifest_sha256)
+            entry = self._lookup(request.run_id, request.version, request.content_id)
             if entry is None or not entry.has(request.index):
                 await send_header(writer, bpb.STATUS_NOT_FOUND)
                 continue
@@ -259,7 +259,7 @@ class BroadcastService:
         if frame is None:
             return
         request = parse_request(frame, bpb.WatchRequest)
-        entry = self._lookup(request.run_id, request.version, request.manifest_sha256)
+        entry = self._lookup(request.run_id, request.version, request.content_id)
         if entry is None:
             await send_header(writer, bpb.STATUS_NOT_FOUND)
             return

@@ -204,13 +204,15 @@ class ChunkStore:
     def create(self, manifest: Manifest) -> VersionEntry:
         """Open the entry for a verified manifest, creating its folder and preallocated data file if new.
 
-        Raises DiskFull (leaving nothing behind) if the version does not fit on disk.
+        A version is one content: if the store already holds this content id (under any
+        publisher's manifest), that entry is returned. Raises StoreError if it holds other
+        content for the version, DiskFull (leaving nothing behind) if the version does not fit on disk.
         """
         existing = self.get(manifest.run_id, manifest.version)
         if existing is not None:
-            if existing.manifest.sha256 != manifest.sha256:
+            if existing.manifest.content_id != manifest.content_id:
                 raise StoreError(
-                    f"the store holds another manifest for version {manifest.version} of run {manifest.run_id}; "
+                    f"the store holds other content for version {manifest.version} of run {manifest.run_id}; "
                     "remove it with `prune` or use a fresh store"
                 )
             return existing

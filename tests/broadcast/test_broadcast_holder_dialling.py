@@ -39,7 +39,7 @@ def test_holders_not_picked_as_sources_are_never_dialled(swarm: Swarm, tmp_path:
             state = make_state_dict(seed=41, total_floats=40_000)
             manifest = await pub.publish("dial", 1, state)
             await announce_fake_holders(swarm.nodes[3].dht, tmp_path, manifest, (victim_address,), count=5)
-            assert len(await fetcher.records.find_holders("dial", 1, manifest.sha256)) == 6
+            assert len(await fetcher.records.find_holders("dial", 1, manifest.content_id)) == 6
             await asyncio.wait_for(fetcher.fetch("dial"), timeout=60)  # the publisher is the one source
             assert_state_dicts_equal(await fetcher.load("dial", 1), state)
             await asyncio.sleep(0.5)

@@ -25,6 +25,7 @@ from protocol.manifest import (
     UnauthorizedPublisher,
     WeightsPointer,
     build_manifest,
+    content_id_of,
     parse_bitmap,
     parse_manifest,
     sha256,
@@ -35,7 +36,15 @@ from protocol.record_validator import SignedRecordValidator
 CHUNK = 4096
 
 
-def _manifest(key: Ed25519PrivateKey, data: bytes, run_id: str = "run", version: int = 3) -> Manifest:
+def _manifest(
+    key: Ed25519PrivateKey,
+    data: bytes,
+    run_id: str = "run",
+    version: int = 3,
+    *,
+    created_at: float | None = None,
+    tensors: tuple[TensorInfo, ...] = (TensorInfo("w", "F32", (2, 3), 100, 124),),
+) -> Manifest:
     hashes = b"".join(sha256(data[i : i + CHUNK]) for i in range(0, len(data), CHUNK))
     return build_manifest(
         key,
@@ -44,8 +53,8 @@ def _manifest(key: Ed25519PrivateKey, data: bytes, run_id: str = "run", version:
         total_bytes=len(data),
         chunk_bytes=CHUNK,
         chunk_hashes=hashes,
-        tensors=[TensorInfo("w", "F32", (2, 3), 100, 124)],
-        created_at=time.time(),
+        tensors=tensors,
+        created_at=time.time() if created_at is None else created_at,
     )
 
 
@@ -55,7 +64,7 @@ def test_manifest_round_trip_and_chunk_checks() -> None:
     manifest = _manifest(key, data)
     parsed = parse_manifest(
         manifest.raw,
-        expected_sha256=sha256(manifest.raw),
+        expected_content_id=manifest.content_id,
         run_id="run",
         version=3,
         authorized_publishers={peer_id_from_private_key(key)},
@@ -86,8 +95,8 @@ def test_forged_manifests_are_refused() -> None:
     with pytest.raises(InvalidMessage, match="signature"):
         parse_manifest(tampered, authorized_publishers=authorized)
 
-    with pytest.raises(InvalidMessage, match="hash"):
-        parse_manifest(manifest.raw, expected_sha256=b"\x01" * 32, authorized_publishers=authorized)
+    with pytest.raises(InvalidMessage, match="other content"):
+        parse_manifest(manifest.raw, expected_content_id=b"\x01" * 32, authorized_publishers=authorized)
     with pytest.raises(InvalidMessage, match="run"):
         parse_manifest(manifest.raw, run_id="other", authorized_publishers=authorized)
     with pytest.raises(InvalidMessage, match="version"):
@@ -104,6 +113,50 @@ def test_forged_manifests_are_refused() -> None:
     ).SerializeToString()
     with pytest.raises(InvalidMessage, match="hashes"):
         parse_manifest(inconsistent, authorized_publishers=authorized)
+
+
+def test_two_publishers_of_the_same_state_publish_the_same_content_id() -> None:
+    alice, bob = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    data = bytes(range(256)) * 50
+    by_alice = _manifest(alice, data, created_at=1000.0)
+    by_bob = _manifest(bob, data, created_at=2000.0)
+    assert by_alice.raw != by_bob.raw and by_alice.publisher != by_bob.publisher
+    assert by_alice.content_id == by_bob.content_id
+    assert by_alice.pointer().content_id == by_bob.pointer().content_id
+    assert by_alice.content_id == content_id_of(
+        run_id="run",
+        version=3,
+        total_bytes=len(data),
+        chunk_bytes=CHUNK,
+        chunk_hashes=by_alice.chunk_hashes,
+        tensors=by_alice.tensors,
+    )
+
+    # bob's manifest answers alice's pointer for a fetcher that trusts both of them ...
+    both = {by_alice.publisher, by_bob.publisher}
+    parsed = parse_manifest(by_bob.raw, expected_content_id=by_alice.content_id, authorized_publishers=both)
+    assert parsed.publisher == by_bob.publisher
+    # ... and is refused, as unauthorised rather than bad, by one that trusts alice only
+    with pytest.raises(UnauthorizedPublisher):
+        parse_manifest(
+            by_bob.raw, expected_content_id=by_alice.content_id, authorized_publishers={by_alice.publisher}
+        )
+
+    # anything that defines the bytes changes the content id
+    changed = [
+        _manifest(alice, data, run_id="other"),
+        _manifest(alice, data, version=4),
+        _manifest(alice, data[:-1] + b"\x00"),
+        _manifest(alice, data + b"\x00"),
+        _manifest(alice, data, tensors=(TensorInfo("w", "F16", (2, 3), 100, 124),)),
+        _manifest(alice, data, tensors=(TensorInfo("w", "F32", (3, 2), 100, 124),)),
+        _manifest(alice, data, tensors=(TensorInfo("v", "F32", (2, 3), 100, 124),)),
+        _manifest(alice, data, tensors=()),
+    ]
+    ids = {m.content_id for m in changed}
+    assert len(ids) == len(changed) and by_alice.content_id not in ids
+    with pytest.raises(InvalidMessage, match="other content"):
+        parse_manifest(changed[1].raw, expected_content_id=by_alice.content_id, authorized_publishers=both)
 
 
 def _record(
@@ -134,11 +187,11 @@ def test_dht_validator_accepts_own_pointer_and_refuses_a_pointer_for_another_pub
     assert not validator.validate(_record(key, dht_key, WEIGHTS_POINTER_DOMAIN, foreign.to_payload(), subkey))
 
     holders_key = weights_holders_key("run", 3)
-    announcement = HolderAnnouncement("run", 3, pointer.manifest_sha256, 1, pointer.num_chunks)
+    announcement = HolderAnnouncement("run", 3, pointer.content_id, 1, pointer.num_chunks)
     assert validator.validate(
         _record(key, holders_key, WEIGHTS_HOLDER_DOMAIN, announcement.to_payload(), subkey)
     )
-    liar = HolderAnnouncement("run", 3, pointer.manifest_sha256, 9, 3)
+    liar = HolderAnnouncement("run", 3, pointer.content_id, 9, 3)
     assert not validator.validate(_record(key, holders_key, WEIGHTS_HOLDER_DOMAIN, liar.to_payload(), subkey))
 
 

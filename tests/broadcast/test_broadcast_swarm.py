@@ -41,7 +41,7 @@ def test_round_trip_publisher_and_three_fetchers(swarm: Swarm, tmp_path: Path) -
             entries = await asyncio.gather(*(peer.fetch("roundtrip") for peer in peers))
             for peer, entry in zip(peers, entries, strict=True):
                 assert entry.version == 1 and entry.complete
-                assert entry.manifest.sha256 == manifest.sha256
+                assert entry.manifest.content_id == manifest.content_id
                 assert_state_dicts_equal(await peer.load("roundtrip", 1), state)
             # fetchers served each other: the publisher's upload is not the only one used
             assert sum(peer.service.uploaded_bytes for peer in peers) > 0
@@ -250,14 +250,14 @@ def test_old_versions_are_pruned_and_no_longer_announced_and_followers_get_new_o
             holders_v1: list[object] = [None]
 
             async def v1_gone() -> bool:
-                holders_v1[0] = await follower.records.find_holders("prune", 1, v1.sha256)
+                holders_v1[0] = await follower.records.find_holders("prune", 1, v1.content_id)
                 return holders_v1[0] == []
 
             deadline = asyncio.get_running_loop().time() + 30
             while not await v1_gone():
                 assert asyncio.get_running_loop().time() < deadline, "v1 still announced"
                 await asyncio.sleep(0.2)
-            assert [h.peer_id for h in await follower.records.find_holders("prune", 3, v3.sha256)] == [
+            assert [h.peer_id for h in await follower.records.find_holders("prune", 3, v3.content_id)] == [
                 publisher.identity.peer_id
             ]
             with pytest.raises(WeightsUnavailable):

@@ -39,7 +39,7 @@ def _reader(data: bytes, *, eof: bool = True) -> asyncio.StreamReader:
 # --- broadcast frames and payloads --------------------------------------------------------------
 
 _FRAME = encode_frame(
-    bpb.ChunkRequest(run_id="r", version=3, manifest_sha256=bytes(32), index=1).SerializeToString()
+    bpb.ChunkRequest(run_id="r", version=3, content_id=bytes(32), index=1).SerializeToString()
 )
 
 

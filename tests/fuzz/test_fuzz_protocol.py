@@ -88,7 +88,7 @@ POINTER = MANIFEST.pointer().to_payload()
 HOLDER = HolderAnnouncement(
     run_id=RUN,
     version=3,
-    manifest_sha256=MANIFEST.sha256,
+    content_id=MANIFEST.content_id,
     chunks_held=2,
     num_chunks=3,
     addresses=("/ip4/203.0.113.7/tcp/31337",),
@@ -181,7 +181,7 @@ test_manifest_fast, test_manifest_slow = fuzz_variants(_manifest_property, arbit
 
 def test_oversized_manifest_is_refused_before_hashing_or_decoding() -> None:
     with pytest.raises(InvalidMessage, match="exceeds"):
-        parse_manifest(MANIFEST.raw + bytes(MAX_MANIFEST_BYTES), expected_sha256=MANIFEST.sha256)
+        parse_manifest(MANIFEST.raw + bytes(MAX_MANIFEST_BYTES), expected_content_id=MANIFEST.content_id)
 
 
 def _pointer_property(data: bytes) -> None:
@@ -189,7 +189,7 @@ def _pointer_property(data: bytes) -> None:
         pointer = WeightsPointer.from_payload(data)
     except InvalidMessage:
         return
-    assert len(pointer.manifest_sha256) == 32 and pointer.num_chunks > 0
+    assert len(pointer.content_id) == 32 and pointer.num_chunks > 0
 
 
 test_pointer_fast, test_pointer_slow = fuzz_variants(_pointer_property, arbitrary_or_mutated(POINTER))

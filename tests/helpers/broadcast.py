@@ -162,7 +162,7 @@ async def announce_fake_holders(
         announcement = HolderAnnouncement(
             run_id=manifest.run_id,
             version=manifest.version,
-            manifest_sha256=manifest.sha256,
+            content_id=manifest.content_id,
             chunks_held=manifest.num_chunks,
             num_chunks=manifest.num_chunks,
             addresses=addresses,

@@ -172,10 +172,12 @@ def test_two_rl_trainers_train_one_policy_with_diloco(tmp_path: Path) -> None:
     assert first.final_state.keys() == second.final_state.keys()
     assert all(torch.equal(first.final_state[k], second.final_state[k]) for k in first.final_state)
 
-    # each published every outer version, with identical content: chunks are interchangeable
+    # each published every outer version, with identical content and so one content id: the
+    # holders of either publication serve the fetchers of both
     for version in (0, 1, 2):
         a, b = first.manifests[version], second.manifests[version]
         assert a.publisher != b.publisher
+        assert a.content_id == b.content_id
         assert (a.total_bytes, a.chunk_bytes, a.chunk_hashes, a.tensors) == (
             b.total_bytes,
             b.chunk_bytes,
@@ -188,6 +190,7 @@ def test_two_rl_trainers_train_one_policy_with_diloco(tmp_path: Path) -> None:
     for publisher, (manifest, state) in fetched.items():
         assert manifest.publisher == PeerID.from_base58(publisher).to_bytes()
         assert manifest.chunk_hashes == first.manifests[2].chunk_hashes
+        assert manifest.content_id == first.manifests[2].content_id == second.manifests[2].content_id
         assert all(torch.equal(state[k], first.final_state[k]) for k in first.final_state)
 
     # each trained only on rollouts its own validator accepted, and both trained
