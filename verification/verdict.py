@@ -13,6 +13,8 @@ are proved). Then, in order, the first failing check decides:
 
 `judge` is the pure part (claim + recomputed tensors -> verdict); `verify_rollout` adds the
 prefill, and `RolloutVerifier` keeps one model copy per precision for a policy version.
+`RolloutVerifier.verify_group` judges a group's claims with one batched prefill per precision
+(`recompute_batch`), which recomputes the very rows of one prefill per claim (`recompute`).
 """
 
 from __future__ import annotations
@@ -31,7 +33,16 @@ from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.rollout import CLAIM_DTYPES, RolloutClaim
 from verification.sampling_check import SamplingCheck, check_sampling
 
-__all__ = ["RejectReason", "RolloutVerifier", "Verdict", "judge", "recompute", "summarize", "verify_rollout"]
+__all__ = [
+    "RejectReason",
+    "RolloutVerifier",
+    "Verdict",
+    "judge",
+    "recompute",
+    "recompute_batch",
+    "summarize",
+    "verify_rollout",
+]
 
 
 class RejectReason(enum.StrEnum):
@@ -201,6 +212,35 @@ def recompute(claim: RolloutClaim, model: TinyGPT) -> tuple[torch.Tensor, torch.
     return hidden[0], logits[0]
 
 
+@torch.inference_mode()
+def recompute_batch(
+    claims: Sequence[RolloutClaim], model: TinyGPT
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`recompute` for several claims in one prefill: the same `(hidden, logits)` rows per claim.
+
+    Each `prompt + completion[:-1]` is a row of one batch, right-padded to the longest. The
+    padding changes no real row: under causal attention a position sees only the positions
+    before it, and `TinyGPT`'s inference path (float64 accumulation, one rounding) makes a
+    row's result independent of the other rows computed with it, so each claim's rows are
+    bit for bit those of its own prefill. One batch instead of one prefill per claim saves
+    the per-call overhead of every layer, which dominates for short completions.
+    """
+    if not claims:
+        return []
+    sequences = [list(c.prompt_ids) + list(c.completion_ids[:-1]) for c in claims]
+    width = max(len(s) for s in sequences)
+    ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences], dtype=torch.long)
+    first = min(len(c.prompt_ids) for c in claims) - 1
+    model.eval()
+    logits, hidden = model.forward_with_hidden(ids, outputs_from=first)
+    rows = []
+    for row, claim in enumerate(claims):
+        start = len(claim.prompt_ids) - 1 - first
+        end = start + len(claim.completion_ids)
+        rows.append((hidden[row, start:end], logits[row, start:end]))
+    return rows
+
+
 def verify_rollout(
     claim: RolloutClaim,
     model: TinyGPT,
@@ -262,6 +302,52 @@ class RolloutVerifier:
             assigned_seed=assigned_seed,
             policy=self.policy,
         )
+
+    def verify_group(
+        self,
+        claims: Sequence[RolloutClaim],
+        *,
+        assigned_prompt_ids: Sequence[int] | None = None,
+        assigned_seeds: Sequence[int] | None = None,
+    ) -> list[Verdict]:
+        """Verdicts on `claims` in order, up to and including the first rejection.
+
+        The same verdicts as `verify` on each claim in turn, stopping at the first rejected
+        one (`assigned_seeds[i]` is claim i's seed), but with one batched prefill per
+        claimed precision (`recompute_batch`) for the claims before the first that fails the
+        claim checks.
+        """
+        if assigned_seeds is not None and len(assigned_seeds) != len(claims):
+            raise ValueError(f"{len(assigned_seeds)} assigned seeds for {len(claims)} claims")
+        early: list[Verdict | None] = []
+        for i, claim in enumerate(claims):
+            bad = self._claim_problem(
+                claim, assigned_prompt_ids, None if assigned_seeds is None else assigned_seeds[i]
+            )
+            early.append(bad)
+            if bad is not None:
+                break
+        prefilled = [i for i, bad in enumerate(early) if bad is None]
+        rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for dtype in dict.fromkeys(claims[i].dtype for i in prefilled):
+            same = [i for i in prefilled if claims[i].dtype == dtype]
+            batch = recompute_batch([claims[i] for i in same], self.model_for(CLAIM_DTYPES[dtype]))
+            rows.update(zip(same, batch, strict=True))
+        verdicts = []
+        for i, bad in enumerate(early):
+            verdict = bad if bad is not None else judge(claims[i], *rows[i], policy=self.policy)
+            verdicts.append(verdict)
+            if not verdict.accepted:
+                break
+        return verdicts
+
+    def _claim_problem(
+        self, claim: RolloutClaim, assigned_prompt_ids: Sequence[int] | None, assigned_seed: int | None
+    ) -> Verdict | None:
+        """The rejection `verify` gives `claim` before any prefill, if any."""
+        if claim.dtype not in CLAIM_DTYPES:
+            return _reject(RejectReason.MALFORMED_CLAIM, f"unsupported precision {claim.dtype!r}")
+        return _check_claim(claim, self._master, self.policy_version, assigned_prompt_ids, assigned_seed)
 
 
 def summarize(verdicts: Sequence[Verdict]) -> dict[str, int]:
