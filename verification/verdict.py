@@ -31,7 +31,7 @@ from protocol.toploc import CHUNK_TOKENS, TOPK, ChunkCheck, verify_proofs
 from training.model import TinyGPT
 from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.rollout import CLAIM_DTYPES, RolloutClaim
-from verification.sampling_check import SamplingCheck, check_sampling
+from verification.sampling_check import SamplingCheck, check_sampling, check_sampling_batch
 
 __all__ = [
     "RejectReason",
@@ -127,12 +127,15 @@ def judge(
     policy: VerificationPolicy = DEFAULT_POLICY,
     chunk_tokens: int = CHUNK_TOKENS,
     topk: int = TOPK,
+    sampling: SamplingCheck | None = None,
 ) -> Verdict:
     """Verdict on `claim` given the verifier's recomputed completion rows.
 
     `hidden [C, H]` and `logits [C, V]` are the final hidden states and logits at the
     positions that produced the C completion tokens (`prompt_len - 1 ...`), computed in the
-    claimed precision. Proof and TOPLOC checks come first, then the sampling check.
+    claimed precision. Proof and TOPLOC checks come first, then the sampling check
+    (`sampling`, when given, is that check already computed on these logits with
+    `check_sampling_batch`).
     """
     n = len(claim.completion_ids)
     if hidden.shape[0] != n or logits.shape[0] != n:
@@ -147,14 +150,15 @@ def judge(
         failure = _check_chunk(c, policy)
         if failure is not None:
             return _reject(failure[0], failure[1], failing_chunk=i, chunks=chunks)
-    sampling = check_sampling(
-        logits,
-        torch.tensor(claim.completion_ids),
-        claim.sampling,
-        claim.seed,
-        abs_tol=policy.sampling_abs_tol,
-        rel_tol=policy.sampling_rel_tol,
-    )
+    if sampling is None:
+        sampling = check_sampling(
+            logits,
+            torch.tensor(claim.completion_ids),
+            claim.sampling,
+            claim.seed,
+            abs_tol=policy.sampling_abs_tol,
+            rel_tol=policy.sampling_rel_tol,
+        )
     failing = sampling.failing
     if failing.size:
         pos = int(failing[0])
@@ -314,7 +318,8 @@ class RolloutVerifier:
 
         The same verdicts as `verify` on each claim in turn, stopping at the first rejected
         one (`assigned_seeds[i]` is claim i's seed), but with one batched prefill per
-        claimed precision (`recompute_batch`) for the claims before the first that fails the
+        claimed precision (`recompute_batch`) and one sampling check per set of sampling
+        parameters (`check_sampling_batch`) for the claims before the first that fails the
         claim checks.
         """
         if assigned_seeds is not None and len(assigned_seeds) != len(claims):
@@ -333,9 +338,23 @@ class RolloutVerifier:
             same = [i for i in prefilled if claims[i].dtype == dtype]
             batch = recompute_batch([claims[i] for i in same], self.model_for(CLAIM_DTYPES[dtype]))
             rows.update(zip(same, batch, strict=True))
+        checks: dict[int, SamplingCheck] = {}
+        for params in dict.fromkeys(claims[i].sampling for i in prefilled):
+            same = [i for i in prefilled if claims[i].sampling == params]
+            batch_checks = check_sampling_batch(
+                [rows[i][1] for i in same],
+                [torch.tensor(claims[i].completion_ids) for i in same],
+                params,
+                [claims[i].seed for i in same],
+                abs_tol=self.policy.sampling_abs_tol,
+                rel_tol=self.policy.sampling_rel_tol,
+            )
+            checks.update(zip(same, batch_checks, strict=True))
         verdicts = []
         for i, bad in enumerate(early):
-            verdict = bad if bad is not None else judge(claims[i], *rows[i], policy=self.policy)
+            verdict = bad
+            if verdict is None:
+                verdict = judge(claims[i], *rows[i], policy=self.policy, sampling=checks[i])
             verdicts.append(verdict)
             if not verdict.accepted:
                 break

@@ -1,5 +1,6 @@
-"""The batched verdict path (one prefill per group) against the per-rollout one, on honest and
-tampered rollouts: bit-identical recomputed rows, identical verdicts, the same first rejection."""
+"""The batched verdict path (one prefill and one sampling check per group) against the per-rollout
+one, on honest and tampered rollouts: bit-identical recomputed rows and sampling figures,
+identical verdicts, the same first rejection."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import torch
 
 from tests.helpers.scenarios import HONEST_KINDS, KINDS, Lab, Scenario
 from training.model import ModelConfig
+from training.sampling import SamplingParams
 from verification.rollout import CLAIM_DTYPES
+from verification.sampling_check import check_sampling, check_sampling_batch
 from verification.verdict import RejectReason, RolloutVerifier, Verdict, recompute, recompute_batch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -122,3 +125,23 @@ def test_every_honest_group_is_accepted_whole(verifier, scenarios):
         assert v.sampling is not None and v.sampling.max_gap == 0.0
         assert all(c.value_mismatches == 0 for c in v.chunks)
         assert np.all(v.sampling.gaps == 0.0)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(), SamplingParams(temperature=0.7, top_p=0.9)])
+def test_a_batched_sampling_check_gives_each_completion_its_own_figures(params):
+    gen = torch.Generator().manual_seed(3)
+    lengths = [5, 1, 17, 9]
+    logits = [(3.0 * torch.randn(n, 256, generator=gen)).to(torch.bfloat16) for n in lengths]
+    tokens = [torch.randint(0, 256, (n,), generator=gen) for n in lengths]
+    tokens[2] = logits[2].float().argmax(dim=-1)  # greedy rows: small gaps, some zero
+    seeds = [11, 2**64 - 1, 0, 12345]
+    batch = check_sampling_batch(logits, tokens, params, seeds, abs_tol=1e-3, rel_tol=2.0**-6)
+    assert len(batch) == len(lengths)
+    for row, tok, seed, got in zip(logits, tokens, seeds, batch, strict=True):
+        alone = check_sampling(row, tok, params, seed, abs_tol=1e-3, rel_tol=2.0**-6)
+        assert got.gaps.shape == (row.shape[0],)
+        assert got.gaps.tobytes() == alone.gaps.tobytes()
+        assert got.tolerances.tobytes() == alone.tolerances.tobytes()
+    assert check_sampling_batch([], [], params, [], abs_tol=1e-3, rel_tol=0.0) == []
+    with pytest.raises(ValueError, match="seeds"):
+        check_sampling_batch(logits, tokens, params, seeds[:-1], abs_tol=1e-3, rel_tol=0.0)
