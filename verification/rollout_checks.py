@@ -9,7 +9,8 @@ runs, cheapest first:
    task's `max_new_tokens`, or at its first stop token (`completion_length`: a completion cut
    anywhere else was cut where it scored best, and its proofs would still verify);
 2. the rollout verdict (TOPLOC, seeded sampling, precision) for the claimed version, rollout
-   after rollout, stopping at the first rejection;
+   after rollout, stopping at the first rejection (one batched prefill for the group:
+   `RolloutVerifier.verify_group`);
 3. the reward, recomputed with the task (a worker never reports one).
 
 A group is accepted whole or not at all: GRPO normalizes rewards within a group, so a group a
@@ -154,14 +155,18 @@ def check_rollouts(
         if not item.reason:
             _precheck(item, task, sampling, assignment, prompt)
     if not any(item.reason for item in items):
+        claims = []
         for item in items:
-            assert item.claim is not None
-            verdict = verifier.verify(
-                item.claim, assigned_prompt_ids=prompt, assigned_seed=assignment.sampling_seeds[item.index]
-            )
+            assert item.claim is not None  # every item without a reason has its claim
+            claims.append(item.claim)
+        verdicts = verifier.verify_group(
+            claims,
+            assigned_prompt_ids=prompt,
+            assigned_seeds=[assignment.sampling_seeds[item.index] for item in items],
+        )
+        for item, verdict in zip(items, verdicts, strict=False):  # verdicts stop at the first rejection
             if not verdict.accepted:
                 item.reject(str(verdict.reason), verdict.detail)
-                break
     if not any(item.reason for item in items):
         for item in items:
             _score(item, task, prompt)

@@ -15,15 +15,17 @@ token by at most `delta = expm1(2 tol / T)`; the claimed token must lie in the l
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from training.sampling import SamplingParams, mass_before, seeded_scores
+from training.sampling import SamplingParams, gumbel_noise, mass_before, seeded_scores
 
-__all__ = ["SamplingCheck", "check_sampling"]
+__all__ = ["SamplingCheck", "check_sampling", "check_sampling_batch"]
 
 
 @dataclass(frozen=True)
@@ -60,12 +62,58 @@ def check_sampling(
 
     The tolerance for row i is `abs_tol + rel_tol * max_j |logits[i, j]|` logits.
     """
-    n = logits.shape[0]
     wide = logits.detach().to(torch.float64).cpu()
-    positions = np.arange(n)
-    scores = seeded_scores(wide, params.temperature, seed, positions)
+    scores = seeded_scores(wide, params.temperature, seed, np.arange(logits.shape[0]))
+    return _check_rows(wide, scores, tokens.to(torch.long).cpu(), params, abs_tol, rel_tol)
+
+
+def check_sampling_batch(
+    logits: Sequence[torch.Tensor],
+    tokens: Sequence[torch.Tensor],
+    params: SamplingParams,
+    seeds: Sequence[int],
+    *,
+    abs_tol: float,
+    rel_tol: float,
+) -> list[SamplingCheck]:
+    """`check_sampling` for several completions sampled with the same `params`, in one pass.
+
+    Every figure is computed row by row, so stacking the completions' rows changes none of
+    them: each result is bit for bit what `check_sampling` returns for that completion alone,
+    for a fraction of the per-call overhead.
+    """
+    if not len(logits) == len(tokens) == len(seeds):
+        raise ValueError(f"{len(logits)} logits, {len(tokens)} token rows and {len(seeds)} seeds")
+    if not logits:
+        return []
+    wide = torch.cat([row.detach().to(torch.float64).cpu() for row in logits])
+    noise = np.concatenate(
+        [
+            gumbel_noise(seed, np.arange(row.shape[0]), row.shape[-1])
+            for row, seed in zip(logits, seeds, strict=True)
+        ]
+    )
+    scores = wide / params.temperature + torch.from_numpy(noise)
+    all_tokens = torch.cat([row.to(torch.long).cpu() for row in tokens])
+    stacked = _check_rows(wide, scores, all_tokens, params, abs_tol, rel_tol)
+    bounds = np.cumsum([0] + [row.shape[0] for row in logits])
+    return [
+        SamplingCheck(gaps=stacked.gaps[a:b], tolerances=stacked.tolerances[a:b])
+        for a, b in itertools.pairwise(bounds)
+    ]
+
+
+def _check_rows(
+    wide: torch.Tensor,
+    scores: torch.Tensor,
+    tokens: torch.Tensor,
+    params: SamplingParams,
+    abs_tol: float,
+    rel_tol: float,
+) -> SamplingCheck:
+    """The gaps of `tokens [N]` given float64 `wide [N, V]` logits and their seeded `scores`."""
+    n = wide.shape[0]
     tol = abs_tol + rel_tol * wide.abs().amax(dim=-1)
-    tokens = tokens.to(torch.long).cpu()
     rows = torch.arange(n)
     if params.top_p < 1.0:
         delta = torch.expm1(2.0 * tol / params.temperature).unsqueeze(-1)

@@ -13,6 +13,8 @@ are proved). Then, in order, the first failing check decides:
 
 `judge` is the pure part (claim + recomputed tensors -> verdict); `verify_rollout` adds the
 prefill, and `RolloutVerifier` keeps one model copy per precision for a policy version.
+`RolloutVerifier.verify_group` judges a group's claims with one batched prefill per precision
+(`recompute_batch`), which recomputes the very rows of one prefill per claim (`recompute`).
 """
 
 from __future__ import annotations
@@ -29,9 +31,18 @@ from protocol.toploc import CHUNK_TOKENS, TOPK, ChunkCheck, verify_proofs
 from training.model import TinyGPT
 from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.rollout import CLAIM_DTYPES, RolloutClaim
-from verification.sampling_check import SamplingCheck, check_sampling
+from verification.sampling_check import SamplingCheck, check_sampling, check_sampling_batch
 
-__all__ = ["RejectReason", "RolloutVerifier", "Verdict", "judge", "recompute", "summarize", "verify_rollout"]
+__all__ = [
+    "RejectReason",
+    "RolloutVerifier",
+    "Verdict",
+    "judge",
+    "recompute",
+    "recompute_batch",
+    "summarize",
+    "verify_rollout",
+]
 
 
 class RejectReason(enum.StrEnum):
@@ -116,12 +127,15 @@ def judge(
     policy: VerificationPolicy = DEFAULT_POLICY,
     chunk_tokens: int = CHUNK_TOKENS,
     topk: int = TOPK,
+    sampling: SamplingCheck | None = None,
 ) -> Verdict:
     """Verdict on `claim` given the verifier's recomputed completion rows.
 
     `hidden [C, H]` and `logits [C, V]` are the final hidden states and logits at the
     positions that produced the C completion tokens (`prompt_len - 1 ...`), computed in the
-    claimed precision. Proof and TOPLOC checks come first, then the sampling check.
+    claimed precision. Proof and TOPLOC checks come first, then the sampling check
+    (`sampling`, when given, is that check already computed on these logits with
+    `check_sampling_batch`).
     """
     n = len(claim.completion_ids)
     if hidden.shape[0] != n or logits.shape[0] != n:
@@ -136,14 +150,15 @@ def judge(
         failure = _check_chunk(c, policy)
         if failure is not None:
             return _reject(failure[0], failure[1], failing_chunk=i, chunks=chunks)
-    sampling = check_sampling(
-        logits,
-        torch.tensor(claim.completion_ids),
-        claim.sampling,
-        claim.seed,
-        abs_tol=policy.sampling_abs_tol,
-        rel_tol=policy.sampling_rel_tol,
-    )
+    if sampling is None:
+        sampling = check_sampling(
+            logits,
+            torch.tensor(claim.completion_ids),
+            claim.sampling,
+            claim.seed,
+            abs_tol=policy.sampling_abs_tol,
+            rel_tol=policy.sampling_rel_tol,
+        )
     failing = sampling.failing
     if failing.size:
         pos = int(failing[0])
@@ -199,6 +214,35 @@ def recompute(claim: RolloutClaim, model: TinyGPT) -> tuple[torch.Tensor, torch.
     model.eval()
     logits, hidden = model.forward_with_hidden(ids, outputs_from=len(claim.prompt_ids) - 1)
     return hidden[0], logits[0]
+
+
+@torch.inference_mode()
+def recompute_batch(
+    claims: Sequence[RolloutClaim], model: TinyGPT
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """`recompute` for several claims in one prefill: the same `(hidden, logits)` rows per claim.
+
+    Each `prompt + completion[:-1]` is a row of one batch, right-padded to the longest. The
+    padding changes no real row: under causal attention a position sees only the positions
+    before it, and `TinyGPT`'s inference path (float64 accumulation, one rounding) makes a
+    row's result independent of the other rows computed with it, so each claim's rows are
+    bit for bit those of its own prefill. One batch instead of one prefill per claim saves
+    the per-call overhead of every layer, which dominates for short completions.
+    """
+    if not claims:
+        return []
+    sequences = [list(c.prompt_ids) + list(c.completion_ids[:-1]) for c in claims]
+    width = max(len(s) for s in sequences)
+    ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences], dtype=torch.long)
+    first = min(len(c.prompt_ids) for c in claims) - 1
+    model.eval()
+    logits, hidden = model.forward_with_hidden(ids, outputs_from=first)
+    rows = []
+    for row, claim in enumerate(claims):
+        start = len(claim.prompt_ids) - 1 - first
+        end = start + len(claim.completion_ids)
+        rows.append((hidden[row, start:end], logits[row, start:end]))
+    return rows
 
 
 def verify_rollout(
@@ -262,6 +306,67 @@ class RolloutVerifier:
             assigned_seed=assigned_seed,
             policy=self.policy,
         )
+
+    def verify_group(
+        self,
+        claims: Sequence[RolloutClaim],
+        *,
+        assigned_prompt_ids: Sequence[int] | None = None,
+        assigned_seeds: Sequence[int] | None = None,
+    ) -> list[Verdict]:
+        """Verdicts on `claims` in order, up to and including the first rejection.
+
+        The same verdicts as `verify` on each claim in turn, stopping at the first rejected
+        one (`assigned_seeds[i]` is claim i's seed), but with one batched prefill per
+        claimed precision (`recompute_batch`) and one sampling check per set of sampling
+        parameters (`check_sampling_batch`) for the claims before the first that fails the
+        claim checks.
+        """
+        if assigned_seeds is not None and len(assigned_seeds) != len(claims):
+            raise ValueError(f"{len(assigned_seeds)} assigned seeds for {len(claims)} claims")
+        early: list[Verdict | None] = []
+        for i, claim in enumerate(claims):
+            bad = self._claim_problem(
+                claim, assigned_prompt_ids, None if assigned_seeds is None else assigned_seeds[i]
+            )
+            early.append(bad)
+            if bad is not None:
+                break
+        prefilled = [i for i, bad in enumerate(early) if bad is None]
+        rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for dtype in dict.fromkeys(claims[i].dtype for i in prefilled):
+            same = [i for i in prefilled if claims[i].dtype == dtype]
+            batch = recompute_batch([claims[i] for i in same], self.model_for(CLAIM_DTYPES[dtype]))
+            rows.update(zip(same, batch, strict=True))
+        checks: dict[int, SamplingCheck] = {}
+        for params in dict.fromkeys(claims[i].sampling for i in prefilled):
+            same = [i for i in prefilled if claims[i].sampling == params]
+            batch_checks = check_sampling_batch(
+                [rows[i][1] for i in same],
+                [torch.tensor(claims[i].completion_ids) for i in same],
+                params,
+                [claims[i].seed for i in same],
+                abs_tol=self.policy.sampling_abs_tol,
+                rel_tol=self.policy.sampling_rel_tol,
+            )
+            checks.update(zip(same, batch_checks, strict=True))
+        verdicts = []
+        for i, bad in enumerate(early):
+            verdict = bad
+            if verdict is None:
+                verdict = judge(claims[i], *rows[i], policy=self.policy, sampling=checks[i])
+            verdicts.append(verdict)
+            if not verdict.accepted:
+                break
+        return verdicts
+
+    def _claim_problem(
+        self, claim: RolloutClaim, assigned_prompt_ids: Sequence[int] | None, assigned_seed: int | None
+    ) -> Verdict | None:
+        """The rejection `verify` gives `claim` before any prefill, if any."""
+        if claim.dtype not in CLAIM_DTYPES:
+            return _reject(RejectReason.MALFORMED_CLAIM, f"unsupported precision {claim.dtype!r}")
+        return _check_claim(claim, self._master, self.policy_version, assigned_prompt_ids, assigned_seed)
 
 
 def summarize(verdicts: Sequence[Verdict]) -> dict[str, int]:

@@ -1,7 +1,8 @@
 """Inference workers of an RL run, honest or not, building `RolloutGroup`s for validator tests.
 
 A worker derives its assignment, builds the prompt with the task, generates one completion per
-assigned seed with `training.generation.generate` and serializes each as a `Rollout`. The
+assigned seed with `training.generation.generate` (stopping at the task's stop token) and
+serializes each as a `Rollout`. The
 `tamper` hooks let a test change what a dishonest worker generates or submits.
 """
 
@@ -120,6 +121,7 @@ class RLWorker:
                 max_new_tokens or self.task.max_new_tokens,
                 sampling,
                 seed,
+                stop_token=self.task.stop_token,
                 choose=choose,
                 background_proofs=False,
             )
