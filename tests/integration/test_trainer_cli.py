@@ -85,7 +85,8 @@ def test_a_trainer_node_serves_the_versions_it_publishes(tmp_path: Path) -> None
 
     from training.model import ModelConfig, TinyGPT
 
-    args = ["--outer-steps", "1000", "--inner-steps", "3", "--seq-len", "32", "--batch-size", "2"]
+    # -v: each publication is a debug line (the progress line already shows the outer step)
+    args = ["--outer-steps", "1000", "--inner-steps", "3", "--seq-len", "32", "--batch-size", "2", "-v"]
     with LocalSwarm(run_id="cli-serve", workdir=tmp_path) as swarm:
         swarm.start_seed()
         node = swarm.nodes[swarm.add_node(roles=["trainer"], wait=True, extra_args=args)]
