@@ -53,8 +53,9 @@ def test_workers_follow_a_trainer_that_restarts_from_its_checkpoint(tmp_path: Pa
         trainers.append(restarted)
         assert restarted.version == resumed_at and resumed_at in restarted.published_at
         assert wait_until(lambda: restarted.version >= resumed_at + 2, 180.0, interval_s=0.5)
-        # the worker generated on a version the restarted trainer made, and it was accepted
-        assert wait_until(lambda: resumed_at + 1 in worker.first_rollout_at, 60.0, interval_s=0.5)
+        # the worker generated on a version the restarted trainer made, and it was accepted (a worker
+        # follows the newest version, so it may skip one the trainer made quickly: any newer one counts)
+        assert wait_until(lambda: max(worker.first_rollout_at) > resumed_at, 60.0, interval_s=0.5)
         stats = validator.stats().workers[worker.node.identity.peer_id_bytes]
         assert stats.accepted >= 8 and stats.strikes == 0
         assert set(stats.rejected) <= {"stale", "unknown_version"}, stats.rejected
