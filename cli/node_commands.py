@@ -105,7 +105,8 @@ def identity(identity_path: Path | None, create: bool, as_json: bool) -> None:
 @rl_options
 @click.option(
     "--publisher", "publishers", multiple=True,
-    help="On an RL run: PeerID of a trainer whose policy versions this node follows (repeatable).",
+    help="PeerID of one of the run's authorised publishers (repeatable): on an RL run, a trainer whose policy "
+    "versions this node follows; for a trainer, another trainer whose outer state it may take when it resyncs.",
 )  # fmt: skip
 @click.option(
     "--wait-for-trainers", type=click.IntRange(1, 1024), default=1, show_default=True,
@@ -156,7 +157,7 @@ def join(
     from node.node import HivenetNode
 
     trainer = (
-        build_trainer_config(config.run_id, **trainer_flags)
+        build_trainer_config(config.run_id, authorized_publishers=list(publishers) or None, **trainer_flags)
         if Role.TRAINER in config.roles and not is_rl
         else None
     )

@@ -105,7 +105,13 @@ def build_trainer_config(run_id: str, **options: Any) -> Any:
     if options.get("data_paths"):
         data.update(source="files", paths=tuple(options["data_paths"]))
     top: dict[str, Any] = {"run_id": run_id}
-    for key in ("compression", "checkpoint_dir", "target_group_size", "matchmaking_time_s"):
+    for key in (
+        "compression",
+        "checkpoint_dir",
+        "target_group_size",
+        "matchmaking_time_s",
+        "authorized_publishers",
+    ):
         if options.get(key) is not None:
             top[key] = options[key]
     try:

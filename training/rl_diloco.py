@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 import torch
 from hivemind import DHT
+from hivemind.p2p import PeerID
 
 from node.averaging.averager import DiLoCoAverager
 from node.averaging.outer_state import OuterState
@@ -171,9 +172,12 @@ class DiLoCoUpdates:
 
 
 def diloco_updates(
-    dht: DHT, run_id: str, config: RLDiLoCoConfig, *, name: str
+    dht: DHT, run_id: str, config: RLDiLoCoConfig, *, name: str, authorized_publishers: Sequence[str] = ()
 ) -> Callable[[TinyGPT, GRPOConfig, int], DiLoCoUpdates]:
     """An `RLTrainer` updates factory: GRPO with `config`'s DiLoCo, averaging over `dht` with `run_id`'s trainers.
+
+    A resync takes the verified outer state of one of `authorized_publishers` (base58 PeerIDs,
+    the run's other trainers) on its own; anyone else's needs a second source that agrees.
 
     Call the factory in the thread that owns the process (the averager forks a process).
     """
@@ -193,6 +197,7 @@ def diloco_updates(
             max_norm_ratio=config.max_norm_ratio,
             min_norm_per_value=config.min_norm_per_value or grpo.lr * config.inner_steps,
             name=name,
+            trusted_state_sources=[PeerID.from_base58(p) for p in authorized_publishers],
         )
 
         def shutdown() -> None:

@@ -28,11 +28,13 @@ from typing import Literal
 
 import torch
 from hivemind import DHT
-from pydantic import BaseModel, ConfigDict, Field
+from hivemind.p2p import PeerID
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from node.averaging.averager import DiLoCoAverager
 from node.averaging.outer_state import OuterState
 from node.averaging.robust import DEFAULT_RULE, AggregationRule
+from node.config import check_base58_peer_ids
 from node.identity import Identity
 from protocol.dht_keys import averaging_prefix, validate_run_id
 from protocol.errors import HivenetError
@@ -131,6 +133,17 @@ class TrainerConfig(BaseModel):
     torch_threads: int | None = Field(default=None, ge=1)
     """torch intra-op threads (None: leave torch's default)."""
 
+    authorized_publishers: list[str] = Field(default_factory=list)
+    """Base58 PeerIDs of the run's authorised publishers (typically its other trainers): their
+    published versions are accepted, and a resync takes their verified outer state on their word
+    alone, while anyone else's needs a second source that agrees. A run of two trainers needs
+    them named to recover from a diverged round."""
+
+    @field_validator("authorized_publishers")
+    @classmethod
+    def _peer_ids(cls, value: list[str]) -> list[str]:
+        return check_base58_peer_ids(value)
+
 
 def _shard_for(config: TrainerConfig, peer_id: bytes) -> int:
     if config.shard_index is not None:
@@ -194,6 +207,7 @@ class TrainerRuntime:
             target_group_size=config.target_group_size,
             name=name,
             aggregation=config.aggregation,
+            trusted_state_sources=[PeerID.from_base58(p) for p in config.authorized_publishers],
         )
         logger.info(
             "%s: trainer ready (run %s, shard %d of %d)", name, config.run_id, shard, config.num_shards

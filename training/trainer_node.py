@@ -70,7 +70,9 @@ def start_trainer(
             identity=node.identity,
             config=BroadcastConfig(
                 store_dir=node.config.weights_dir,
-                authorized_publishers=[node.identity.peer_id.to_base58()],
+                authorized_publishers=list(
+                    dict.fromkeys([node.identity.peer_id.to_base58(), *config.authorized_publishers])
+                ),
             ),
             metrics=node.metrics,
         )

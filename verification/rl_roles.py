@@ -132,7 +132,10 @@ def start_rl_trainer(
                 "an RL trainer with DiLoCo does not checkpoint (its outer momentum is not saved)"
             )
         assert node.dht is not None, "start the node first"
-        updates = diloco_updates(node.dht, config.run_id, config.diloco, name=node.short_id)
+        updates = diloco_updates(
+            node.dht, config.run_id, config.diloco, name=node.short_id,
+            authorized_publishers=config.authorized_publishers,
+        )  # fmt: skip
     validator = make_validator(node, config)
     trainer = RLTrainer(
         node,

@@ -37,7 +37,7 @@ from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
 from hivemind.averaging.group_info import GroupInfo
 from hivemind.averaging.matchmaking import MatchmakingException
-from hivemind.p2p import P2P, P2PContext
+from hivemind.p2p import P2P, P2PContext, PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import enter_asynchronously
 
@@ -88,7 +88,10 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         target_group_size: int | None = None,
         name: str = "trainer",
         aggregation: AggregationRule = DEFAULT_RULE,
+        trusted_state_sources: Sequence[PeerID] = (),
     ) -> None:
+        """`trusted_state_sources`: the run's authorised publishers, whose verified outer state a
+        resync takes without a second source (see `node.averaging.state_sync`)."""
         install_hivemind_codecs()
         self.codec_name = compression
         self.aggregation = aggregation
@@ -102,7 +105,7 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         # Lives in the averager process (copied there when hivemind starts it).
         self.bans = BanList(ban_base_s, ban_base_s * 2**MAX_BAN_DOUBLINGS, owner=name)
         self._matchmaking_time_s = matchmaking_time_s
-        self._init_state_sharing()
+        self._init_state_sharing(trusted_state_sources)
         self._init_rounds()
         tensors = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
         super().__init__(

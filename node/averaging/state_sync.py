@@ -15,12 +15,16 @@
   state is refused unless it is above the step asked for, has the right dtypes, shapes and
   finite values, and its recomputed `state_hash` is the hash its source advertises (a source
   that fails these checks is banned). Banned peers are skipped.
-* **Never one peer's word.** A verified state is taken only once a second source serves the
-  same (step, hash) (its metadata suffices). The majority hash of our last round is not an
-  alternative: it is the hash of the state *before* that round's outer step, and a resync
-  always asks for a later one. With a single other trainer no state is ever confirmed:
-  `fetch_state` retries for `wait_s` seconds, then refuses with a warning and the caller keeps
-  its own checkpoint or initial state (a run of two cannot tell a poisoner from an honest peer).
+* **Never one peer's word, unless the run vouches for it.** A verified state is taken once a
+  second source serves the same (step, hash) (its metadata suffices), or at once when its source
+  is one of the run's authorised publishers (`DiLoCoAverager(trusted_state_sources=...)`: the PeerIDs whose signed
+  versions the run's weight broadcast accepts; the libp2p stream authenticates the source's
+  PeerID as a signature would). The majority hash of our last round is not an alternative: it
+  is the hash of the state *before* that round's outer step, and a resync always asks for a
+  later one. Without either, `fetch_state` retries for `wait_s` seconds, then refuses with a
+  warning and the caller keeps its own checkpoint or initial state: a run of two trainers that
+  name no publishers cannot tell a poisoner from an honest peer (name each other with
+  `--publisher` so a diverged one can resync).
 """
 
 from __future__ import annotations
@@ -70,9 +74,14 @@ class StateSharing(_AveragerBase):
     label: str
     bans: BanList
 
-    def _init_state_sharing(self) -> None:
-        """Set up this mixin's fields; called before hivemind starts the averager process."""
+    def _init_state_sharing(self, trusted_sources: Sequence[PeerID] = ()) -> None:
+        """Set up this mixin's fields; called before hivemind starts the averager process.
+
+        A verified state served by one of `trusted_sources` (the run's authorised publishers) is
+        taken without a second source.
+        """
         self._state_provider: Callable[[], OuterState] | None = None
+        self._trusted_sources = frozenset(p.to_bytes() for p in trusted_sources)
         # The peers whose state hash was the majority of our last round (see `prefer_state_sources`).
         self._preferred_sources: list[PeerID] = []
         self._peers_seen = False
@@ -92,15 +101,17 @@ class StateSharing(_AveragerBase):
     async def _agreed_state(
         self, peer_ids: list[bytes], newer_than: int, max_bytes: int, timeout: float
     ) -> tuple[str, Any]:
-        """("agreed", (source, step, tensors)) for the first state two sources agree on, else
-        ("unconfirmed", offers): the (source, step, hash) of each verified state nobody confirmed."""
+        """("agreed", (source, step, tensors)) for the first state two sources agree on or that an
+        authorised publisher serves, else ("unconfirmed", offers): the (source, step, hash) of each
+        verified state nobody confirmed."""
         verified: dict[tuple[int, str], tuple[bytes, list[torch.Tensor]]] = {}
-        for raw in peer_ids:
+        trusted = self._trusted_sources
+        for raw in sorted(peer_ids, key=lambda p: p not in trusted):  # stable: keeps the preference order
             peer = PeerID(raw)
             if peer == self.peer_id or self.bans.is_banned(peer):
                 continue
             try:
-                if verified:  # a second source need only vouch for a state we hold: its metadata
+                if verified and raw not in trusted:  # a second source need only vouch for a state we hold
                     offer = await asyncio.wait_for(self._state_offer(peer, max_bytes, timeout), timeout)
                     if offer in verified:
                         source, tensors = verified[offer]
@@ -129,6 +140,12 @@ class StateSharing(_AveragerBase):
             if problem is not None:
                 self.bans.ban(peer, f"state: {problem}")
                 continue
+            if raw in trusted:
+                logger.info(
+                    "%s: taking the state of authorised publisher %s (outer step %d, hash %s)",
+                    self.label, peer, step, metadata["hash"],
+                )  # fmt: skip
+                return "agreed", (raw, step, tensors)
             verified[(step, metadata["hash"])] = (raw, tensors)
         return "unconfirmed", [(source, step, digest) for (step, digest), (source, _) in verified.items()]
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from cli.output import setup_logging
-from cli.train import resolve_trainer_options
+from cli.train import build_trainer_config, resolve_trainer_options
 from protocol.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -49,6 +49,17 @@ def test_bad_trainer_options_are_clear_errors(tmp_path: Path, monkeypatch: pytes
     monkeypatch.setenv("HIVENET_TRAINER_COMPRESSION", "zip")
     with pytest.raises(ConfigError, match="compression"):
         resolve_trainer_options(None, {})
+
+
+def test_a_trainers_publishers_are_checked_peer_ids(tmp_path: Path) -> None:
+    from node.identity import create_identity
+
+    peer = create_identity(tmp_path / "key").peer_id.to_base58()
+    config = build_trainer_config("r", authorized_publishers=[peer])
+    assert config.authorized_publishers == [peer]
+    assert build_trainer_config("r", authorized_publishers=None).authorized_publishers == []
+    with pytest.raises(ConfigError, match=r"authorized_publishers.*not a base58 PeerID"):
+        build_trainer_config("r", authorized_publishers=["not a peer"])
 
 
 class LevelProbe:

@@ -94,21 +94,30 @@ def run_round(
 
 @contextlib.contextmanager
 def averager_swarm(
-    shapes: Sequence[torch.Size], classes: Sequence[type[DiLoCoAverager]], **kwargs: Any
+    shapes: Sequence[torch.Size],
+    classes: Sequence[type[DiLoCoAverager]],
+    *,
+    trust_each_other: bool = False,
+    **kwargs: Any,
 ) -> Iterator[list[DiLoCoAverager]]:
     """One averager of each class (named peer0, peer1, ...), each with its own DHT, on 127.0.0.1.
 
-    Yields once every averager sees all the others through the DHT: a round begun while the
-    swarm is still forming can fail to find a group on a loaded machine.
+    With `trust_each_other`, every averager names all the others as the run's authorised
+    publishers (`trusted_state_sources`). Yields once every averager sees all the others through
+    the DHT: a round begun while the swarm is still forming can fail to find a group on a loaded
+    machine.
     """
     dhts: list[DHT] = []
     averagers: list[DiLoCoAverager] = []
     try:
         dhts.append(start_loopback_dht())
         peers = [str(a) for a in dhts[0].get_visible_maddrs()]
+        dhts += [start_loopback_dht(peers) for _ in classes]
         for i, cls in enumerate(classes):
-            dhts.append(start_loopback_dht(peers))
-            averagers.append(cls(shapes, dhts[-1], name=f"peer{i}", **kwargs))
+            own = dhts[i + 1]
+            if trust_each_other:
+                kwargs["trusted_state_sources"] = [d.peer_id for d in dhts[1:] if d is not own]
+            averagers.append(cls(shapes, own, name=f"peer{i}", **kwargs))
         for a in averagers:
             a.publish_step(0)
         others = len(averagers) - 1

@@ -5,7 +5,9 @@ parameters of 1e4 and, with fake state-sharing entries in the DHT (peers that se
 advertising step 100, makes the joiner try it first. The attacker either advertises the hash of
 its poisoned state, at step 100 (one source, nobody confirms it), or copies the honest step and
 hash (its tensors do not hash to it). The joiner must take the honest state. With a single other
-trainer, no state is confirmed: the joiner refuses it after its bounded wait and logs why.
+trainer, no state is confirmed: the joiner refuses it after its bounded wait and logs why,
+unless that trainer is one of the run's authorised publishers: then its state is taken on its own,
+still only if its tensors hash to what it advertises.
 """
 
 from __future__ import annotations
@@ -104,3 +106,27 @@ def test_with_a_single_other_trainer_no_state_is_taken(caplog: pytest.LogCapture
             assert joiner.fetch_state(newer_than=0, timeout_s=10.0, wait_s=2.0) is None
         assert "refusing unconfirmed outer state" in caplog.text
         assert f"step {HONEST_STEP} hash {HONEST.hash()}" in caplog.text
+
+
+def test_a_single_authorised_publisher_is_taken_on_its_own() -> None:
+    """A run of two trainers that name each other recovers from a diverged round (the only way it can)."""
+    torch.set_num_threads(1)
+    classes = [DiLoCoAverager, DiLoCoAverager]
+    with averager_swarm(SHAPES, classes, prefix="trustedtest", trust_each_other=True) as (other, joiner):
+        other.set_state_provider(HONEST.clone)
+        other.publish_step(HONEST_STEP)
+        assert wait_until(lambda: list(joiner.peer_steps().values()) == [HONEST_STEP], timeout_s=60)
+        fetched = joiner.fetch_state(newer_than=0, timeout_s=10.0, wait_s=2.0)
+    assert fetched is not None, "the joiner refused the state of the run's authorised publisher"
+    assert (fetched.step, fetched.hash()) == (HONEST_STEP, HONEST.hash())
+
+
+def test_an_authorised_publisher_is_still_checked() -> None:
+    """Same run as above, but the publisher serves poisoned tensors under the honest step and hash."""
+    torch.set_num_threads(1)
+    classes = [HashCopyingAverager, DiLoCoAverager]
+    with averager_swarm(SHAPES, classes, prefix="trustedbad", trust_each_other=True) as (other, joiner):
+        other.set_state_provider(POISON.clone)
+        other.publish_step(HONEST_STEP)
+        assert wait_until(lambda: list(joiner.peer_steps().values()) == [HONEST_STEP], timeout_s=60)
+        assert joiner.fetch_state(newer_than=0, timeout_s=10.0, wait_s=2.0) is None
