@@ -332,7 +332,7 @@ def fetch(
         TransferSpeedColumn,
     )
 
-    from node.broadcast.fetch import FetchProgress
+    from node.broadcast.fetch_progress import FetchProgress
 
     _setup_logging(options.verbose)
     console = Console(stderr=True)

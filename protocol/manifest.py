@@ -10,7 +10,8 @@ large, so they are not DHT values: the DHT carries a small signed **pointer** (r
 content id, manifest size, publisher) and peers fetch a manifest from any holder of that
 content id, checking its signature, its publisher and its content id. A **holder
 announcement** is a short-lived signed DHT value saying that a peer holds (part of) a version's
-content. Only publishers listed for the run are believed.
+content. Only publishers listed for the run are believed. Chunk bitmaps and frame caps are in
+`protocol.chunk_bitmap`.
 
 Everything here is pure: `parse_*` turn untrusted bytes into typed objects or raise
 InvalidMessage (UnauthorizedPublisher when the signer is not allowed to publish).
@@ -33,9 +34,7 @@ from protocol.errors import ConfigError, InvalidMessage
 from protocol.limits import (
     MAX_ADDRESS_CHARS,
     MAX_ADDRESSES,
-    MAX_BROADCAST_REQUEST_BYTES,
     MAX_CHUNK_BYTES,
-    MAX_HAVE_BATCH,
     MAX_HOLDER_TTL_S,
     MAX_MANIFEST_BYTES,
     MAX_MANIFEST_TENSORS,
@@ -443,43 +442,3 @@ BROADCAST_DOMAIN_RULES: dict[str, tuple[float, Callable[[bytes, bytes], None]]] 
     WEIGHTS_HOLDER_DOMAIN: (MAX_HOLDER_TTL_S, _check_holder_record),
 }
 """Domain -> (max TTL in s, payload check); protocol.record_validator registers these."""
-
-
-def bitmap_bytes(num_chunks: int) -> int:
-    """Size of a chunk bitmap for `num_chunks` chunks."""
-    return (num_chunks + 7) // 8
-
-
-def parse_bitmap(data: bytes, num_chunks: int) -> bytearray:
-    """Check an untrusted bitmap (exact length, no bits past the last chunk) and return a mutable copy."""
-    if len(data) != bitmap_bytes(num_chunks):
-        raise InvalidMessage(f"bitmap of {len(data)} bytes for {num_chunks} chunks")
-    spare = bitmap_bytes(num_chunks) * 8 - num_chunks
-    if spare and data[-1] >> (8 - spare):
-        raise InvalidMessage("bitmap marks chunks past the last one")
-    return bytearray(data)
-
-
-def bitmap_get(bitmap: bytes | bytearray, index: int) -> bool:
-    """Whether bit `index` is set (LSB-first within each byte)."""
-    return bool(bitmap[index >> 3] & (1 << (index & 7)))
-
-
-def bitmap_set(bitmap: bytearray, index: int) -> None:
-    """Set bit `index`."""
-    bitmap[index >> 3] |= 1 << (index & 7)
-
-
-def bitmap_count(bitmap: bytes | bytearray) -> int:
-    """Number of set bits."""
-    return int.from_bytes(bitmap, "little").bit_count()
-
-
-def have_update_cap(num_chunks: int) -> int:
-    """The most bytes one HaveUpdate frame for a version of `num_chunks` chunks may take."""
-    return 64 + bitmap_bytes(num_chunks) + 2 * 11 * MAX_HAVE_BATCH
-
-
-def request_cap() -> int:
-    """The most bytes a broadcast request frame may take."""
-    return MAX_BROADCAST_REQUEST_BYTES

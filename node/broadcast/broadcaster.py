@@ -33,7 +33,8 @@ from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.dialing import HolderDialer
 from node.broadcast.errors import FetchStalled, StoreError, WeightsUnavailable
-from node.broadcast.fetch import FetchProgress, VersionFetch
+from node.broadcast.fetch import VersionFetch
+from node.broadcast.fetch_progress import FetchProgress
 from node.broadcast.manifest_fetch import obtain_manifest
 from node.broadcast.publish import prepare_file, prepare_state_dict
 from node.broadcast.records import BroadcastRecords, HolderInfo

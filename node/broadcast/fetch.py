@@ -37,34 +37,21 @@ from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.dialing import sample_holders
 from node.broadcast.errors import DiskFull, FetchStalled, StoreError
+from node.broadcast.fetch_progress import FetchProgress, ProgressMeter
 from node.broadcast.records import HolderInfo
 from node.broadcast.requests import NotHeld, Stream, open_watch, read_have_update, request_chunk
 from node.broadcast.store import VersionEntry
 from node.metrics import NO_TRANSFER_METRICS, TransferMetrics
 from node.runtime import offload
 from protocol import broadcast_pb2 as bpb
+from protocol.chunk_bitmap import bitmap_get, parse_bitmap
 from protocol.errors import InvalidMessage
-from protocol.manifest import bitmap_get, parse_bitmap
 
 logger = logging.getLogger(__name__)
 
 _MAX_FETCHING_HINTS = 64
 _MIN_WATCH_S = 1.0
 """A source whose watch streams end sooner than this is dropped (retried later) rather than re-watched."""
-
-
-@dataclass
-class FetchProgress:
-    """A snapshot of a running fetch, for progress bars."""
-
-    bytes_done: int
-    total_bytes: int
-    chunks_done: int
-    num_chunks: int
-    rate_bytes_per_s: float
-    sources: int
-    """Sources that delivered a chunk in the last few seconds."""
-    eta_s: float | None
 
 
 @dataclass
@@ -135,7 +122,7 @@ class VersionFetch:
         # together then ask the publisher for different chunks instead of colliding at random
         offset = int.from_bytes(own_peer_id.to_bytes()[-8:], "big") % max(1, self.manifest.num_chunks)
         self._tiebreak = [(i - offset) % self.manifest.num_chunks for i in range(self.manifest.num_chunks)]
-        self._rate_window: list[tuple[float, int]] = []
+        self._meter = ProgressMeter()
         self._fatal: Exception | None = None
 
     # ---- sources -------------------------------------------------------------------------
@@ -333,7 +320,7 @@ class VersionFetch:
             rate if source.rate_bytes_per_s is None else 0.7 * source.rate_bytes_per_s + 0.3 * rate
         )
         source.last_delivery = time.monotonic()
-        self._rate_window.append((time.monotonic(), len(data)))
+        self._meter.delivered(len(data))
         if written:
             self.metrics.chunk_fetched()
             self.on_chunk(index)
@@ -411,25 +398,16 @@ class VersionFetch:
                 self._start(source, index)
 
     def _report(self) -> None:
-        if self.progress is None:
-            return
-        now = time.monotonic()
-        self._rate_window = [(t, n) for t, n in self._rate_window if t > now - 3.0]
-        rate = sum(n for _, n in self._rate_window) / 3.0
-        done = min(self.entry.chunks_held * self.manifest.chunk_bytes, self.manifest.total_bytes)
-        left = self.manifest.total_bytes - done
-        active = sum(1 for s in self.sources.values() if s.last_delivery > now - 3.0)
-        self.progress(
-            FetchProgress(
-                bytes_done=done,
-                total_bytes=self.manifest.total_bytes,
-                chunks_done=self.entry.chunks_held,
-                num_chunks=self.manifest.num_chunks,
-                rate_bytes_per_s=rate,
-                sources=active,
-                eta_s=left / rate if rate > 0 else None,
+        if self.progress is not None:
+            self.progress(
+                self._meter.snapshot(
+                    chunks_done=self.entry.chunks_held,
+                    num_chunks=self.manifest.num_chunks,
+                    chunk_bytes=self.manifest.chunk_bytes,
+                    total_bytes=self.manifest.total_bytes,
+                    last_deliveries=[s.last_delivery for s in self.sources.values()],
+                )
             )
-        )
 
     async def run(self) -> None:
         """Fetch until every chunk is held and verified."""

@@ -16,9 +16,10 @@ from hivemind.p2p import P2P, PeerID
 from node.broadcast.service import PROTO_CHUNK, PROTO_WATCH, parse_request
 from node.broadcast.wire import read_frame, read_payload, write_frame
 from protocol import broadcast_pb2 as bpb
+from protocol.chunk_bitmap import have_update_cap
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_RESPONSE_HEADER_BYTES
-from protocol.manifest import Manifest, have_update_cap
+from protocol.manifest import Manifest
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 

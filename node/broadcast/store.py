@@ -22,17 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from node.broadcast.errors import DiskFull, StoreError
+from protocol.chunk_bitmap import bitmap_bytes, bitmap_count, bitmap_get, bitmap_set, parse_bitmap
 from protocol.dht_keys import validate_run_id
 from protocol.errors import InvalidMessage
-from protocol.manifest import (
-    Manifest,
-    bitmap_bytes,
-    bitmap_count,
-    bitmap_get,
-    bitmap_set,
-    parse_bitmap,
-    parse_manifest,
-)
+from protocol.manifest import Manifest, parse_manifest
 
 logger = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from hivemind.p2p import PeerID
 from hivemind.utils.serializer import MSGPackSerializer
 
 from protocol import broadcast_pb2 as bpb
+from protocol.chunk_bitmap import parse_bitmap
 from protocol.dht_keys import signed_subkey, weights_holders_key, weights_pointer_key
 from protocol.envelope import seal
 from protocol.errors import InvalidMessage
@@ -26,7 +27,6 @@ from protocol.manifest import (
     WeightsPointer,
     build_manifest,
     content_id_of,
-    parse_bitmap,
     parse_manifest,
     sha256,
 )

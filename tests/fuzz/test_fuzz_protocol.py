@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from protocol import broadcast_pb2 as bpb
 from protocol import hivenet_pb2 as pb
 from protocol import record_validator
+from protocol.chunk_bitmap import parse_bitmap
 from protocol.dht_keys import node_records_key, signed_subkey
 from protocol.envelope import open_envelope, peek_domain, seal
 from protocol.errors import InvalidMessage, InvalidProofError
@@ -35,7 +36,6 @@ from protocol.manifest import (
     TensorInfo,
     WeightsPointer,
     build_manifest,
-    parse_bitmap,
     parse_manifest,
 )
 from protocol.node_record import NODE_RECORD_DOMAIN, Capabilities, NodeRecord, Role
