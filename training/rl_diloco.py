@@ -36,6 +36,7 @@ from hivemind.p2p import PeerID
 from node.averaging.averager import DiLoCoAverager
 from node.averaging.outer_state import OuterState
 from protocol.dht_keys import averaging_prefix
+from training.checkpoint import CheckpointError
 from training.diloco import RoundAverager, StateSource
 from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
 from training.model import TinyGPT
@@ -57,6 +58,11 @@ class OuterVersionLearner(GRPOLearner):
     def internal(self, outer_version: int) -> int:
         """The learner's number for outer version `outer_version`."""
         return outer_version * self.spacing
+
+    @property
+    def known_versions(self) -> list[int]:
+        """The outer versions whose weights the learner holds (rollouts carry outer versions)."""
+        return sorted(v // self.spacing for v in self._history)
 
     def _remember(self) -> None:
         """Snapshot the weights only at outer versions; keep the newest `async_level + 1` of them."""
@@ -165,6 +171,27 @@ class DiLoCoUpdates:
         )  # fmt: skip
         if self.on_outer_step is not None:
             self.on_outer_step(state)
+
+    def saved_state(self) -> dict[str, torch.Tensor]:
+        """The outer momentum (the outer parameters are the checkpointed policy's weights)."""
+        return {f"outer_momentum.{i}": m.clone() for i, m in enumerate(self.state.momentum)}
+
+    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+        """Take back the outer momentum of a checkpoint written by `saved_state`."""
+        params = self.state.params
+        names = [f"outer_momentum.{i}" for i in range(len(params))]
+        if sorted(saved) != sorted(names):
+            raise CheckpointError(
+                "the checkpoint holds no DiLoCo outer momentum for this model (written without DiLoCo, or "
+                "for another model): resume it with the settings it was written with"
+            )
+        momentum = [saved[name] for name in names]
+        for m, p in zip(momentum, params, strict=True):
+            if m.dtype != p.dtype or m.shape != p.shape or not bool(torch.isfinite(m).all()):
+                raise CheckpointError(
+                    "the checkpoint's outer momentum does not fit the model or is not finite"
+                )
+        self.state = OuterState(list(params), [m.clone() for m in momentum], self.state.step)
 
     def close(self) -> None:
         if self._close is not None:

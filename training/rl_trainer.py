@@ -11,7 +11,8 @@
   publishes the new version and moves the judge's staleness reference forward. A buffered
   rollout whose version fell more than `async_level` behind is dropped, never trained on.
 
-With `checkpoint_dir`, every version is saved before it is published; a restarted trainer
+With `checkpoint_dir`, every version is saved before it is published (with what its
+`PolicyUpdates` needs besides the weights, e.g. DiLoCo's outer momentum); a restarted trainer
 resumes from its newest checkpoint and republishes that version.
 
 How GRPO steps become policy versions is a `PolicyUpdates` (default: every optimizer step is a
@@ -30,7 +31,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -47,6 +48,7 @@ from protocol.envelope import Envelope
 from protocol.manifest import Manifest
 from protocol.rollout_messages import Forwarded, parse_rollout
 from protocol.rollouts_pb2 import RolloutGroup
+from training.checkpoint import CheckpointError
 from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
 from training.model import TinyGPT
 from training.rl_run import RLRunConfig, RoleThread, group_id
@@ -96,6 +98,14 @@ class PolicyUpdates(Protocol):
         """One GRPO step on `batch`; True when it made a new policy version."""
         ...
 
+    def saved_state(self) -> dict[str, torch.Tensor]:
+        """What a restart needs besides the newest version's weights (saved with them in the checkpoint)."""
+        ...
+
+    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+        """Take back what `saved_state` returned before a restart; CheckpointError if it does not fit."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -111,6 +121,15 @@ class EveryStepUpdates:
 
     def step(self, batch: Sequence[Sequence[ScoredRollout]]) -> tuple[GRPOStepReport, bool]:
         return self.learner.step(batch), True
+
+    def saved_state(self) -> dict[str, torch.Tensor]:
+        return {}
+
+    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+        if saved:
+            raise CheckpointError(
+                "the checkpoint was written by a trainer with DiLoCo: resume it with the same DiLoCo settings"
+            )
 
     def close(self) -> None:
         pass
@@ -169,12 +188,22 @@ class RLTrainer(RoleThread):
         self.on_step = on_step
         self.checkpoint_dir = checkpoint_dir
         version = 0
-        if checkpoint_dir is not None and (checkpoint_dir / _CHECKPOINT_NAME).exists():
-            saved = torch.load(checkpoint_dir / _CHECKPOINT_NAME, weights_only=True)
-            policy.load_state_dict(saved["state"])
-            version = int(saved["version"])
+        saved: dict[str, Any] = {}
+        path = None if checkpoint_dir is None else checkpoint_dir / _CHECKPOINT_NAME
+        if path is not None and path.exists():
+            try:
+                saved = torch.load(path, weights_only=True)
+                policy.load_state_dict(saved["state"])
+                version = int(saved["version"])
+            except Exception as exc:
+                raise CheckpointError(
+                    f"{path} is not a usable checkpoint of this run's policy ({exc!r}); "
+                    "move it away to start from version 0"
+                ) from None
             logger.info("[%s] resumed from version %d", node.short_id, version)
         self.updates = updates(policy, config.grpo, version)
+        if saved:
+            self.updates.restore(saved.get("updates", {}))
         self.learner = self.updates.learner
         self.reports: list[RLStepReport] = []
         self.stale_dropped = 0
@@ -280,7 +309,7 @@ class RLTrainer(RoleThread):
         if self.checkpoint_dir is not None:
             self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             tmp = self.checkpoint_dir / (_CHECKPOINT_NAME + ".tmp")
-            torch.save({"state": state, "version": version}, tmp)
+            torch.save({"state": state, "version": version, "updates": self.updates.saved_state()}, tmp)
             tmp.replace(self.checkpoint_dir / _CHECKPOINT_NAME)
         try:
             manifest = self.node.call(self._publish(version, state), timeout_s=PUBLISH_TIMEOUT_S)

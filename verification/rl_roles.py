@@ -29,7 +29,6 @@ from node.rollouts.peers import connect_member
 from node.runtime import offload
 from protocol import hivenet_pb2 as hpb
 from protocol.envelope import Envelope
-from protocol.errors import ConfigError
 from protocol.node_record import Role
 from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict
 from training.grpo import ScoredRollout
@@ -127,10 +126,6 @@ def start_rl_trainer(
     """
     updates: UpdatesFactory = every_step_updates
     if config.diloco is not None:
-        if checkpoint_dir is not None:
-            raise ConfigError(
-                "an RL trainer with DiLoCo does not checkpoint (its outer momentum is not saved)"
-            )
         assert node.dht is not None, "start the node first"
         updates = diloco_updates(
             node.dht, config.run_id, config.diloco, name=node.short_id,

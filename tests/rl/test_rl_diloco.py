@@ -26,6 +26,7 @@ from tests.helpers.rl_diloco import (
     fetch_published,
     scored_groups,
 )
+from training.checkpoint import CheckpointError
 from training.diloco import RoundAverager
 from training.grpo import GRPOConfig, StaleRolloutError
 from training.model import ModelConfig, TinyGPT
@@ -69,7 +70,8 @@ def test_a_version_per_outer_step_and_behaviour_weights_of_outer_versions() -> N
     updates.step(scored_groups(5, 1))
     assert updates.version == 2
     # only the newest async_level + 1 outer versions are kept; version 0 is now too old
-    assert updates.learner.known_versions == [updates.learner.internal(1), updates.learner.internal(2)]
+    # (in outer versions, what rollouts carry and what the trainer compares them with)
+    assert updates.learner.known_versions == [1, 2]
     with pytest.raises(StaleRolloutError):
         updates.step(scored_groups(6, 0))
 
@@ -113,6 +115,38 @@ def test_two_trainers_end_every_outer_step_with_identical_states() -> None:
         assert torch.equal(a, b)
     # they really averaged: trainer 0 alone on the same rollouts ends elsewhere
     assert alone.records[-1].state_hash != first.records[-1].state_hash
+
+
+def test_the_outer_momentum_survives_a_restart() -> None:
+    """A restarted DiLoCo trainer resumes its outer state whole: parameters and momentum (its inner
+    optimizer starts afresh, as a non-RL DiLoCo trainer's does)."""
+    torch.manual_seed(5)
+    updates = updates_for(TinyGPT(TINY), LoneAverager(), inner_steps=1)
+    for seed in range(2):
+        updates.step(scored_groups(20 + seed, updates.version))
+    saved = updates.saved_state()
+    assert updates.version == 2 and any(bool(m.abs().sum() > 0) for m in saved.values())
+
+    # what a restart has: the checkpointed weights, its version, and `saved`
+    policy = TinyGPT(TINY)
+    policy.load_state_dict(updates.learner.state_dict())
+    learner = OuterVersionLearner(policy, GRPO, inner_steps=1, outer_version=2)
+    resumed = DiLoCoUpdates(learner, RLDiLoCoConfig(inner_steps=1), LoneAverager())
+    assert resumed.state.hash() != updates.state.hash()  # without the momentum it is another state
+    resumed.restore(saved)
+    assert resumed.state.hash() == updates.state.hash()
+
+
+def test_a_checkpoint_without_fitting_momentum_is_refused() -> None:
+    updates = updates_for(TinyGPT(TINY), LoneAverager(), inner_steps=1)
+    saved = updates.saved_state()
+    with pytest.raises(CheckpointError, match="no DiLoCo outer momentum"):
+        updates.restore({})
+    first = next(iter(saved))
+    with pytest.raises(CheckpointError, match="does not fit"):
+        updates.restore({**saved, first: torch.zeros(3)})
+    with pytest.raises(CheckpointError, match="not finite"):
+        updates.restore({**saved, first: torch.full_like(saved[first], float("nan"))})
 
 
 def test_a_trainer_outvoted_by_its_group_adopts_the_majority_state() -> None:

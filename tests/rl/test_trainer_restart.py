@@ -23,10 +23,15 @@ from protocol.peer_keys import peer_id_from_private_key
 from protocol.rollout_messages import open_group, seal_group
 from protocol.rollouts_pb2 import RolloutGroup
 from tests.helpers.broadcast import assert_state_dicts_equal
+from tests.helpers.rl_diloco import LoneAverager
 from tests.helpers.rl_loop import TINY, FakeJudge, LoopbackNodes, fake_group, tiny_run
 from tests.helpers.rollouts import key
+from training.checkpoint import CheckpointError
+from training.grpo import GRPOConfig
 from training.model import TinyGPT
-from training.rl_trainer import RLTrainer
+from training.rl_diloco import DiLoCoUpdates, OuterVersionLearner
+from training.rl_run import RLDiLoCoConfig
+from training.rl_trainer import PolicyUpdates, RLTrainer, UpdatesFactory, every_step_updates
 
 pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
@@ -48,11 +53,20 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNodes]:
         nodes.close()
 
 
-def _start(nodes: LoopbackNodes, name: str, checkpoint_dir: Path) -> tuple[RLTrainer, FakeJudge]:
+def _lone_diloco(policy: TinyGPT, grpo: GRPOConfig, version: int) -> PolicyUpdates:
+    """DiLoCo with H=1 and no other trainer: every GRPO step is an outer step, with outer momentum."""
+    learner = OuterVersionLearner(policy, grpo, inner_steps=1, outer_version=version)
+    return DiLoCoUpdates(learner, RLDiLoCoConfig(inner_steps=1), LoneAverager())
+
+
+def _start(
+    nodes: LoopbackNodes, name: str, checkpoint_dir: Path, updates: UpdatesFactory = every_step_updates
+) -> tuple[RLTrainer, FakeJudge]:
     node = nodes.add(name, [Role.TRAINER, Role.VALIDATOR])
     judge = FakeJudge(node, CONFIG.run_id, lambda worker, group: True)
     # a fresh random policy: whatever it resumes must come from the checkpoint
-    return RLTrainer(node, CONFIG, judge, TinyGPT(TINY), checkpoint_dir=checkpoint_dir).start(), judge
+    trainer = RLTrainer(node, CONFIG, judge, TinyGPT(TINY), checkpoint_dir=checkpoint_dir, updates=updates)
+    return trainer.start(), judge
 
 
 def _stop(nodes: LoopbackNodes, trainer: RLTrainer) -> None:
@@ -126,3 +140,62 @@ def test_a_trainer_that_dies_before_checkpointing_never_republishes_a_version_wi
         assert_state_dicts_equal(_published_state(restarted, 1), restarted.learner.state_dict())
     finally:
         _stop(nodes, restarted)
+
+
+def test_a_diloco_trainer_learns_from_rollouts_of_its_newer_outer_versions(
+    nodes: LoopbackNodes, tmp_path: Path
+) -> None:
+    """Rollouts carry outer versions; the trainer once compared them with the learner's internal
+    numbers (outer version x (H + 1)) and dropped every group of version 1 or later as stale."""
+    trainer, _ = _start(nodes, "trainer-e", tmp_path, updates=_lone_diloco)
+    try:
+        _submit(trainer, fake_group(20, version=0))
+        assert wait_until(lambda: trainer.version == 1, 60.0)
+        _submit(trainer, fake_group(21, version=1))
+        assert wait_until(lambda: trainer.version == 2 or trainer.stale_dropped > 0, 60.0)
+        assert trainer.stale_dropped == 0 and trainer.version == 2
+    finally:
+        _stop(nodes, trainer)
+
+
+def test_a_restarted_diloco_trainer_resumes_its_outer_momentum(nodes: LoopbackNodes, tmp_path: Path) -> None:
+    trainer, _ = _start(nodes, "trainer-c", tmp_path, updates=_lone_diloco)
+    for counter in range(2):
+        _submit(trainer, fake_group(10 + counter, version=trainer.version))
+        version = counter + 1
+
+        def published(version: int = version) -> bool:
+            return trainer.version == version and version in trainer.published_at
+
+        assert wait_until(published, 60.0)
+    assert isinstance(trainer.updates, DiLoCoUpdates)
+    state = trainer.updates.current_state()
+    _stop(nodes, trainer)
+
+    restarted, _ = _start(nodes, "trainer-c", tmp_path, updates=_lone_diloco)
+    try:
+        assert isinstance(restarted.updates, DiLoCoUpdates)
+        assert restarted.version == 2
+        assert restarted.updates.state.hash() == state.hash()  # momentum included
+    finally:
+        _stop(nodes, restarted)
+
+    # a checkpoint written with DiLoCo is not silently resumed without it (its momentum would be lost)
+    assert "DiLoCo settings" in _refusal(nodes, "trainer-c", tmp_path)
+
+
+def test_a_corrupt_checkpoint_is_a_clear_error(nodes: LoopbackNodes, tmp_path: Path) -> None:
+    (tmp_path / "policy.pt").write_bytes(b"not a checkpoint")
+    assert "move it away" in _refusal(nodes, "trainer-d", tmp_path)
+
+
+def _refusal(nodes: LoopbackNodes, name: str, checkpoint_dir: Path) -> str:
+    """The CheckpointError a trainer started on `checkpoint_dir` refuses to start with."""
+    node = nodes.add(name, [Role.TRAINER, Role.VALIDATOR])
+    try:
+        judge = FakeJudge(node, CONFIG.run_id, lambda worker, group: True)
+        with pytest.raises(CheckpointError) as refused:
+            RLTrainer(node, CONFIG, judge, TinyGPT(TINY), checkpoint_dir=checkpoint_dir)
+    finally:
+        nodes.stop(node)
+    return str(refused.value)
