@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -392,22 +392,19 @@ def attack_all_averagers(swarm: SquatSwarm, step: int = 7) -> SquatOutcome:
     )
 
 
-SQUAT_ATTACKS = ("weights pointer", "weights holders", "node records", "matchmaking", "all_averagers")
+SQUAT_ATTACKS: dict[str, Callable[[SquatSwarm], SquatOutcome]] = {
+    "weights pointer": lambda swarm: asyncio.run(attack_weights_pointer(swarm)),
+    "weights holders": lambda swarm: asyncio.run(attack_weights_holders(swarm)),
+    "node records": lambda swarm: asyncio.run(attack_node_records(swarm)),
+    "matchmaking": attack_matchmaking,
+    "all_averagers": attack_all_averagers,
+}
+"""Every squatting attack by name, run from synchronous code."""
 
 
 def run_squat_attack(swarm: SquatSwarm, attack: str) -> SquatOutcome:
-    """Run one of `SQUAT_ATTACKS` on `swarm` (from synchronous code)."""
-    if attack == "weights pointer":
-        return asyncio.run(attack_weights_pointer(swarm))
-    if attack == "weights holders":
-        return asyncio.run(attack_weights_holders(swarm))
-    if attack == "node records":
-        return asyncio.run(attack_node_records(swarm))
-    if attack == "matchmaking":
-        return attack_matchmaking(swarm)
-    if attack == "all_averagers":
-        return attack_all_averagers(swarm)
-    raise ValueError(f"unknown squatting attack {attack!r}")
+    """Run one of `SQUAT_ATTACKS` on `swarm`."""
+    return SQUAT_ATTACKS[attack](swarm)
 
 
 # ---- 64 values of 1 MiB ----------------------------------------------------------------------
