@@ -1,4 +1,6 @@
-"""Benchmark of robust aggregation: DiLoCo with 2 of 8 trainers attacking, robust rule vs plain mean.
+"""Benchmark of robustness: robust aggregation under attack, then attacks on a live swarm.
+
+Part 1, robust aggregation: DiLoCo with 2 of 8 trainers attacking, robust rule vs plain mean.
 
 Eight `training.diloco.DiLoCoTrainer`s run in one process (threads in lockstep, no network,
 overlap off so that every run is deterministic), same seeds and data shards in every run.
@@ -14,8 +16,17 @@ Reported: the final held-out loss of each attacked run over the clean run with t
 mean (`loss_ratio_<attack>_<rule>`; target <= 1.05 for the robust rule) and the clean run
 with the robust rule over the clean mean (`loss_ratio_clean_robust`; target <= 1.01).
 
-    python bench/robustness.py --quick   # 10 outer steps of H=20 (~2.5 minutes on 2 cores)
-    python bench/robustness.py           # 30 outer steps of H=50 (~15 minutes on 2 cores)
+Part 2, attacks on 127.0.0.1 from plain hivemind clients (`bench/_robustness_attacks.py`, with
+the scenarios of the tests): squatting the run's DHT keys (`squat_attacks_survived=N/N`: the
+squat is refused and the honest operation still works, for the weights pointer, a version's
+holders, the node records, an outer step's matchmaking key, `.all_averagers`, and 64 values of
+1 MiB at one node), a joiner resyncing while an attacker serves poisoned state
+(`poisoned_state_accepted`, a count; target 0) and a 2^40-byte declared averager message
+(`averager_rss_growth_mib`, the averager process's RSS growth; target <= 16). Part 2 is the same
+with and without `--quick` (about a minute).
+
+    python bench/robustness.py --quick   # 10 outer steps of H=20 (~2.5 minutes on 2 cores) + part 2
+    python bench/robustness.py           # 30 outer steps of H=50 (~15 minutes on 2 cores) + part 2
 
 Ends with one line `RESULT key=value ...`.
 """
@@ -35,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench._robustness_attacks import run_attacks  # noqa: E402
 from node.averaging.robust import DEFAULT_RULE, AggregationRule, aggregate  # noqa: E402
 from node.averaging.rounds import RoundOutcome  # noqa: E402
 from node.averaging.runner import global_norm, norm_bound  # noqa: E402
@@ -228,6 +240,7 @@ def main() -> None:
         if attack != "clean":
             fields[f"loss_ratio_{attack}_robust"] = f"{ratios['robust']:.4f}"
             fields[f"loss_ratio_{attack}_mean"] = f"{ratios['mean']:.4f}"
+    fields.update(run_attacks())
     fields.update(rule=args.rule, H=str(args.inner_steps), outer_steps=str(args.outer_steps),
                   wall_s=f"{time.perf_counter() - start:.0f}")  # fmt: skip
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))

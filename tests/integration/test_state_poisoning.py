@@ -7,7 +7,8 @@ its poisoned state, at step 100 (one source, nobody confirms it), or copies the 
 hash (its tensors do not hash to it). The joiner must take the honest state. With a single other
 trainer, no state is confirmed: the joiner refuses it after its bounded wait and logs why,
 unless that trainer is one of the run's authorised publishers: then its state is taken on its own,
-still only if its tensors hash to what it advertises.
+still only if its tensors hash to what it advertises. (The scenario with the attacker is
+`tests.helpers.poisoning`, which `bench/robustness.py` runs too.)
 """
 
 from __future__ import annotations
@@ -17,83 +18,37 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from hivemind import DHT
-from hivemind.utils import get_dht_time
 
 from node.averaging.averager import DiLoCoAverager
-from node.averaging.outer_state import OuterState
-from node.dht_node import start_loopback_dht
 from node.swarm import wait_until
-from protocol.dht_keys import all_averagers_key
+from tests.helpers.poisoning import (
+    HONEST,
+    HONEST_STEP,
+    POISON,
+    POISONING_VARIANTS,
+    SHAPES,
+    HashCopyingAverager,
+    fetch_as_joiner,
+    poison_accepted,
+    poisoned_run,
+)
 from tests.helpers.trainers import averager_swarm
 
-SHAPES = [torch.Size([100]), torch.Size([4, 5])]
-PREFIX = "poisontest"
-HONEST_STEP, ATTACK_STEP = 5, 100
 
-
-def _state(value: float, step: int) -> OuterState:
-    params = [torch.full(s, value) for s in SHAPES]
-    return OuterState(params, [torch.full(s, value / 10) for s in SHAPES], step)
-
-
-HONEST = _state(0.5, HONEST_STEP)
-POISON = _state(1e4, ATTACK_STEP)
-
-
-class HashCopyingAverager(DiLoCoAverager):
-    """Serves the poisoned tensors under the honest step and hash."""
-
-    def get_current_state(self):  # type: ignore[no-untyped-def]
-        _, tensors, infos = super().get_current_state()
-        return {"step": HONEST_STEP, "hash": HONEST.hash()}, tensors, infos
-
-
-def _advertise_fake_sources(dht: DHT, fakes: list[DHT]) -> None:
-    """Declare peers that serve no state at the attacker's step, so the median points at the attacker."""
-    for fake in fakes:
-        stored = dht.store(
-            all_averagers_key(PREFIX),
-            subkey=fake.peer_id.to_bytes(),
-            value=float(ATTACK_STEP),
-            expiration_time=get_dht_time() + 120,
-        )
-        assert stored
-
-
-@pytest.fixture(params=["own-hash", "copied-hash"])
+@pytest.fixture(params=POISONING_VARIANTS)
 def run(request: pytest.FixtureRequest) -> Iterator[tuple[DiLoCoAverager, str]]:
-    torch.set_num_threads(1)
-    attacker_class = HashCopyingAverager if request.param == "copied-hash" else DiLoCoAverager
-    classes = [DiLoCoAverager, DiLoCoAverager, attacker_class, DiLoCoAverager]
-    with averager_swarm(SHAPES, classes, prefix=PREFIX) as (honest0, honest1, attacker, joiner):
-        maddrs = [str(a) for a in honest0.dht.get_visible_maddrs()]
-        fakes = [start_loopback_dht(maddrs) for _ in range(2)]
-        try:
-            for averager in (honest0, honest1):
-                averager.set_state_provider(HONEST.clone)
-                averager.publish_step(HONEST_STEP)
-            attacker.set_state_provider(POISON.clone)
-            attacker.publish_step(ATTACK_STEP)
-            _advertise_fake_sources(attacker.dht, fakes)
-            expected = {HONEST_STEP, ATTACK_STEP}
-            assert wait_until(
-                lambda: set(joiner.peer_steps().values()) == expected and len(joiner.peer_steps()) == 5,
-                timeout_s=60,
-            )
-            yield joiner, request.param
-        finally:
-            for fake in fakes:
-                fake.shutdown()
+    with poisoned_run(request.param) as joiner:
+        yield joiner, request.param
 
 
 def test_the_joiner_refuses_a_poisoned_state(run: tuple[DiLoCoAverager, str]) -> None:
     joiner, _ = run
-    fetched = joiner.fetch_state(newer_than=0, timeout_s=10.0, wait_s=5.0)
+    fetched = fetch_as_joiner(joiner)
     assert fetched is not None, "the joiner took no state although two honest sources agree"
     assert fetched.step == HONEST_STEP
     assert fetched.hash() == HONEST.hash()
     assert max(float(p.abs().max()) for p in fetched.params) < 1.0
+    assert not poison_accepted(fetched)
 
 
 def test_with_a_single_other_trainer_no_state_is_taken(caplog: pytest.LogCaptureFixture) -> None:

@@ -18,10 +18,10 @@ import psutil
 import pytest
 import torch
 from hivemind.p2p import P2P
-from hivemind.proto import averaging_pb2
 
 from node.averaging.averager import DiLoCoAverager
 from protocol.limits import MAX_AVERAGER_STREAMS_PER_PEER
+from tests.helpers.averager_streams import attacker_p2p, is_banned, open_stream, stream_oversized_message
 from tests.helpers.trainers import averager_swarm
 
 SHAPES = [torch.Size([1000]), torch.Size([10, 10])]
@@ -37,22 +37,6 @@ def target() -> Iterator[DiLoCoAverager]:
         yield averagers[0]
 
 
-def _handle(method: str) -> str:
-    return f"{PREFIX}::DiLoCoAverager.{method}"
-
-
-async def _attacker(target: DiLoCoAverager) -> P2P:
-    maddrs = [str(a) for a in target.dht.get_visible_maddrs()]
-    return await P2P.create(initial_peers=maddrs)
-
-
-async def _open(
-    p2p: P2P, target: DiLoCoAverager, method: str
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    _, reader, writer = await p2p.call_binary_stream_handler(target.peer_id, _handle(method))
-    return reader, writer
-
-
 async def _seconds_until_closed(reader: asyncio.StreamReader, limit_s: float) -> float:
     start = time.monotonic()
     async with asyncio.timeout(limit_s):
@@ -61,57 +45,21 @@ async def _seconds_until_closed(reader: asyncio.StreamReader, limit_s: float) ->
     return time.monotonic() - start
 
 
-async def _is_banned(p2p: P2P, target: DiLoCoAverager) -> bool:
-    """Whether the target answers our well-formed join request with PROTOCOL_VIOLATION."""
-    stub = target.get_stub(p2p, target.peer_id, namespace=PREFIX)
-    request = averaging_pb2.JoinRequest(schema_hash=b"x", expiration=time.time() + 10, group_key="k")
-    async for answer in await stub.rpc_join_group(request):
-        return answer.code == averaging_pb2.PROTOCOL_VIOLATION
-    return False
-
-
 def test_an_oversized_declared_message_is_refused_before_it_is_buffered(target: DiLoCoAverager) -> None:
-    process = psutil.Process(target.pid)
-
-    async def attack() -> tuple[int, int, int, bool]:
-        p2p = await _attacker(target)
-        try:
-            assert not await _is_banned(p2p, target)  # also warms up the handler's code paths
-            before = process.memory_info().rss
-            peak, sent, streams = before, 0, 0
-            chunk = bytes(1 << 20)
-            while sent < ATTACK_BYTES:  # when the averager closes a stream, declare again on a new one
-                _, writer = await _open(p2p, target, "rpc_aggregate_part")
-                streams += 1
-                writer.write(P2P.MESSAGE_MARKER + (1 << 40).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER))
-                try:
-                    while sent < ATTACK_BYTES:
-                        writer.write(chunk)
-                        await asyncio.wait_for(writer.drain(), 10)
-                        sent += len(chunk)
-                        peak = max(peak, process.memory_info().rss)
-                except (ConnectionError, TimeoutError, OSError):
-                    writer.close()
-            await asyncio.sleep(1.0)
-            peak = max(peak, process.memory_info().rss)
-            writer.close()
-            print(f"oversized: {streams} streams each declared 2^40 bytes")
-            return before, peak, sent, await _is_banned(p2p, target)
-        finally:
-            await p2p.shutdown()
-
-    before, peak, sent, banned = asyncio.run(attack())
-    growth = peak - before
-    print(f"oversized: streamed {sent / 2**20:.0f} MiB, averager RSS grew by {growth / 2**20:.1f} MiB")
-    assert growth < ATTACK_BYTES // 4, f"the averager grew by {growth / 2**20:.0f} MiB"
-    assert banned
+    outcome = asyncio.run(stream_oversized_message(target, ATTACK_BYTES))
+    print(f"oversized: {outcome.streams} streams each declared 2^40 bytes")
+    print(
+        f"oversized: streamed {outcome.sent / 2**20:.0f} MiB, averager RSS grew by {outcome.growth / 2**20:.1f} MiB"
+    )
+    assert outcome.growth < ATTACK_BYTES // 4, f"the averager grew by {outcome.growth / 2**20:.0f} MiB"
+    assert outcome.banned
 
 
 def test_a_silent_stream_is_closed_after_the_timeout(target: DiLoCoAverager) -> None:
     async def attack() -> float:
-        p2p = await _attacker(target)
+        p2p = await attacker_p2p(target)
         try:
-            reader, _writer = await _open(p2p, target, "rpc_join_group")
+            reader, _writer = await open_stream(p2p, target, "rpc_join_group")
             return await _seconds_until_closed(reader, TIMEOUT_S + 10)
         finally:
             await p2p.shutdown()
@@ -123,9 +71,9 @@ def test_a_silent_stream_is_closed_after_the_timeout(target: DiLoCoAverager) -> 
 
 def test_a_truncated_message_does_not_hang_the_handler(target: DiLoCoAverager) -> None:
     async def attack() -> float:
-        p2p = await _attacker(target)
+        p2p = await attacker_p2p(target)
         try:
-            reader, writer = await _open(p2p, target, "rpc_download_state")
+            reader, writer = await open_stream(p2p, target, "rpc_download_state")
             writer.write(P2P.MESSAGE_MARKER + (100).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + bytes(50))
             await writer.drain()
             return await _seconds_until_closed(reader, TIMEOUT_S + 10)
@@ -139,15 +87,15 @@ def test_a_truncated_message_does_not_hang_the_handler(target: DiLoCoAverager) -
 
 def test_a_message_that_does_not_parse_is_refused_and_its_sender_banned(target: DiLoCoAverager) -> None:
     async def attack() -> tuple[float, bool]:
-        p2p = await _attacker(target)
+        p2p = await attacker_p2p(target)
         try:
-            assert not await _is_banned(p2p, target)
-            reader, writer = await _open(p2p, target, "rpc_join_group")
+            assert not await is_banned(p2p, target)
+            reader, writer = await open_stream(p2p, target, "rpc_join_group")
             garbage = b"\x0a\xff\xff\xff\x0f"  # field 1, length-delimited, declares far more than follows
             writer.write(P2P.MESSAGE_MARKER + len(garbage).to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER) + garbage)
             await writer.drain()
             closed_after = await _seconds_until_closed(reader, TIMEOUT_S + 10)
-            return closed_after, await _is_banned(p2p, target)
+            return closed_after, await is_banned(p2p, target)
         finally:
             await p2p.shutdown()
 
@@ -163,10 +111,10 @@ def test_a_peer_cannot_hold_more_streams_than_its_share(target: DiLoCoAverager) 
     process = psutil.Process(target.pid)
 
     async def attack() -> tuple[int, int, int, int]:
-        p2p = await _attacker(target)
+        p2p = await attacker_p2p(target)
         try:
             fds_before = process.num_fds()
-            streams = [await _open(p2p, target, "rpc_join_group") for _ in range(opened)]
+            streams = [await open_stream(p2p, target, "rpc_join_group") for _ in range(opened)]
 
             async def closed_at_once(reader: asyncio.StreamReader) -> bool:
                 try:

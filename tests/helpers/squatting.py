@@ -1,0 +1,452 @@
+"""DHT squatting attacks on 127.0.0.1, shared by `tests/integration/test_squatting.py` and `bench/robustness.py`.
+
+A squat is a plain hivemind client's `dht.store(key, b"squatted", expiration_time=now + 31 years)`
+under a key the run depends on, in three variants: a plain value without a subkey (a regular value
+with a later expiry would replace the key's whole dictionary), the same value under the subkey of
+an honest peer (it would replace that peer's entry), and a plain value of 1 MiB. The attacker is a
+plain `hivemind.DHT` without any record validator: it keeps the squats itself and serves them.
+
+Each attack (`attack_*`) squats one key of a live run and then does the honest operation that the
+squat used to break; its `SquatOutcome` counts the squats any honest node kept (in its storage or
+cache) or returned from a lookup, and says whether the honest operation still worked. The swarm
+(`SquatSwarm`) has two honest nodes with the production validator and DHT guard, a publisher and a
+follower, each also hosting one averager; every attack brings a fresh attacker (the DHT guard bans
+the sender of the 1 MiB value, which would make its next squats look refused for another reason).
+`attack_with_large_values` is the "64 values of 1 MiB" attack on one node, with that node's RSS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import hivemind
+import psutil
+import torch
+from hivemind import DHT
+from hivemind.dht.routing import DHTID
+from hivemind.dht.storage import DictionaryDHTValue
+from hivemind.utils import get_dht_time
+from hivemind.utils.serializer import MSGPackSerializer
+
+from node.averaging.averager import DiLoCoAverager
+from node.broadcast.broadcaster import WeightBroadcast
+from node.identity import Identity
+from node.membership import Membership, discover
+from node.swarm import wait_until
+from protocol.dht_keys import (
+    all_averagers_key,
+    node_records_key,
+    signed_subkey,
+    weights_holders_key,
+    weights_pointer_key,
+)
+from protocol.errors import HivenetError, InvalidMessage
+from protocol.limits import MAX_WEIGHTS_POINTER_TTL_S
+from protocol.manifest import WEIGHTS_POINTER_DOMAIN, WeightsPointer
+from protocol.node_record import Role
+from protocol.version import PROTOCOL_VERSION
+from tests.helpers.broadcast import (
+    Swarm,
+    SwarmNode,
+    assert_state_dicts_equal,
+    make_state_dict,
+    start_broadcast,
+)
+from tests.helpers.trainers import round_test_settings, run_round
+
+SQUAT_TTL_S = 31 * 365 * 86400.0
+SQUAT_MARKER = b"squatted"
+HUGE_SQUAT_BYTES = 1 << 20
+LARGE_VALUES, LARGE_VALUE_BYTES = 64, 1 << 20
+AVERAGER_SHAPES = [torch.Size([64]), torch.Size([4, 4])]
+AVERAGER_PREFIX = "squattest"
+_STATE_FLOATS = 20_000
+
+
+@dataclass
+class SquatOutcome:
+    """What one squatting attack achieved."""
+
+    attack: str
+    squats_kept: int
+    """Squatted values that an honest node kept (storage or cache) or returned from a lookup."""
+    honest_ok: bool
+    """Whether the honest operation the squat targets still worked afterwards."""
+    detail: str
+
+    @property
+    def survived(self) -> bool:
+        return self.squats_kept == 0 and self.honest_ok
+
+
+# ---- the squat itself and what honest nodes kept of it ---------------------------------------
+
+
+async def _store_in_dht(_dht: Any, node: Any, key: str, value: bytes | int, expiration: float) -> bool:
+    """`dht.store(key, value)` inside the DHT process: hivemind's pipe to it breaks on values over 64 KiB,
+    so a huge value (given as its size) is built there."""
+    if isinstance(value, int):
+        value = SQUAT_MARKER * (value // len(SQUAT_MARKER))
+    return bool(await node.store(key, value, expiration))
+
+
+async def squat(attacker: DHT, key: str, honest_subkey: Any) -> None:
+    """The three squats of `key` (plain value, an honest peer's subkey, 1 MiB), 31 years each."""
+    expires = get_dht_time() + SQUAT_TTL_S
+    await attacker.store(key, SQUAT_MARKER, expires, return_future=True)
+    await attacker.store(key, SQUAT_MARKER, expires, subkey=honest_subkey, return_future=True)
+    huge = partial(_store_in_dht, key=key, value=HUGE_SQUAT_BYTES, expiration=expires)
+    await attacker.run_coroutine(huge, return_future=True)
+
+
+def _holds_marker(value: Any) -> bool:
+    return isinstance(value, bytes) and SQUAT_MARKER in value
+
+
+async def _squats_held_locally(_dht: Any, node: Any, key: str) -> int:
+    """Squatted values in this DHT node's storage and cache (run in its DHT process)."""
+    key_id = DHTID.generate(source=key)
+    held = 0
+    for local in (node.protocol.storage, node.protocol.cache):
+        found = local.get(key_id)
+        if found is None:
+            continue
+        if isinstance(found.value, DictionaryDHTValue):
+            held += sum(_holds_marker(item.value) for _, item in found.value.items())
+        else:
+            held += _holds_marker(found.value)
+    return held
+
+
+async def squats_kept(honest: Sequence[DHT], key: str) -> int:
+    """Squatted values under `key` that honest nodes hold locally or return from a lookup."""
+    kept = 0
+    for dht in honest:
+        kept += await dht.run_coroutine(partial(_squats_held_locally, key=key), return_future=True)
+        found = await dht.get(key, latest=True, return_future=True)
+        if found is None:
+            continue
+        if isinstance(found.value, dict):
+            kept += sum(_holds_marker(item.value) for item in found.value.values())
+        else:
+            kept += _holds_marker(found.value)
+    return kept
+
+
+# ---- the swarm -------------------------------------------------------------------------------
+
+
+class SquatSwarm:
+    """Two honest nodes on 127.0.0.1 (publisher and follower), their averagers, fresh attackers."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.swarm = Swarm(root)
+        self.averagers: list[DiLoCoAverager] = []
+        self._serial = itertools.count()
+        try:
+            self.publisher = self.swarm.add()
+            self.follower = self.swarm.add()
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def honest(self) -> list[DHT]:
+        return [self.publisher.dht, self.follower.dht]
+
+    def fresh_name(self, what: str) -> str:
+        """A run id (or directory name) no earlier attack used."""
+        return f"{what}-{next(self._serial)}"
+
+    @contextlib.contextmanager
+    def attacker(self) -> Iterator[DHT]:
+        """A plain hivemind DHT (no record validator) that joined the swarm; shut down afterwards."""
+        maddrs = [str(a) for a in self.publisher.dht.get_visible_maddrs()]
+        dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=maddrs)
+        try:
+            yield dht
+        finally:
+            dht.shutdown()
+
+    def start_averagers(self) -> list[DiLoCoAverager]:
+        """One averager on each honest node (started once), once they see each other."""
+        if not self.averagers:
+            for index, node in enumerate((self.publisher, self.follower)):
+                self.averagers.append(
+                    DiLoCoAverager(
+                        AVERAGER_SHAPES,
+                        node.dht,
+                        name=f"peer{index}",
+                        **round_test_settings(AVERAGER_PREFIX, 2),
+                    )
+                )
+            for averager in self.averagers:
+                averager.publish_step(0)
+            if not wait_until(lambda: all(len(a.peer_steps()) == 1 for a in self.averagers), timeout_s=60):
+                raise HivenetError("the averagers did not find each other through the DHT within 60 s")
+        return self.averagers
+
+    def close(self) -> None:
+        for averager in self.averagers:
+            with contextlib.suppress(Exception):
+                averager.shutdown()
+        self.swarm.close()
+
+
+@contextlib.contextmanager
+def open_squat_swarm(root: Path) -> Iterator[SquatSwarm]:
+    swarm = SquatSwarm(root)
+    try:
+        yield swarm
+    finally:
+        swarm.close()
+
+
+def _subkey_of(node: SwarmNode) -> str:
+    return signed_subkey(node.identity.peer_id.to_base58())
+
+
+# ---- the attacks -----------------------------------------------------------------------------
+
+
+async def _pointers_under(broadcast: WeightBroadcast, key: str, run_id: str) -> list[int]:
+    """Versions named by the signed pointers stored under `key` (a lookup from `broadcast`'s node)."""
+    values = await broadcast.records.signed.get(
+        key, domain=WEIGHTS_POINTER_DOMAIN, run_id=run_id, max_ttl_s=MAX_WEIGHTS_POINTER_TTL_S
+    )
+    versions = []
+    for value in values:
+        with contextlib.suppress(InvalidMessage):
+            versions.append(WeightsPointer.from_payload(value.payload).version)
+    return versions
+
+
+def _same_state(left: dict[str, Any], right: dict[str, Any]) -> bool:
+    try:
+        assert_state_dicts_equal(left, right)
+    except AssertionError:
+        return False
+    return True
+
+
+@contextlib.asynccontextmanager
+async def _broadcasts(swarm: SquatSwarm) -> AsyncIterator[tuple[WeightBroadcast, WeightBroadcast]]:
+    """The publisher's and the follower's weight broadcasts (the publisher is the run's authority)."""
+    directory = swarm.root / swarm.fresh_name("broadcast")
+    publisher = await start_broadcast(swarm.publisher, directory / "publisher", [swarm.publisher])
+    try:
+        follower = await start_broadcast(swarm.follower, directory / "follower", [swarm.publisher])
+        try:
+            yield publisher, follower
+        finally:
+            await follower.stop()
+    finally:
+        await publisher.stop()
+
+
+async def attack_weights_pointer(swarm: SquatSwarm) -> SquatOutcome:
+    """Squat `weights/latest` after v1: the follower must still find v1, the publisher's v2 pointer
+    must be stored under `latest`, and the follower must fetch v2 intact."""
+    run_id = swarm.fresh_name("pointer")
+    key = weights_pointer_key(run_id)
+    async with _broadcasts(swarm) as (publisher, follower):
+        await publisher.publish(run_id, 1, make_state_dict(seed=1, total_floats=_STATE_FLOATS))
+        with swarm.attacker() as attacker:
+            await squat(attacker, key, _subkey_of(swarm.publisher))
+            kept = await squats_kept(swarm.honest, key)
+            found = await follower.records.find_pointer(run_id)
+            state = make_state_dict(seed=2, total_floats=_STATE_FLOATS)
+            await publisher.publish(run_id, 2, state)
+            latest = await _pointers_under(follower, key, run_id)
+            entry = await asyncio.wait_for(follower.fetch(run_id, manifest_timeout_s=10.0), timeout=60)
+            fetched = await follower.load(run_id, entry.version)
+    found_version = found.version if found is not None else None
+    intact = _same_state(fetched, state)
+    return SquatOutcome(
+        "weights pointer",
+        kept,
+        found_version == 1 and 2 in latest and entry.version == 2 and intact,
+        f"found v{found_version} after the squat; `latest` then named {latest}; "
+        f"fetched v{entry.version} {'intact' if intact else 'corrupted'}",
+    )
+
+
+async def attack_weights_holders(swarm: SquatSwarm) -> SquatOutcome:
+    """Squat `weights/1/holders`: the follower must still see the publisher as a holder and fetch v1."""
+    run_id = swarm.fresh_name("holders")
+    key = weights_holders_key(run_id, 1)
+    async with _broadcasts(swarm) as (publisher, follower):
+        state = make_state_dict(seed=3, total_floats=_STATE_FLOATS)
+        manifest = await publisher.publish(run_id, 1, state)
+        with swarm.attacker() as attacker:
+            await squat(attacker, key, _subkey_of(swarm.publisher))
+            kept = await squats_kept(swarm.honest, key)
+            holders = await follower.records.find_holders(run_id, 1, manifest.content_id)
+            entry = await asyncio.wait_for(follower.fetch(run_id, 1, manifest_timeout_s=10.0), timeout=60)
+            fetched = await follower.load(run_id, entry.version)
+    seen = [h.peer_id for h in holders]
+    intact = _same_state(fetched, state)
+    return SquatOutcome(
+        "weights holders",
+        kept,
+        swarm.publisher.identity.peer_id in seen and intact,
+        f"{len(seen)} holder(s) seen after the squat; fetched v{entry.version} "
+        f"{'intact' if intact else 'corrupted'}",
+    )
+
+
+def _membership(node: SwarmNode, identity: Identity, run_id: str) -> Membership:
+    return Membership(
+        node.dht,
+        identity,
+        run_id=run_id,
+        roles=[Role.VALIDATOR],
+        public_name="",
+        addresses=[],
+        record_ttl_s=60.0,
+        refresh_interval_s=20.0,
+        software_version="test",
+        protocol_version=PROTOCOL_VERSION,
+        check_identity=False,
+    )
+
+
+async def _record_seqs(dht: DHT, run_id: str) -> dict[bytes, int]:
+    """The sequence number of each live node record of `run_id` that `dht` discovers."""
+    return {node.record.peer_id: node.seq for node in await discover(dht, run_id)}
+
+
+async def attack_node_records(swarm: SquatSwarm) -> SquatOutcome:
+    """Squat the run's `nodes` key: discovery must still find both nodes from either side, and both
+    nodes' next records must land (seen with a newer sequence number).
+
+    The next records are checked by a lookup, not by `Membership.publish`'s result: hivemind reports
+    the answer of whichever replica answered last, and the attacker's own node refuses them.
+    """
+    run_id = swarm.fresh_name("nodes")
+    key = node_records_key(run_id)
+    nodes = (swarm.publisher, swarm.follower)
+    members = [_membership(node, node.identity, run_id) for node in nodes]
+    for member in members:
+        await member.publish()
+    with swarm.attacker() as attacker:
+        await squat(attacker, key, _subkey_of(swarm.publisher))
+        kept = await squats_kept(swarm.honest, key)
+        before = [await _record_seqs(node.dht, run_id) for node in nodes]
+        for member in members:
+            await member.publish()
+        after = [await _record_seqs(node.dht, run_id) for node in reversed(nodes)]
+    seen = [len(seqs) for seqs in before]
+    landed = [
+        all(seqs.get(peer, 0) > seq for peer, seq in old.items())
+        for old, seqs in zip(before, after, strict=True)
+    ]
+    return SquatOutcome(
+        "node records",
+        kept,
+        seen == [2, 2] and all(landed),
+        f"discovery found {seen} node(s) after the squat; the next records landed: {landed}",
+    )
+
+
+def attack_matchmaking(swarm: SquatSwarm, step: int = 3) -> SquatOutcome:
+    """Squat the matchmaking key of outer step `step`: both averagers must still average together."""
+    averagers = swarm.start_averagers()
+    key = (
+        f"{averagers[0].prefix}.0b{bin(step)[2:]}"  # hivemind's group key; `Rounds` sets the bits to the step
+    )
+    with swarm.attacker() as attacker:
+        asyncio.run(squat(attacker, key, averagers[0].peer_id.to_bytes()))
+        kept = asyncio.run(squats_kept(swarm.honest, key))
+        grads = [[torch.full(s, float(i + 1)) for s in AVERAGER_SHAPES] for i in range(len(averagers))]
+        outcomes = run_round(averagers, grads, step=step)
+    peers = [o.num_peers for o in outcomes]
+    return SquatOutcome(
+        "matchmaking", kept, peers == [2, 2], f"outer step {step} averaged in groups of {peers}"
+    )
+
+
+def attack_all_averagers(swarm: SquatSwarm, step: int = 7) -> SquatOutcome:
+    """Squat `.all_averagers`: each averager must still see the other, and see its new step."""
+    averagers = swarm.start_averagers()
+    key = all_averagers_key(averagers[0].prefix)
+    with swarm.attacker() as attacker:
+        asyncio.run(squat(attacker, key, averagers[0].peer_id.to_bytes()))
+        kept = asyncio.run(squats_kept(swarm.honest, key))
+        seen = [len(a.peer_steps()) for a in averagers]
+        averagers[0].publish_step(step)
+        redeclared = wait_until(lambda: list(averagers[1].peer_steps().values()) == [step], timeout_s=30)
+    return SquatOutcome(
+        "all_averagers",
+        kept,
+        seen == [1, 1] and redeclared,
+        f"peers seen after the squat: {seen}; new step {step} seen: {redeclared}",
+    )
+
+
+SQUAT_ATTACKS: dict[str, Callable[[SquatSwarm], SquatOutcome]] = {
+    "weights pointer": lambda swarm: asyncio.run(attack_weights_pointer(swarm)),
+    "weights holders": lambda swarm: asyncio.run(attack_weights_holders(swarm)),
+    "node records": lambda swarm: asyncio.run(attack_node_records(swarm)),
+    "matchmaking": attack_matchmaking,
+    "all_averagers": attack_all_averagers,
+}
+"""Every squatting attack by name, run from synchronous code."""
+
+
+def run_squat_attack(swarm: SquatSwarm, attack: str) -> SquatOutcome:
+    """Run one of `SQUAT_ATTACKS` on `swarm`."""
+    return SQUAT_ATTACKS[attack](swarm)
+
+
+# ---- 64 values of 1 MiB ----------------------------------------------------------------------
+
+
+async def _store_large_values(_dht: Any, node: Any, target: Any, count: int, size: int) -> int:
+    """Send `count` store requests of one `size`-byte plain value each to `target`; how many it accepted."""
+    accepted = 0
+    for index in range(count):
+        value = index.to_bytes(4, "big") + bytes(size - 4)
+        result = await node.protocol.call_store(
+            target,
+            [DHTID.generate(source=f"large-value-{index}")],
+            [MSGPackSerializer.dumps(value)],
+            [get_dht_time() + SQUAT_TTL_S],
+        )
+        accepted += bool(result) and all(result)
+    return accepted
+
+
+@dataclass
+class LargeValuesOutcome:
+    """What storing LARGE_VALUES values of LARGE_VALUE_BYTES at one honest node did to it."""
+
+    accepted: int
+    rss_before: int
+    rss_after: int
+
+    @property
+    def growth(self) -> int:
+        return self.rss_after - self.rss_before
+
+
+def attack_with_large_values(swarm: SquatSwarm) -> LargeValuesOutcome:
+    """Store 64 values of 1 MiB at the follower's DHT node; its DHT process's RSS before and after."""
+    target = swarm.follower.dht
+    process = psutil.Process(target.pid)
+    with swarm.attacker() as attacker:
+        before = process.memory_info().rss
+        store = partial(
+            _store_large_values, target=target.peer_id, count=LARGE_VALUES, size=LARGE_VALUE_BYTES
+        )
+        accepted = attacker.run_coroutine(store)
+        after = process.memory_info().rss
+    return LargeValuesOutcome(accepted, before, after)
