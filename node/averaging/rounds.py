@@ -194,10 +194,12 @@ class Rounds(StateSharing):
         complete = bool(result.get("complete", True))
         if not complete:
             logger.warning("%s: outer step %d got only part of the group's average", self.label, step)
+        in_sync = outer_hash == majority and complete
+        self._state_doubtful = not in_sync  # stop serving a state we know others do not hold
         return RoundOutcome(
             averaged=averaged,
             num_peers=len(gathered) - int(result["refused"]),
-            in_sync=outer_hash == majority and complete,
+            in_sync=in_sync,
             refused_peers=int(result["refused"]),
         )
 

@@ -8,6 +8,8 @@
   `peer_steps` reads every live trainer's advertised step (self-reported, untrusted).
 * **Serving.** `set_state_provider` registers the function that returns our current
   `OuterState`; hivemind serves it to peers as `{"step", "hash"}` plus params and momentum.
+  A trainer whose last round left it out of sync serves nothing until it resyncs or an
+  in-sync round vouches for it again: its state is a mixture nobody else holds.
 * **Downloading.** `fetch_state` downloads `(params, momentum, step)` for a late joiner or an
   out-of-sync peer, preferring peers whose hash was the majority of the last round and
   otherwise the median reported step (never the largest claim). The stream is read under a
@@ -81,6 +83,9 @@ class StateSharing(_AveragerBase):
         taken without a second source.
         """
         self._state_provider: Callable[[], OuterState] | None = None
+        # Our last round left us out of sync (see `Rounds`): our state is one nobody else holds, and
+        # serving it could lead another out-of-sync peer astray. Cleared by a resync or an in-sync round.
+        self._state_doubtful = False
         self._trusted_sources = frozenset(p.to_bytes() for p in trusted_sources)
         # The peers whose state hash was the majority of our last round (see `prefer_state_sources`).
         self._preferred_sources: list[PeerID] = []
@@ -233,7 +238,7 @@ class StateSharing(_AveragerBase):
 
     def get_current_state(self) -> tuple[Any, Sequence[torch.Tensor], Any]:
         provider = self._state_provider
-        if provider is None:
+        if provider is None or self._state_doubtful:
             return None, [], None  # hivemind treats missing metadata as "no state to share"
         state = provider()
         return {"step": state.step, "hash": state.hash()}, [*state.params, *state.momentum], None
@@ -295,6 +300,7 @@ class StateSharing(_AveragerBase):
             if verdict == "agreed":
                 _, step, tensors = found
                 n = len(self._averaged_tensors)
+                self._state_doubtful = False
                 return OuterState(list(tensors[:n]), list(tensors[n:]), step)
             if time.monotonic() >= deadline:
                 if found:

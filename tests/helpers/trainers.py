@@ -151,12 +151,23 @@ class Harness:
             trainer.start()
         return trainers
 
-    def prepare(self, config: TrainerConfig, name: str) -> TrainerThread:
+    def prepare(self, config: TrainerConfig, name: str, dht: DHT | None = None) -> TrainerThread:
         """Build a trainer (DHT, model, averager) without starting its thread."""
-        dht = start_loopback_dht(self.peers)
+        dht = dht or start_loopback_dht(self.peers)
         trainer = TrainerThread(TrainerRuntime(config, dht, name))
         self.trainers.append(trainer)
         return trainer
+
+    def prepare_publishers(self, config: TrainerConfig, names: list[str]) -> list[TrainerThread]:
+        """Build trainers that name each other as the run's authorised publishers (`prepare` each)."""
+        dhts = [start_loopback_dht(self.peers) for _ in names]
+        ids = [dht.peer_id.to_base58() for dht in dhts]
+        return [
+            self.prepare(
+                config.model_copy(update={"authorized_publishers": [p for p in ids if p != own]}), name, dht
+            )
+            for name, dht, own in zip(names, dhts, ids, strict=True)
+        ]
 
     def close(self) -> None:
         for t in self.trainers:

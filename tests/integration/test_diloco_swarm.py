@@ -114,3 +114,48 @@ def test_a_peer_left_out_of_part_of_a_round_resyncs_to_the_group_at_once() -> No
         assert by_peer[0][1] == by_peer[1][1] == by_peer[2][1], "the late peer kept a partial average"
         assert handles[2].reports[0].resynced
         assert by_peer[0][2] == by_peer[1][2] == by_peer[2][2]
+
+
+def test_two_peers_left_out_of_a_round_both_take_the_state_of_the_one_that_got_it_whole() -> None:
+    """Two of three trainers late past the sender timeout: only the punctual one holds the group's
+    state. The late two may not serve theirs (each is a mixture of its own): each takes the
+    punctual one's, an authorised publisher, although no second source can confirm it (seen in
+    a CI run on a loaded machine: both late peers kept diverged states)."""
+    config = tiny_config(
+        2, target_group_size=3, sender_timeout_s=2.0, reducer_timeout_s=40.0, averaging_timeout_s=60.0
+    )
+    with harness() as h:
+        handles = h.prepare_publishers(config, ["punctual", "late1", "late2"])
+        ready = threading.Event()
+        late_together = threading.Barrier(2)
+
+        def gate_last_inner_step(handle: TrainerThread, late: bool) -> None:
+            batches = handle.runtime.sampler.next_batch
+            calls = [0]
+
+            def next_batch(batch_size: int | None = None) -> torch.Tensor:
+                calls[0] += 1
+                if calls[0] == config.diloco.inner_steps:  # the last inner step of outer step 1
+                    if late:
+                        assert ready.wait(timeout=120)
+                        late_together.wait(timeout=120)
+                        time.sleep(
+                            8.0
+                        )  # past the punctual reducer's sender timeout, within the reducer timeout
+                    else:
+                        ready.set()
+                return batches(batch_size)
+
+            handle.runtime.sampler.next_batch = next_batch  # type: ignore[method-assign]
+
+        for handle, is_late in zip(handles, (False, True, True), strict=True):
+            gate_last_inner_step(handle, is_late)
+        for handle in handles:
+            handle.start()
+        for handle in handles:
+            assert wait_until(_finished(handle, 2), timeout_s=180)
+            assert handle.error is None
+        by_peer = [hashes_by_step(t.reports) for t in handles]
+        assert by_peer[0][1] == by_peer[1][1] == by_peer[2][1], "a late peer kept a partial average"
+        assert handles[1].reports[0].resynced and handles[2].reports[0].resynced
+        assert by_peer[0][2] == by_peer[1][2] == by_peer[2][2]
