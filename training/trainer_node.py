@@ -75,6 +75,7 @@ def start_trainer(
                 ),
             ),
             metrics=node.metrics,
+            on_receipts=node.receipt_sink,
         )
     )
     runtime: TrainerRuntime | None = None
