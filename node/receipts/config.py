@@ -35,6 +35,9 @@ class ReceiptsConfig(StreamServiceConfig):
     """Longest one pull (dial, every page, verification) may take."""
     dial_timeout_s: float = Field(default=10.0, gt=0)
     """Longest wait to reach a peer at the addresses of its own signed node record."""
+    max_ledger_receipts: int = Field(default=1_000_000, ge=1)
+    """Pull cycles are skipped while the ledger holds this many receipts (a bound on the disk that
+    peers can fill; the node's own receipts are still stored)."""
     max_cursors: int = Field(default=4096, ge=1)
     """Most peers whose cursor is remembered (the oldest is forgotten; a forgotten peer is re-read from
     the start, which only costs duplicates)."""

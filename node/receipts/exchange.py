@@ -10,7 +10,8 @@ A runtime service (`name`, `async start()`, `async stop()`) that owns nothing bu
   (discovery: their signed node records), those pulled longest ago first, dials each at the
   addresses of its own record only, and pulls at most `max_receipts_per_pull` receipts after the
   cursor it reached last time (`node.receipts.client.pull_receipts`). Peers that served bad data
-  are banned and skipped. Cursors are kept in memory for at most `max_cursors` peers.
+  are banned and skipped. Cursors are kept in memory for at most `max_cursors` peers, and no cycle
+  runs while the ledger holds `max_ledger_receipts` receipts or more.
 """
 
 from __future__ import annotations
@@ -207,7 +208,15 @@ class ReceiptExchange:
 
     async def pull_cycle(self) -> list[PullResult]:
         """Pull from the peers `choose_peers` picks among the live nodes, one after another."""
-        results = []
+        results: list[PullResult] = []
+        if await offload(len, self.ledger) >= self.config.max_ledger_receipts:
+            logger.warning(
+                "[%s] the ledger holds %d receipts or more: not pulling",
+                self.owner,
+                self.config.max_ledger_receipts,
+            )
+            self.last_results = results
+            return results
         for member in self.choose_peers(await self.find_peers()):
             result = await self.pull_from(member)
             if result.added or result.failure:
