@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import hivemind
 from hivemind.dht.node import DHTNode
 
+from node.bans import BanList
 from node.config import NodeConfig
 from node.dht_node import BootstrapStopped, SeedStatus, bootstrap, start_dht
 from node.identity import Identity, create_identity, load_or_create_identity
@@ -31,7 +32,7 @@ from node.logs import set_log_peer
 from node.membership import LiveNode, Membership, discover
 from node.metrics import NodeMetrics
 from node.reachability import serve_dial_back
-from node.receipts import ReceiptExchange
+from node.receipts import ReceiptExchange, ReceiptsConfig
 from node.runtime import NodeRuntime, Service, in_dht
 from node.status import NodeStatusSnapshot, StatusServer, write_status_file
 from protocol.node_record import Role
@@ -160,8 +161,14 @@ class HivenetNode:
         assert self.dht is not None
         path.parent.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(path, self.config.run_id)
+        config = ReceiptsConfig()
+        bans = BanList(
+            config.ban_base_s, config.ban_max_s, owner=self.short_id, on_ban=self.metrics.peer_banned
+        )
         self.receipts = self.add_service(
-            ReceiptExchange(dht=self.dht, identity=self.identity, ledger=self.ledger)
+            ReceiptExchange(
+                dht=self.dht, identity=self.identity, ledger=self.ledger, config=config, bans=bans
+            )
         )
 
     @property

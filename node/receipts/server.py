@@ -39,6 +39,8 @@ from protocol.untrusted import parse_untrusted
 from protocol.version import PROTOCOL_VERSION
 
 PROTO_RECEIPTS = f"/hivenet/{PROTOCOL_VERSION}/receipts/pull"
+MAX_CURSOR = 2**63 - 1
+"""The largest ledger position (SQLite's largest rowid)."""
 
 
 def receipts_response(
@@ -57,6 +59,8 @@ def parse_receipts_request(frame: bytes) -> xpb.ReceiptsRequest:
         raise InvalidMessage(
             f"receipts request asks for {request.limit} receipts, not 1-{MAX_RECEIPTS_PER_PAGE}"
         )
+    if request.after > MAX_CURSOR:
+        raise InvalidMessage(f"receipts request cursor {request.after} is beyond any ledger position")
     return request
 
 

@@ -92,6 +92,7 @@ def test_an_oversized_request_is_refused_before_it_is_buffered_and_its_sender_ba
         (encode_frame(b"\xff\xff\xff"), "malformed"),
         (_request(limit=0), "asks for 0 receipts"),
         (_request(limit=MAX_RECEIPTS_PER_PAGE + 1), f"asks for {MAX_RECEIPTS_PER_PAGE + 1} receipts"),
+        (_request(after=2**64 - 1), "beyond any ledger position"),
     ],
 )
 def test_malformed_or_out_of_bounds_requests_ban_their_sender(
