@@ -33,8 +33,6 @@ class ReceiptsConfig(StreamServiceConfig):
     """Most receipts taken from one peer in one pull; the rest waits for the next cycle (the cursor resumes)."""
     pull_timeout_s: float = Field(default=30.0, gt=0)
     """Longest one pull (dial, every page, verification) may take."""
-    dial_timeout_s: float = Field(default=10.0, gt=0)
-    """Longest wait to reach a peer at the addresses of its own signed node record."""
     max_ledger_receipts: int = Field(default=1_000_000, ge=1)
     """Pull cycles are skipped while the ledger holds this many receipts (a bound on the disk that
     peers can fill; the node's own receipts are still stored)."""

@@ -8,7 +8,9 @@ A runtime service (`name`, `async start()`, `async stop()`) that owns nothing bu
 - **serve**: `ReceiptServer` answers pulls of the ledger (`node.receipts.server`);
 - **pull**: every `pull_interval_s` a cycle picks at most `peers_per_cycle` of the run's live nodes
   (discovery: their signed node records), those pulled longest ago first, dials each at the
-  addresses of its own record only, and pulls at most `max_receipts_per_pull` receipts after the
+  addresses of its own record only, within the weight broadcast's dialling limits
+  (`node.broadcast.dialing.HolderDialer`: public IPs unless this node is on loopback only, each
+  address rarely and with back-off, never one p2pd knows as another peer's), and pulls at most `max_receipts_per_pull` receipts after the
   cursor it reached last time (`node.receipts.client.pull_receipts`). Peers that served bad data
   are banned and skipped. Cursors are kept in memory for at most `max_cursors` peers, and no cycle
   runs while the ledger holds `max_ledger_receipts` receipts or more.
@@ -27,18 +29,27 @@ import hivemind
 from hivemind.p2p import P2P
 
 from node.bans import BanList
+from node.broadcast.dialing import HolderDialer
+from node.broadcast.records import HolderInfo
 from node.identity import Identity
 from node.ledger import AddResult, Ledger
 from node.membership import LiveNode, discover
 from node.receipts.client import PullResult, pull_receipts
 from node.receipts.config import ReceiptsConfig
 from node.receipts.server import ReceiptServer
-from node.rollouts.peers import connect_member, replicate_p2p
+from node.rollouts.peers import replicate_p2p
 from node.runtime import offload
 
 logger = logging.getLogger(__name__)
 
 FindPeers = Callable[[], Awaitable[list[LiveNode]]]
+
+
+def own_record_addresses(member: LiveNode) -> tuple[str, ...]:
+    """The addresses of `member`'s signed record, without the `/p2p/<its PeerID>` ending (an address
+    that names another peer is dropped)."""
+    own = f"/p2p/{member.peer_id.to_base58()}"
+    return tuple(a.removesuffix(own) for a in member.record.addresses if "/p2p/" not in a.removesuffix(own))
 
 
 class ReceiptExchange:
@@ -73,6 +84,8 @@ class ReceiptExchange:
         self._given_p2p = p2p
         self._p2p: P2P | None = None
         self._server: ReceiptServer | None = None
+        self._dialer: HolderDialer | None = None
+        self._addresses: tuple[str, ...] | None = None
         self._puller: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: set[asyncio.Task[AddResult]] = set()
@@ -90,12 +103,28 @@ class ReceiptExchange:
         return self._p2p
 
     @property
+    def dialer(self) -> HolderDialer:
+        if self._dialer is None:
+            raise RuntimeError("the receipt exchange is not running: await start() first")
+        return self._dialer
+
+    async def _own_addresses(self) -> tuple[str, ...]:
+        if self._addresses is None:
+            try:
+                maddrs = await self.p2p.get_visible_maddrs()
+            except Exception:
+                return ()
+            self._addresses = tuple(str(m) for m in maddrs if "p2p-circuit" not in str(m))
+        return self._addresses
+
+    @property
     def server(self) -> ReceiptServer | None:
         return self._server
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._p2p = self._given_p2p if self._given_p2p is not None else await replicate_p2p(self.dht)
+        self._dialer = HolderDialer(self._p2p, self.identity.peer_id, self._own_addresses)
         try:
             if self.config.serve:
                 self._server = ReceiptServer(
@@ -183,10 +212,7 @@ class ReceiptExchange:
         peer = member.record.peer_id
         cursor = self.cursors.get(peer, 0)
         started = time.monotonic()
-        if not await connect_member(self.p2p, member, timeout_s=self.config.dial_timeout_s):
-            return PullResult(
-                peer=peer, cursor=cursor, failure="could not reach it at its record's addresses"
-            )
+        await self.dialer.dial(HolderInfo(member.peer_id, 0, 0, own_record_addresses(member)))
         result = await pull_receipts(
             self.p2p,
             member.peer_id,

@@ -1,6 +1,6 @@
 """The receipts exchange service without a network: storing the node's own receipts from any thread,
-choosing whom to pull from (never itself or a banned peer, least recently pulled first) and the
-ledger bound that stops pulling."""
+choosing whom to pull from (never itself or a banned peer, least recently pulled first), the
+addresses it dials (those of the member's own record) and the ledger bound that stops pulling."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from hivemind.p2p import PeerID
+
 from node.identity import Identity
 from node.ledger import Ledger
 from node.membership import LiveNode
 from node.receipts import ReceiptExchange, ReceiptsConfig
+from node.receipts.exchange import own_record_addresses
 from protocol.node_record import Capabilities, NodeRecord, Role
 from tests.helpers import receipts as make
 from tests.helpers.broadcast import async_wait_until
@@ -23,7 +26,7 @@ def _identity(private_key: Any) -> Identity:
     return Identity(private_key=private_key, path=Path("/nonexistent/key"))
 
 
-def _member(peer_id: bytes) -> LiveNode:
+def _member(peer_id: bytes, addresses: tuple[str, ...] = ()) -> LiveNode:
     record = NodeRecord(
         peer_id=peer_id,
         roles=(Role.VALIDATOR,),
@@ -32,7 +35,7 @@ def _member(peer_id: bytes) -> LiveNode:
         software_version="0.1.0",
         protocol_version=1,
         capabilities=Capabilities(cpu_count=1, memory_bytes=1 << 30, accelerator=""),
-        addresses=(),
+        addresses=addresses,
         started_at=0.0,
         instance_id=b"\x01" * 16,
     )
@@ -99,3 +102,12 @@ def test_no_pull_cycle_runs_while_the_ledger_is_at_its_bound(tmp_path: Path) -> 
             assert await exchange.pull_cycle() == []
 
     asyncio.run(main())
+
+
+def test_a_member_is_dialled_only_at_its_own_records_addresses() -> None:
+    peer, other = new_peer()[1], new_peer()[1]
+    own, elsewhere = PeerID(peer).to_base58(), PeerID(other).to_base58()
+    member = _member(
+        peer, (f"/ip4/1.2.3.4/tcp/5/p2p/{own}", f"/ip4/1.2.3.4/tcp/6/p2p/{elsewhere}", "/ip4/5.6.7.8/tcp/7")
+    )
+    assert own_record_addresses(member) == ("/ip4/1.2.3.4/tcp/5", "/ip4/5.6.7.8/tcp/7")
