@@ -3,15 +3,16 @@
 A runtime service (`name`, `async start()`, `async stop()`) that owns nothing but a P2P replica:
 
 - **record**: the receipts this node signs (a fetcher's transfer receipts, a trainer's training
-  receipts, a validator's verdicts) go into its ledger through `record` (from any thread) or
+  receipts, a validator's verdicts) or is given (a worker's verdicts) go into its ledger through `record` (from any thread) or
   `store`; the ledger re-verifies them like any other;
 - **serve**: `ReceiptServer` answers pulls of the ledger (`node.receipts.server`);
 - **pull**: every `pull_interval_s` a cycle picks at most `peers_per_cycle` of the run's live nodes
   (discovery: their signed node records), those pulled longest ago first, dials each at the
   addresses of its own record only, within the weight broadcast's dialling limits
   (`node.broadcast.dialing.HolderDialer`: public IPs unless this node is on loopback only, each
-  address rarely and with back-off, never one p2pd knows as another peer's), and pulls at most `max_receipts_per_pull` receipts after the
-  cursor it reached last time (`node.receipts.client.pull_receipts`). Peers that served bad data
+  address rarely and with back-off, never one p2pd knows as another peer's), and pulls at most
+  `max_receipts_per_pull` receipts after the cursor it reached last time
+  (`node.receipts.client.pull_receipts`), one peer after another. Peers that served bad data
   are banned and skipped. Cursors are kept in memory for at most `max_cursors` peers, and no cycle
   runs while the ledger holds `max_ledger_receipts` receipts or more.
 """
