@@ -1,7 +1,9 @@
 """`hivenet dashboard`: the contributor dashboard, a web page over the swarm and a receipts ledger.
 
 `hivenet dashboard --run R --initial-peers ADDR [--ledger PATH] [--trusted PEERID ...]` joins the
-swarm as an unannounced client with a throwaway identity, re-reads discovery every few seconds and
+swarm as an unannounced client with a throwaway identity, re-reads discovery every few seconds,
+pulls the receipts of the live nodes into its ledger (`node.receipts`: at most `--pull-peers` nodes
+every `--pull-every` seconds, at most `--pull-max` receipts from each, every one re-verified) and
 serves the page (`node.dashboard`) on http://127.0.0.1:8080/ until Ctrl-C. `--host` exposes it to
 other machines. Without `--initial-peers` it shows the ledger alone.
 """
@@ -69,6 +71,18 @@ if TYPE_CHECKING:
     help="Seconds between discovery reads.",
 )
 @click.option(
+    "--pull-peers", type=click.IntRange(0, 64), default=4, show_default=True,
+    help="Live nodes whose receipts are pulled into the ledger per cycle (0: do not pull).",
+)  # fmt: skip
+@click.option(
+    "--pull-every", "pull_every_s", type=click.FloatRange(min=0.5), default=10.0, show_default=True,
+    help="Seconds between pull cycles.",
+)  # fmt: skip
+@click.option(
+    "--pull-max", type=click.IntRange(1, 1_000_000), default=1024, show_default=True,
+    help="Most receipts taken from one node per cycle (the rest follows in later cycles).",
+)  # fmt: skip
+@click.option(
     "--timeout", "timeout_s", type=float, default=15.0, show_default=True, help="Seconds to reach the seeds."
 )
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
@@ -82,6 +96,9 @@ def dashboard(
     host: str,
     port: int,
     refresh_s: float,
+    pull_peers: int,
+    pull_every_s: float,
+    pull_max: int,
     timeout_s: float,
     verbose: bool,
 ) -> None:
@@ -89,6 +106,7 @@ def dashboard(
     from cli.node_commands import _ephemeral_client, _initial_peers
     from node.dashboard import DashboardData, DashboardServer, SwarmWatcher
     from node.ledger import Ledger
+    from node.receipts import ReceiptExchange, ReceiptsConfig
     from node.shutdown import StopRequest
 
     setup_logging(verbose, quiet=not verbose)
@@ -109,6 +127,15 @@ def dashboard(
                 client = _ephemeral_client(initial_peers, run_id, timeout_s)
                 watcher = SwarmWatcher(data, client.discover, interval_s=refresh_s)
                 watcher.start()
+                if pull_peers:
+                    assert client.dht is not None
+                    pulls = ReceiptsConfig(
+                        serve=False, peers_per_cycle=pull_peers, pull_interval_s=pull_every_s,
+                        max_receipts_per_pull=pull_max,
+                    )  # fmt: skip
+                    client.add_service(
+                        ReceiptExchange(dht=client.dht, identity=client.identity, ledger=ledger, config=pulls)
+                    )
             else:
                 click.echo("no --initial-peers given: showing the ledger without the swarm", err=True)
             server = DashboardServer(data, host=host, port=port)

@@ -52,6 +52,13 @@ def _node_options(func: Any) -> Any:
         ),
         click.option("--status-file", type=click.Path(path_type=Path), help="Write a JSON status here."),
         click.option("--status-port", type=int, help="Serve JSON status on 127.0.0.1:PORT/status."),
+        click.option(
+            "--ledger",
+            "ledger_path",
+            type=click.Path(dir_okay=False, path_type=Path),
+            help="Receipts ledger (SQLite) this node keeps, serves and fills from peers "
+            "(join: default one per run in the user data dir).",
+        ),
         click.option("--config", "config_file", type=click.Path(path_type=Path), help="TOML config file."),
         click.option("-v", "--verbose", is_flag=True, help="Debug logging."),
     ]
@@ -139,6 +146,10 @@ def join(
     )
     rl_flags = {key: flags.pop(key) for key in RL_OPTION_NAMES}
     config = _build_config(config_file, roles=roles, **flags)
+    if config.ledger_path is None:
+        from node.config import default_ledger_path
+
+        config.ledger_path = default_ledger_path(config.run_id)
     is_rl = rl_flags.pop("rl") or Role.INFERENCE in config.roles
     rl_config = None
     if is_rl:

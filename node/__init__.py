@@ -22,4 +22,8 @@
 - `averaging/`: DiLoCo's averaging transport, `DiLoCoAverager` (one all-reduce per outer step with
   equal weights and refusal of bad parts, state sharing; see its own map).
 - `broadcast/`: the weight broadcast (see its own map).
+- `ledger/`: the receipts ledger and credit (see its own map).
+- `receipts/`: the receipts exchange, `ReceiptExchange` (a node's own receipts into its ledger, the
+  ledger served page by page, bounded pulls from live nodes; see its own map).
+- `dashboard/`: the contributor dashboard's data layer and HTTP server.
 """

@@ -43,6 +43,11 @@ def default_weights_dir() -> Path:
     return Path(platformdirs.user_data_dir("hivenet")) / "weights"
 
 
+def default_ledger_path(run_id: str) -> Path:
+    """Where `hivenet join` keeps a run's receipts ledger unless told otherwise."""
+    return Path(platformdirs.user_data_dir("hivenet")) / "ledgers" / f"{run_id}.db"
+
+
 def parse_initial_peer(text: str) -> str:
     """Check that `text` is a dialable multiaddr ending in /p2p/<PeerID>; raise ConfigError with the expected form."""
     try:
@@ -108,6 +113,9 @@ class NodeConfig(BaseModel):
     """If set, a JSON status snapshot is written here every refresh (machine-readable health)."""
     status_port: int | None = Field(default=None, ge=0, le=65535)
     """If set, serve the status snapshot as JSON over HTTP on 127.0.0.1 at this port."""
+    ledger_path: Path | None = None
+    """If set, the node keeps its receipts in this ledger (SQLite), serves it to peers and pulls theirs
+    into it (`node.receipts`); `hivenet join` sets it (`default_ledger_path`) unless given."""
 
     @field_validator("initial_peers")
     @classmethod

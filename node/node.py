@@ -3,7 +3,9 @@
 `HivenetNode.start()` starts the node's event loop (`node.runtime.NodeRuntime`), claims the
 identity, starts the DHT, dials the seeds, refuses to run if the identity is live elsewhere
 and publishes the node record; `add_service` hosts more components on the same loop (the
-weight broadcast, averaging, ...); `stop()` stops them in reverse order and leaves cleanly.
+weight broadcast, averaging, ...); `stop()` stops them in reverse order and leaves cleanly. An
+announced node whose config names a ledger also runs the receipts exchange (`node.receipts`): its
+components hand the receipts they sign to `receipt_sink`.
 Role-specific work (training, inference) is attached on top of a started node.
 """
 
@@ -21,13 +23,16 @@ from typing import Any, TypeVar
 import hivemind
 from hivemind.dht.node import DHTNode
 
+from node.bans import BanList
 from node.config import NodeConfig
 from node.dht_node import BootstrapStopped, SeedStatus, bootstrap, start_dht
 from node.identity import Identity, create_identity, load_or_create_identity
+from node.ledger import Ledger
 from node.logs import set_log_peer
 from node.membership import LiveNode, Membership, discover
 from node.metrics import NodeMetrics
 from node.reachability import serve_dial_back
+from node.receipts import ReceiptExchange, ReceiptsConfig
 from node.runtime import NodeRuntime, Service, in_dht
 from node.status import NodeStatusSnapshot, StatusServer, write_status_file
 from protocol.node_record import Role
@@ -84,6 +89,9 @@ class HivenetNode:
         self._status_server = (
             StatusServer(config.status_port, self.metrics) if config.status_port is not None else None
         )
+        self.ledger: Ledger | None = None
+        self.receipts: ReceiptExchange | None = None
+        """The receipts exchange, on an announced node whose config names a ledger (`ledger_path`)."""
 
     @property
     def short_id(self) -> str:
@@ -139,6 +147,8 @@ class HivenetNode:
                         check_identity=bool(self.config.initial_peers),
                     )
                 )
+                if self.config.ledger_path is not None and not self.dht_only:
+                    self._start_receipts(self.config.ledger_path)
         except BaseException:
             self.shutdown()
             raise
@@ -146,6 +156,25 @@ class HivenetNode:
         if self.announce:
             logger.info("joined run %r as %s", self.config.run_id, ",".join(self.config.roles))
         self.refresh_view()
+
+    def _start_receipts(self, path: Path) -> None:
+        assert self.dht is not None
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.ledger = Ledger(path, self.config.run_id)
+        config = ReceiptsConfig()
+        bans = BanList(
+            config.ban_base_s, config.ban_max_s, owner=self.short_id, on_ban=self.metrics.peer_banned
+        )
+        self.receipts = self.add_service(
+            ReceiptExchange(
+                dht=self.dht, identity=self.identity, ledger=self.ledger, config=config, bans=bans
+            )
+        )
+
+    @property
+    def receipt_sink(self) -> Callable[[list[bytes]], None] | None:
+        """Where the components of this node hand the receipts they sign (None: no ledger, not kept)."""
+        return self.receipts.record if self.receipts is not None else None
 
     def multiaddrs(self) -> list[str]:
         """Full multiaddrs of this node (with /p2p/), as others should dial them."""
@@ -214,6 +243,10 @@ class HivenetNode:
         """Release everything this node holds: services (last started first), the loop, the DHT."""
         self.runtime.close()
         self.membership = None
+        self.receipts = None
+        if self.ledger is not None:
+            self.ledger.close()
+            self.ledger = None
         if self.dht is not None:
             self.dht.shutdown()
             self.dht = None

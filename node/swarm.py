@@ -193,6 +193,8 @@ class LocalSwarm:
             str(status_file),
             "--weights-dir",
             str(self.workdir / f"{name}.weights"),
+            "--ledger",
+            str(self.workdir / f"{name}.ledger.db"),
         ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "COLUMNS": "200"}
         with open(log_file, "wb") as log:

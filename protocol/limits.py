@@ -85,6 +85,20 @@ RECEIPT_TTL_S = 30 * 24 * 3600.0
 """Validity of every receipt, a sealed verdict included, counted from its issue time: a receipt is
 shown long after the work (contribution accounting), and a ledger admits it until then."""
 
+# --- receipts exchange (protocol/receipts_exchange.proto, node.receipts) ---
+
+MAX_RECEIPTS_PER_PAGE = 256
+"""Most receipts one exchange response may carry; a puller asks for at most this many per request."""
+
+MAX_RECEIPTS_REQUEST_BYTES = 256
+"""Largest receipts request frame a server reads (a run id and two integers)."""
+
+MAX_RECEIPT_ENVELOPE_BYTES = 2048
+"""Largest receipt envelope (the same bound as `protocol.receipts.MAX_RECEIPT_BYTES`)."""
+
+MAX_RECEIPTS_RESPONSE_BYTES = MAX_RECEIPTS_PER_PAGE * (MAX_RECEIPT_ENVELOPE_BYTES + 4) + 4 * 1024
+"""Largest receipts response frame a puller reads: a full page of the largest receipts, or an error."""
+
 # --- rollout transport (protocol.rollout_messages, node.rollouts) ---
 
 MAX_ROLLOUTS_PER_GROUP = 64

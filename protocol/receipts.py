@@ -31,7 +31,7 @@ from protocol import hivenet_pb2, rollouts_pb2
 from protocol import receipts_pb2 as pb
 from protocol.envelope import open_envelope, seal
 from protocol.errors import InvalidMessage
-from protocol.limits import MAX_CLOCK_SKEW_S, RECEIPT_TTL_S
+from protocol.limits import MAX_CLOCK_SKEW_S, MAX_RECEIPT_ENVELOPE_BYTES, RECEIPT_TTL_S
 from protocol.peer_keys import peer_id_from_private_key, public_key_from_peer_id
 from protocol.rollout_messages import DOMAIN_VERDICT, check_verdict
 from protocol.untrusted import capped_bytes, parse_untrusted
@@ -40,7 +40,7 @@ DOMAIN_TRAINING = "receipt-training"
 DOMAIN_TRANSFER = "receipt-transfer"
 DOMAIN_SEED = "receipt-seed"
 
-MAX_RECEIPT_BYTES = 2048
+MAX_RECEIPT_BYTES = MAX_RECEIPT_ENVELOPE_BYTES
 """Largest receipt envelope accepted (the biggest, a verdict with its detail, is well under 1 KiB)."""
 MAX_PEER_ID_BYTES = 64
 MAX_ROUND_ID_BYTES = 64

@@ -13,7 +13,8 @@ interfaces (`diloco.RoundAverager`, `diloco.StateSource`); `trainer` plugs `node
   `outer_step`'s names); the outer state and round types come from `node.averaging`.
 - `trainer`: `TrainerConfig`, `TrainerRuntime`, `run_trainer` (the trainer role inside a node).
 - `trainer_node`: `start_trainer` (a trainer on a running node, publishing every outer step through
-  the weight broadcast it hosts).
+  the weight broadcast it hosts, and signing training receipts for the members of its rounds into
+  the node's ledger: `sign_training_receipts`).
 - `trainer_thread`: `TrainerThread` (one trainer in a background thread: reports, stop, kill).
 - `simulation`: `simulate_diloco` (a whole run of N trainers on 127.0.0.1).
 - `checkpoint`: safetensors checkpoints (`save_checkpoint`, `load_checkpoint`, `latest_checkpoint`).

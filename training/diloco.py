@@ -142,6 +142,16 @@ class OuterStepReport:
     extra: dict[str, float] = field(default_factory=dict)
     """Anything else worth plotting."""
 
+    averaged_step: int = 0
+    """The outer step whose pseudo-gradients this round averaged (`outer_step` before it was applied)."""
+
+    round_id: bytes = b""
+    """The averaging group's id (empty when the round was averaged alone)."""
+
+    received_from: dict[bytes, int] = field(default_factory=dict)
+    """Bytes received from each other member whose contribution was accepted (PeerID bytes): whom
+    this trainer signs training receipts for."""
+
 
 class DiLoCoTrainer:
     """Runs DiLoCo rounds on one model until stopped; the network is reached only through the interfaces given."""
@@ -292,6 +302,9 @@ class DiLoCoTrainer:
             resynced=resynced,
             refused_peers=outcome.refused_peers,
             extra={"steps_until_average": float(steps_until_average)},
+            averaged_step=pending.state.step,
+            round_id=outcome.round_id,
+            received_from=dict(outcome.received_bytes),
         )
 
     def run_round(self, stop_event: threading.Event | None = None) -> list[OuterStepReport] | None:

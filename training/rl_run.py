@@ -184,6 +184,7 @@ def add_policy_follower(node: HivenetNode, config: RLRunConfig) -> WeightBroadca
                 keep_versions=config.grpo.async_level + 1,
                 follow_poll_s=0.5,
             ),
+            on_receipts=node.receipt_sink,
         )
     )
 

@@ -227,6 +227,7 @@ class RLTrainer(RoleThread):
                     authorized_publishers=sorted(set(publishers)),
                     keep_versions=config.grpo.async_level + 2,
                 ),
+                on_receipts=node.receipt_sink,
             )
         )
         self.intake = node.add_service(

@@ -9,7 +9,8 @@ validator found through membership, failing over to the next validator when one 
 answer. Every group ends in a `GroupReport` (version, accepted/rejected by reason, tokens/s).
 
 The next assignment counter is kept next to the weights store, and the versions the store
-already holds are loaded at start: a restarted worker goes on where it stopped.
+already holds are loaded at start: a restarted worker goes on where it stopped. The validators'
+signed verdicts (the worker's receipts) go into the node's ledger when it keeps one.
 
 `cheat` makes a dishonest worker for demos, tests and benchmarks: it generates in another
 precision than it claims, or with other weights than the version it names.
@@ -248,6 +249,9 @@ class InferenceWorker(RoleThread):
         verdicts = [receipt.verdict for receipt in receipts]
         report = GroupReport(counter, version, validator, tokens, seconds, error=error)
         self.receipts.extend(receipts)
+        sink = self.node.receipt_sink
+        if sink is not None and receipts:  # its own proof of what it gave, kept and served by its node
+            sink([receipt.envelope for receipt in receipts])
         for verdict in verdicts:
             if verdict.accepted:
                 report.accepted += 1

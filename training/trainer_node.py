@@ -8,7 +8,9 @@ version `outer_step` of its run: a signed manifest and hashed chunks that any pe
 bit-identical states publish identical chunks. A failed publish is logged and training goes on.
 Every progress report also moves the node's metrics (`node.metrics`: outer steps, loss, tokens
 trained, averaging bytes sent) before it is handed to `on_progress`; the broadcast counts into
-the same metrics.
+the same metrics. On a node with a ledger, the trainer signs a training receipt after every round
+for each other member whose contribution it accepted (`sign_training_receipts`), and the broadcast
+its transfer receipts; both go to the node's `receipt_sink`.
 """
 
 from __future__ import annotations
@@ -16,11 +18,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from node.averaging.outer_state import OuterState
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
 from node.metrics import NodeMetrics
 from node.node import HivenetNode
+from protocol.receipts import MAX_ROUND_ID_BYTES, seal_training_receipt
 from training.diloco import OuterStepReport
 from training.trainer import TrainerConfig, TrainerRuntime
 from training.trainer_thread import TrainerThread
@@ -53,6 +58,30 @@ def counting_progress(
     return report_progress
 
 
+def sign_training_receipts(
+    report: OuterStepReport, private_key: Ed25519PrivateKey, *, run_id: str, tokens_trained: int
+) -> list[bytes]:
+    """One training receipt per other member of the report's round whose contribution was accepted.
+
+    `tokens_trained` is what one member trains per outer step, from the run's config (never a
+    figure a member claimed); the bytes are those this trainer received from the member.
+    """
+    if not 1 <= len(report.round_id) <= MAX_ROUND_ID_BYTES:  # alone, or a group id no receipt can hold
+        return []
+    return [
+        seal_training_receipt(
+            private_key,
+            run_id=run_id,
+            contributor=member,
+            outer_step=report.averaged_step,
+            round_id=report.round_id,
+            tokens_trained=tokens_trained,
+            bytes_exchanged=received,
+        )
+        for member, received in sorted(report.received_from.items())
+    ]
+
+
 def start_trainer(
     node: HivenetNode,
     config: TrainerConfig,
@@ -75,6 +104,7 @@ def start_trainer(
                 ),
             ),
             metrics=node.metrics,
+            on_receipts=node.receipt_sink,
         )
     )
     runtime: TrainerRuntime | None = None
@@ -91,10 +121,21 @@ def start_trainer(
             return
         logger.debug("published version %d (%d bytes)", state.step, manifest.total_bytes)
 
+    sink = node.receipt_sink
+    tokens_per_outer_step = config.diloco.inner_steps * config.data.batch_size * config.data.seq_len
+
+    def receipted(report: OuterStepReport) -> None:
+        if sink is not None:
+            sink(sign_training_receipts(
+                report, node.identity.private_key, run_id=config.run_id, tokens_trained=tokens_per_outer_step
+            ))  # fmt: skip
+        if on_progress is not None:
+            on_progress(report)
+
     runtime = TrainerRuntime(config, node.dht, node.short_id, on_outer_state=publish)
     thread = TrainerThread(
         runtime,
-        on_progress=counting_progress(node.metrics, on_progress),
+        on_progress=counting_progress(node.metrics, receipted),
         wait_for_peers=wait_for_peers,
         should_stop=should_stop,
     ).start()

@@ -8,7 +8,8 @@ Map of the main names and where they live:
 - `sampling_check`: `check_sampling`, `SamplingCheck` (every token is the seeded sampler's).
 - `policy`: `VerificationPolicy`, `DEFAULT_POLICY` (all thresholds, with their calibration).
 - `verdict`: `verify_rollout`, `RolloutVerifier`, `judge`, `Verdict`, `RejectReason`.
-- `validator`: `Validator` (judges a worker's `RolloutGroup` of an RL run), `VerifiedRollout`,
+- `validator`: `Validator` (judges a worker's `RolloutGroup` of an RL run; its sealed verdicts also go
+  to `on_verdicts`, e.g. the node's ledger), `VerifiedRollout`,
   `ValidatorStats`; its parts: `rollout_checks` (assignment, verdict, recomputed reward, reason
   codes), `rollout_wire` (a parsed wire `Rollout` -> `RolloutClaim`; parsing itself is
   `protocol.rollout_messages.parse_rollout`), `verifier_window` (the versions held),

@@ -87,7 +87,10 @@ class Validator:
         clock: Callable[[], float] = time.time,
         sampling: SamplingParams | None = None,
         late_window: int = DEFAULT_LATE_WINDOW,
+        on_verdicts: Callable[[list[bytes]], None] | None = None,
     ) -> None:
+        """`on_verdicts` is handed every batch of sealed verdicts (the validator's own receipts, e.g. for
+        its node's ledger, `node.node.HivenetNode.receipt_sink`); it must not block."""
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         self.run_id = run_id
@@ -101,6 +104,7 @@ class Validator:
         self._accounts = WorkerAccounts(late_window)
         self._lock = threading.Lock()
         self._seq = int(clock() * 1e6)
+        self.on_verdicts = on_verdicts
 
     # --- policy versions ---
 
@@ -153,6 +157,8 @@ class Validator:
             for item in items:
                 self._accounts.record(worker, accepted, item.reason, item.tokens)
         verdicts = self._seal(worker, version, counter, items, accepted)
+        if self.on_verdicts is not None:
+            self.on_verdicts(verdicts)
         if not accepted:
             return verdicts, []
         return verdicts, [

@@ -181,13 +181,15 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
             kwargs.pop("weight", None)
             kwargs.pop("compression", None)
             async with enter_asynchronously(self.get_tensors()) as local_tensors:
-                refused, complete = await self._run_allreduce_inplace_(
+                refused, complete, received = await self._run_allreduce_inplace_(
                     local_tensors, group_info, peer_fractions=peer_fractions, **kwargs
                 )
             return {
                 "gathered": {p.to_bytes(): v for p, v in user_gathered.items()},
                 "refused": refused,
                 "complete": complete,
+                "group_id": group_info.group_id,
+                "received": received,
             }
         except BaseException as e:
             if isinstance(e, Exception):
@@ -200,8 +202,9 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         group_info: GroupInfo,
         group_id: bytes | None = None,
         **kwargs: Any,
-    ) -> tuple[int, bool]:
-        """Run the all-reduce into `tensors`; return (senders refused, whether every reducer answered us)."""
+    ) -> tuple[int, bool, dict[bytes, int]]:
+        """Run the all-reduce into `tensors`; return (senders refused, whether every reducer answered us,
+        bytes received from each peer that was not refused)."""
         group_id = group_info.group_id if group_id is None else group_id
         runner = self.runner_class(
             p2p=self._p2p,
@@ -228,7 +231,8 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
                     self.bans.ban(peer_id, reason)
         # A reducer that failed us (e.g. we were late and it left us out) leaves our own pseudo-gradient
         # in its slice: our result is then a mixture nobody else holds.
-        return len(runner.refused), runner.tensor_part_container.failed_size == 0
+        received = {p.to_bytes(): n for p, n in runner.received_bytes.items() if p not in runner.refused}
+        return len(runner.refused), runner.tensor_part_container.failed_size == 0, received
 
 
 async def _azip(

@@ -12,7 +12,9 @@
   step is given up early (see `_wait_for_round`).
 * The round's outcome records the majority state hash of the group (its holders become the
   preferred state sources) and whether every reducer answered: a member left out of part of
-  the round holds its own values in that slice, so it reports itself out of sync.
+  the round holds its own values in that slice, so it reports itself out of sync. It also names
+  the group and the bytes received from each member whose contribution was accepted, which is
+  what a trainer signs training receipts for.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from multiprocessing.sharedctypes import Synchronized
 from typing import Any, Protocol
 
@@ -59,6 +61,13 @@ class RoundOutcome:
 
     refused_peers: int = 0
     """Senders whose contributions were refused (non-finite, oversized or malformed) in this round."""
+
+    round_id: bytes = b""
+    """The averaging group's id (empty if no round took place): the evidence of a training receipt."""
+
+    received_bytes: dict[bytes, int] = field(default_factory=dict)
+    """Bytes received from each other member whose contribution was accepted (PeerID bytes): the
+    members this peer can sign a training receipt for."""
 
 
 class PendingAverage(Protocol):
@@ -196,11 +205,15 @@ class Rounds(StateSharing):
             logger.warning("%s: outer step %d got only part of the group's average", self.label, step)
         in_sync = outer_hash == majority and complete
         self._state_doubtful = not in_sync  # stop serving a state we know others do not hold
+        own = self.peer_id.to_bytes()
+        received = result.get("received", {})
         return RoundOutcome(
             averaged=averaged,
             num_peers=len(gathered) - int(result["refused"]),
             in_sync=in_sync,
             refused_peers=int(result["refused"]),
+            round_id=bytes(result.get("group_id", b"")),
+            received_bytes={peer: int(n) for peer, n in received.items() if peer != own and n > 0},
         )
 
 

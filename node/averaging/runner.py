@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -167,6 +168,8 @@ class RobustAllReduceRunner(AllReduceRunner):
         self.min_norm_per_value = min_norm_per_value
         self.pre_banned = [p for p in pre_banned if p in self.sender_peer_ids and p != self.peer_id]
         self.refused: dict[PeerID, str] = {}
+        self.received_bytes: Counter[PeerID] = Counter()
+        """Encoded bytes of the accepted parts and averages each peer sent us (what a training receipt attests)."""
         local = kwargs["tensors"]
         own_norm = global_norm(local)
         # The scale honest pseudo-gradients are expected at: our own, or the group's last average
@@ -249,6 +252,7 @@ class RobustAllReduceRunner(AllReduceRunner):
                     )
                 except BannedException:
                     break
+                self.received_bytes[sender] += len(message.tensor_part.buffer)
                 message_out, _ = await self._encoded_average(part_index, averaged)
                 part_index += 1
                 yield averaging_pb2.AveragingData(code=averaging_pb2.AVERAGED_PART, tensor_part=message_out)
@@ -293,6 +297,7 @@ class RobustAllReduceRunner(AllReduceRunner):
                     self._refuse(peer_id, f"bad average from reducer: {reason}")
                     raise AllreduceException(f"reducer {peer_id} returned a bad average: {reason}")
                 self.tensor_part_container.register_processed_part(peer_index, part_index, averaged)
+                self.received_bytes[peer_id] += len(message.tensor_part.buffer)
                 part_index += 1
             if part_index != expected:
                 raise AllreduceException(

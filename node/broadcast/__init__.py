@@ -7,8 +7,10 @@ Map of the package:
   fetch and the DHT records.
 - `config.BroadcastConfig`: every knob (chunk size, kept versions, in-flight limits, bans, upload cap).
 - `store.ChunkStore` / `store.VersionEntry`: versions on disk with a chunk bitmap; verify-before-write; resume.
-- `fetch.VersionFetch`: the multi-source scheduler (rarest first, per-peer limits, endgame, bans);
-  `fetch_progress.FetchProgress` is what it reports for progress bars.
+- `fetch.VersionFetch`: the multi-source scheduler (rarest first, per-peer limits, endgame, bans;
+  it counts the verified chunks each source delivered); `fetch_progress.FetchProgress` is what it
+  reports for progress bars.
+- `transfer_receipts.sign_transfer_receipts`: after a fetch, one signed transfer receipt per source.
 - `requests`: the requesting side of the protocol (one chunk, a bitmap stream, `NotHeld`, `SourceBusy`).
 - `manifest_fetch`: a version's manifest from the publisher or any holder, checked against the pointer.
 - `records.BroadcastRecords`: signed pointers and holder announcements in the DHT (find, announce, refresh).

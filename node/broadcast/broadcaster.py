@@ -13,7 +13,9 @@ the DHT records (`records`):
   serving each chunk as soon as it is verified on disk;
 - while it runs, holder announcements (and the publisher's pointers) are refreshed for every
   version kept; versions beyond `keep_versions` are deleted and no longer announced;
-- `follow` fetches each new version of a run as it is announced.
+- `follow` fetches each new version of a run as it is announced;
+- after each fetch, the transfer receipts it signs for its sources go to `on_receipts`
+  (`node.broadcast.transfer_receipts`; a node's `ReceiptExchange.record` stores them).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from node.broadcast.publish import prepare_file, prepare_state_dict
 from node.broadcast.records import BroadcastRecords, HolderInfo
 from node.broadcast.service import BroadcastService
 from node.broadcast.store import ChunkStore, VersionEntry
+from node.broadcast.transfer_receipts import sign_transfer_receipts
 from node.identity import Identity
 from node.metrics import NO_TRANSFER_METRICS, NodeMetrics, TransferMetrics
 from node.runtime import in_dht, offload
@@ -96,8 +99,10 @@ class WeightBroadcast:
         config: BroadcastConfig,
         p2p: P2P | None = None,
         metrics: NodeMetrics | None = None,
+        on_receipts: Callable[[list[bytes]], None] | None = None,
     ) -> None:
-        """`metrics`: the hosting node's metrics, which count chunks, bytes and bans (default: none)."""
+        """`metrics`: the hosting node's metrics, which count chunks, bytes and bans (default: none);
+        `on_receipts`: handed the transfer receipts this node signs after each fetch (must not block)."""
         self.dht = dht
         self.identity = identity
         self.config = config
@@ -111,6 +116,7 @@ class WeightBroadcast:
             on_ban=metrics.peer_banned if metrics is not None else None,
         )  # fmt: skip
         self.last_fetch: VersionFetch | None = None
+        self.on_receipts = on_receipts
         self._given_p2p = p2p
         self._running: _Running | None = None
         self._fetch_locks: dict[tuple[str, int], asyncio.Lock] = {}
@@ -368,7 +374,11 @@ class WeightBroadcast:
                     metrics=self.metrics,
                 )
                 self.last_fetch = fetcher
-                await fetcher.run()
+                try:
+                    await fetcher.run()
+                finally:  # what verified is receipted, even if the rest of the fetch failed
+                    if self.on_receipts is not None and fetcher.verified_by_source:
+                        self.on_receipts(sign_transfer_receipts(fetcher, self.identity.private_key))
             with contextlib.suppress(Exception):
                 await self.records.announce_holder(entry)
         self._prune(run_id)

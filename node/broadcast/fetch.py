@@ -116,6 +116,10 @@ class VersionFetch:
         self.bad_chunks = 0
         self.bytes_by_source: Counter[bytes] = Counter()
         """Chunk bytes received from each source (PeerID bytes)."""
+        self.verified_by_source: Counter[bytes] = Counter()
+        """Chunks each source delivered first that verified and were stored (what its transfer receipt counts)."""
+        self.verified_bytes_by_source: Counter[bytes] = Counter()
+        """Their bytes."""
         self._wake = asyncio.Event()
         self._rng = random.Random()
         # among equally rare chunks, each node walks the chunk list from its own offset: nodes that start
@@ -322,6 +326,8 @@ class VersionFetch:
         source.last_delivery = time.monotonic()
         self._meter.delivered(len(data))
         if written:
+            self.verified_by_source[key] += 1
+            self.verified_bytes_by_source[key] += len(data)
             self.metrics.chunk_fetched()
             self.on_chunk(index)
             for other_key in self.requested.get(index, set()) - {key}:

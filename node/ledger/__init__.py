@@ -4,7 +4,8 @@ Map of the package:
 
 - `store.Ledger`: one run's receipts in a SQLite file (WAL); every receipt re-verified before it is
   stored; `add`, `add_many` (one transaction per batch; `AddResult`), `receipts`, `get`,
-  `envelopes`, `export` (a consistent snapshot while receipts arrive), `credit`.
+  `envelopes`, `page` (receipts after a position, as `StoredEnvelope`s: the exchange's cursor),
+  `export` (a consistent snapshot while receipts arrive), `credit`.
 - `credit`: `compute_credit` -> `CreditReport` (per contributor and role: total, recent average
   with a half-life, untrusted points; `Standing` of each receipt), `CreditRates`, the sybil rule
   (trusted signers, one hop of vouching capped by what the voucher earned).
@@ -24,7 +25,7 @@ from node.ledger.credit import (
     compute_credit,
 )
 from node.ledger.export import AuditReport, audit_export, export_envelopes, export_run, write_export
-from node.ledger.store import AddResult, Ledger
+from node.ledger.store import AddResult, Ledger, StoredEnvelope
 
 __all__ = [
     "DEFAULT_HALF_LIFE_S",
@@ -36,6 +37,7 @@ __all__ = [
     "Ledger",
     "RoleCredit",
     "Standing",
+    "StoredEnvelope",
     "audit_export",
     "compute_credit",
     "export_envelopes",

@@ -7,7 +7,9 @@ stored is recognised by its id without checking its signature again. `add_many` 
 and inserts it in one transaction, which is what makes bulk intake fast. The raw envelope is
 stored beside the decoded columns, so an export is exactly the signed bytes that were received.
 Receipts are never deleted, so their position (`seq`) only grows: an export is a consistent
-snapshot even while receipts keep arriving.
+snapshot even while receipts keep arriving, and `page(after, limit)` is a cursor a peer can resume
+from (the receipts exchange, `node.receipts`, serves a ledger this way). `seq` is SQLite's rowid, in
+the schema since version 1, so ledgers written before the exchange existed serve as they are.
 
 One `Ledger` may be used from several threads (a node's loop offloads to worker threads): one
 connection guarded by a lock.
@@ -63,6 +65,15 @@ _COLUMNS = (
     "receipt_id, kind, signer, contributor, evidence, issued_at, step, tokens, byte_count, chunks, count, "
     "accepted, reason"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEnvelope:
+    """One stored receipt as the exchange serves it: its ledger position, issue time and signed bytes."""
+
+    seq: int
+    issued_at: float
+    envelope: bytes
 
 
 @dataclass
@@ -259,6 +270,15 @@ class Ledger:
         query = f"SELECT seq, envelope FROM receipts WHERE seq > ? {bound} ORDER BY seq LIMIT {_READ_BATCH}"
         for row in self._batches(query, ()):
             yield bytes(row[1])
+
+    def page(self, after: int, limit: int) -> list[StoredEnvelope]:
+        """At most `limit` receipts stored after position `after`, in the order stored."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT seq, issued_at, envelope FROM receipts WHERE seq > ? ORDER BY seq LIMIT ?",
+                (int(after), int(limit)),
+            ).fetchall()
+        return [StoredEnvelope(seq=row[0], issued_at=row[1], envelope=bytes(row[2])) for row in rows]
 
     def export(self, out: Path) -> int:
         """Write every receipt stored so far to `out` (`node.ledger.export` format); returns the count.

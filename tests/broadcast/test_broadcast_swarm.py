@@ -12,6 +12,7 @@ import pytest
 from node.broadcast.errors import WeightsUnavailable
 from node.broadcast.service import PROTO_CHUNK
 from protocol.manifest import build_manifest
+from protocol.receipts import open_receipt
 from tests.helpers.broadcast import (
     Swarm,
     assert_state_dicts_equal,
@@ -62,9 +63,11 @@ def test_corrupt_source_is_banned_and_routed_around(swarm: Swarm, tmp_path: Path
         pub = await start_broadcast(publisher, tmp_path / "pub", [publisher], upload_bytes_per_s=300_000)
         evil = await start_broadcast(evil_node, tmp_path / "evil", [publisher])
         victim = await start_broadcast(victim_node, tmp_path / "victim", [publisher])
+        receipts: list[bytes] = []
+        victim.on_receipts = receipts.extend
         try:
             state = make_state_dict(seed=2)
-            await pub.publish("corrupt", 1, state)
+            manifest = await pub.publish("corrupt", 1, state)
             bad = await evil.fetch("corrupt")
             # the evil peer's disk now disagrees with the manifest, but its bitmap still claims every chunk
             with open(bad.data_path, "r+b") as data:
@@ -77,6 +80,11 @@ def test_corrupt_source_is_banned_and_routed_around(swarm: Swarm, tmp_path: Path
             assert victim.bans.is_banned(evil_node.identity.peer_id)
             assert victim.last_fetch is not None and victim.last_fetch.bad_chunks >= 1
             assert not victim.bans.is_banned(publisher.identity.peer_id)
+            # the transfer receipts count only chunks that verified: none for the corrupt source
+            credited = [open_receipt(receipt, run_id="corrupt") for receipt in receipts]
+            assert evil_node.identity.peer_id_bytes not in {r.contributor for r in credited}
+            assert sum(r.chunks for r in credited) == manifest.num_chunks
+            assert sum(r.byte_count for r in credited) == manifest.total_bytes
         finally:
             for b in (pub, evil, victim):
                 await b.stop()

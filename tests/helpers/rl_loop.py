@@ -70,7 +70,7 @@ class LoopbackNodes:
         self.peers = seed.multiaddrs()
 
     def _start(
-        self, name: str, roles: list[Role], peers: list[str], *, dht_only: bool = False
+        self, name: str, roles: list[Role], peers: list[str], *, dht_only: bool = False, ledger: bool = False
     ) -> HivenetNode:
         config = NodeConfig(
             identity_path=self.root / f"{name}.key",
@@ -82,15 +82,17 @@ class LoopbackNodes:
             host="127.0.0.1",
             record_ttl_s=20.0,
             refresh_interval_s=4.0,
+            ledger_path=self.root / f"{name}.ledger.db" if ledger else None,
         )
         node = HivenetNode(config, dht_only=dht_only)
         node.start()
         self.nodes.append(node)
         return node
 
-    def add(self, name: str, roles: list[Role]) -> HivenetNode:
-        """Start a node called `name` (its key and weights live under `root`, so a restart keeps both)."""
-        return self._start(name, roles, self.peers)
+    def add(self, name: str, roles: list[Role], *, ledger: bool = False) -> HivenetNode:
+        """Start a node called `name` (its key and weights live under `root`, so a restart keeps both);
+        `ledger`: it keeps a receipts ledger there too (`node.receipt_sink`), and serves it."""
+        return self._start(name, roles, self.peers, ledger=ledger)
 
     def stop(self, node: HivenetNode) -> None:
         node.stop()

@@ -1,5 +1,6 @@
 """One DiLoCo averaging round on loopback: triggering a round whose group is already assembled
-does not wait on a DHT lookup (the all-reduce starts at once, whatever the DHT's latency)."""
+does not wait on a DHT lookup (the all-reduce starts at once, whatever the DHT's latency), and its
+outcome names the group and the bytes received from each other member (for training receipts)."""
 
 from __future__ import annotations
 
@@ -64,3 +65,8 @@ def test_an_assembled_group_is_triggered_without_a_dht_lookup(pair: list[DiLoCoA
     assert first.averaged is not None and second.averaged is not None
     assert all(torch.equal(x, torch.full_like(x, 2.0)) for x in first.averaged)
     assert lookups == [0, 0], "a ready group waited on a DHT lookup before its all-reduce"
+    # what training receipts are signed from: the group's id, and the bytes each member got from the other
+    assert first.round_id == second.round_id and len(first.round_id) == 20
+    for outcome, other in ((first, pair[1]), (second, pair[0])):
+        assert list(outcome.received_bytes) == [other.peer_id.to_bytes()]
+        assert outcome.received_bytes[other.peer_id.to_bytes()] > 0

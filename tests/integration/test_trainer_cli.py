@@ -1,5 +1,6 @@
 """DiLoCo through the command line: a `hivenet join --role trainer` node trains, checkpoints and
-leaves cleanly; two such nodes average every outer step together and end with the same state;
+leaves cleanly; two such nodes average every outer step together, end with the same state and sign
+training receipts for each other into their ledgers;
 and `hivenet simulate --trainers N` runs a whole multi-trainer run and prints the loss table
 (all trainers averaging together, identical states)."""
 
@@ -51,7 +52,11 @@ def test_two_trainer_nodes_average_together(tmp_path: Path) -> None:
     Each names the other with `--publisher`: with no third trainer to confirm a state, that is
     what lets one that a reducer left out of part of a round (a dial in backoff on a loaded
     machine) take the other's state and converge again."""
+    from hivemind.p2p import PeerID
+
     from node.identity import create_identity
+    from node.ledger import Ledger
+    from protocol.receipts import ReceiptKind
 
     outer_steps = 4
     args = [*TINY[2:], "--outer-steps", str(outer_steps), "--wait-for-trainers", "2"]
@@ -80,6 +85,13 @@ def test_two_trainer_nodes_average_together(tmp_path: Path) -> None:
         hashes = dict(STATE.findall(log))
         final_hashes.append(hashes.get(str(outer_steps)))
     assert final_hashes[0] is not None and final_hashes[0] == final_hashes[1], report
+    # each trainer signed training receipts for the other into its node's ledger
+    trainers = {PeerID.from_base58(peer).to_bytes() for peer in peer_ids}
+    signed = set()
+    for node in nodes:
+        with Ledger(tmp_path / f"{node.name}.ledger.db") as ledger:
+            signed |= {(r.signer, r.contributor) for r in ledger.receipts() if r.kind == ReceiptKind.TRAINING}
+    assert signed and all({signer, contributor} == trainers for signer, contributor in signed), report
 
 
 def _weights_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -186,6 +186,17 @@ def test_verdicts_are_receipts_signed_by_the_validator_for_thirty_days(make_vali
     assert len({open_envelope(d, domain=VERDICT_DOMAIN, now=NOW).seq for d in sealed}) == GROUP
 
 
+def test_every_batch_of_verdicts_is_handed_to_on_verdicts_for_the_validators_ledger(
+    make_validator, honest
+) -> None:
+    handed: list[list[bytes]] = []
+    validator = make_validator(on_verdicts=handed.append)
+    accepted, _ = validator.judge_group(ALICE, honest(0, 0))
+    replayed, _ = validator.judge_group(ALICE, honest(0, 0))  # rejected verdicts are receipts too
+    assert handed == [accepted, replayed]
+    assert set(reasons(replayed)) == {"replay"}
+
+
 @pytest.mark.parametrize("cheat", [False, True])
 def test_the_same_verdict_bytes_open_for_workers_and_for_ledgers(make_validator, honest, cheat) -> None:
     group = honest(0, 0)

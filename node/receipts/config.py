@@ -1,0 +1,41 @@
+"""Configuration of the receipts exchange (`node.receipts`): serving limits and the pull schedule."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from node.rollouts.config import StreamServiceConfig
+from protocol.limits import MAX_RECEIPTS_PER_PAGE
+
+
+class ReceiptsConfig(StreamServiceConfig):
+    """How a node serves its ledger to peers and pulls theirs into it.
+
+    The serving limits (stream caps, frame timeout, bans) are those of every framed stream service
+    (`node.rollouts.config.StreamServiceConfig`); the rest bounds what one pull may cost.
+    """
+
+    frame_timeout_s: float = Field(default=10.0, gt=0)
+    """Longest wait for each request frame of a stream; a silent stream is closed."""
+    max_streams: int = Field(default=16, ge=1)
+    """Most exchange streams served at once; more are refused as busy."""
+    max_streams_per_peer: int = Field(default=1, ge=1)
+    """Most exchange streams one peer may hold open at once (a puller needs one)."""
+    serve: bool = True
+    """Answer other peers' pulls (False: only pull)."""
+    pull_interval_s: float = Field(default=30.0, gt=0)
+    """Seconds between pull cycles; 0 peers per cycle disables pulling."""
+    peers_per_cycle: int = Field(default=4, ge=0)
+    """Most live peers pulled from in one cycle (chosen round-robin over the run's live nodes)."""
+    page_size: int = Field(default=MAX_RECEIPTS_PER_PAGE, ge=1, le=MAX_RECEIPTS_PER_PAGE)
+    """Receipts asked for per request."""
+    max_receipts_per_pull: int = Field(default=4 * MAX_RECEIPTS_PER_PAGE, ge=1)
+    """Most receipts taken from one peer in one pull; the rest waits for the next cycle (the cursor resumes)."""
+    pull_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest one pull (dial, every page, verification) may take."""
+    max_ledger_receipts: int = Field(default=1_000_000, ge=1)
+    """Pull cycles are skipped while the ledger holds this many receipts (a bound on the disk that
+    peers can fill; the node's own receipts are still stored)."""
+    max_cursors: int = Field(default=4096, ge=1)
+    """Most peers whose cursor is remembered (the oldest is forgotten; a forgotten peer is re-read from
+    the start, which only costs duplicates)."""
