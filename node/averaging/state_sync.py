@@ -60,7 +60,6 @@ logger = logging.getLogger(__name__)
 
 _MAX_STATE_SLACK_BYTES = 1 << 20
 _PEER_POLL_S = 1.0
-_STATE_WAIT_S = 10.0  # how long a resync waits for a peer to hold the outer step it needs
 _PEERS_CACHE_S = 5.0
 
 if TYPE_CHECKING:  # a mixin of a DecentralizedAverager: type-check it as one
@@ -72,9 +71,11 @@ else:
 class StateSharing(_AveragerBase):
     """Outer-step advertisements and outer-state downloads of a `DiLoCoAverager` (see module docstring)."""
 
-    # Provided by `DiLoCoAverager`: its name in logs and the peers it refuses to deal with.
+    # Provided by `DiLoCoAverager`: its name in logs, the peers it refuses to deal with, and how long
+    # a round may take past its schedule.
     label: str
     bans: BanList
+    averaging_timeout_s: float
 
     def _init_state_sharing(self, trusted_sources: Sequence[PeerID] = ()) -> None:
         """Set up this mixin's fields; called before hivemind starts the averager process.
@@ -280,17 +281,21 @@ class StateSharing(_AveragerBase):
         return self._peers_seen
 
     def fetch_state(
-        self, *, newer_than: int, timeout_s: float = 60.0, wait_s: float = _STATE_WAIT_S
+        self, *, newer_than: int, timeout_s: float = 60.0, wait_s: float | None = None
     ) -> OuterState | None:
         """Download (params, momentum, step) at an outer step above `newer_than` that two sources agree on.
 
         Candidates come from `_state_sources`. The first one's state is downloaded and verified
         (shapes, finite values, and its recomputed `state_hash` equal to the hash it advertises);
-        it is taken once another source serves the same (step, hash). While no two agree (peers
-        may still be applying the outer step that made us resync, or only one other trainer
-        exists), ask again for up to `wait_s` seconds, then refuse every offer with a warning:
-        the caller keeps its own state (checkpoint or fresh initialisation).
+        it is taken once another source serves the same (step, hash), or at once from one of the
+        run's authorised publishers. While none is taken (peers may still be finishing the round
+        that made us resync, or only one other trainer exists), ask again for up to `wait_s`
+        seconds (default: the averaging timeout, the longest such a round may take), then give
+        up with a warning: the caller keeps its own state (checkpoint or fresh initialisation).
         """
+        # The peers that can serve the step we need are finishing the same round, which may take
+        # them up to the round's own timeout (a straggler on a loaded machine, seen in CI).
+        wait_s = self.averaging_timeout_s if wait_s is None else wait_s
         deadline = time.monotonic() + wait_s
         while True:
             candidates = self._state_sources(newer_than)
@@ -309,6 +314,11 @@ class StateSharing(_AveragerBase):
                         "%s: refusing unconfirmed outer state (%s): no second source served the same "
                         "hash within %.0f s; keeping our own state",
                         self.label, offers, wait_s,
+                    )  # fmt: skip
+                else:
+                    logger.warning(
+                        "%s: no peer served a state past outer step %d within %.0f s; keeping our own state",
+                        self.label, newer_than, wait_s,
                     )  # fmt: skip
                 return None
             time.sleep(_PEER_POLL_S / 2)

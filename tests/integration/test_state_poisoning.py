@@ -14,6 +14,7 @@ still only if its tensors hash to what it advertises. (The scenario with the att
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -29,6 +30,7 @@ from tests.helpers.poisoning import (
     SHAPES,
     HashCopyingAverager,
     fetch_as_joiner,
+    outer_state,
     poison_accepted,
     poisoned_run,
 )
@@ -85,3 +87,30 @@ def test_an_authorised_publisher_is_still_checked() -> None:
         other.publish_step(HONEST_STEP)
         assert wait_until(lambda: list(joiner.peer_steps().values()) == [HONEST_STEP], timeout_s=60)
         assert joiner.fetch_state(newer_than=0, timeout_s=10.0, wait_s=2.0) is None
+
+
+def test_a_resync_waits_for_a_source_that_is_still_finishing_the_round() -> None:
+    """The only source reaches the step a resync needs after 12 s (a straggler of the same round on
+    a loaded machine): the resync waits for it, up to the averaging timeout (a fixed 10 s wait gave
+    up first and left two of three trainers diverged in a CI run)."""
+    torch.set_num_threads(1)
+    classes = [DiLoCoAverager, DiLoCoAverager]
+    with averager_swarm(
+        SHAPES, classes, prefix="stragglertest", trust_each_other=True, averaging_timeout_s=45.0
+    ) as (other, joiner):
+        other.set_state_provider(outer_state(0.5, 0).clone)
+        other.publish_step(0)
+        joiner.prefer_state_sources([other.peer_id])  # as the round they were both in does
+
+        def finish_the_round() -> None:
+            other.set_state_provider(HONEST.clone)
+            other.publish_step(HONEST_STEP)
+
+        timer = threading.Timer(12.0, finish_the_round)
+        timer.start()
+        try:
+            fetched = joiner.fetch_state(newer_than=0, timeout_s=10.0)
+        finally:
+            timer.cancel()
+    assert fetched is not None, "the resync gave up before the straggler reached the step"
+    assert (fetched.step, fetched.hash()) == (HONEST_STEP, HONEST.hash())
