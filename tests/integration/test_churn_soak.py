@@ -1,0 +1,210 @@
+"""Churn soak: DiLoCo trainers are killed and replaced at every outer step of a long run.
+
+Five trainers on loopback (`tests.helpers.trainers.Harness`). At each of 50 consecutive outer
+steps, the oldest trainer dies without a goodbye (`TrainerThread.kill`: SIGKILL of its averager,
+DHT and p2pd processes; its training thread stops where it stood) and a new trainer, with a new
+identity and DHT, is started and joins the running swarm (it downloads the run's state). The
+run must lose nothing: it advances by exactly one outer step per round, every trainer reports
+each outer step it lives through exactly once and in order, all the trainers that report an outer
+step hold bit-identical outer states (the same state hash), and every replacement takes the run's
+state when it joins and holds the survivors' state after its first round.
+
+Where a victim dies is chosen, not left to the clock: right after it applied outer step `k`,
+before it enters the matchmaking of the next round. A trainer killed in the middle of an
+all-reduce leaves every member of that round with a partial average (a different scenario,
+covered by the resync tests); a kill between rounds is the one a run must absorb without any
+member's state moving off the run's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+
+from node.averaging.outer_state import OuterState
+from node.swarm import wait_until
+from tests.helpers.trainers import harness, tiny_config
+from training.diloco import OuterStepReport
+from training.trainer_thread import TrainerThread
+
+SLOTS = 5
+"""Trainers alive at once: one dies at each outer step, and a replacement needs a step or two to join."""
+
+CHURN_STEPS = 50
+"""Outer steps with a kill and a restart each."""
+
+FIRST_KILL_STEP = 2
+"""The churn starts once the first trainers have averaged one round together."""
+
+LAST_KILL_STEP = FIRST_KILL_STEP + CHURN_STEPS - 1
+
+LAST_STEP = LAST_KILL_STEP + 4
+"""The run ends a few steps after the last kill, so that the last replacements join too."""
+
+STEP_TIMEOUT_S = 120.0
+"""Longest wait for any one event of a cycle (a victim reaching its step, a replacement joining)."""
+
+
+class _Killed(Exception):
+    """Raised in a victim's training thread once its processes are dead (the thread stops there)."""
+
+
+@dataclass
+class _Watched:
+    """A trainer of the soak and what the test learns from hooking its averager."""
+
+    trainer: TrainerThread
+    frozen: threading.Event = field(default_factory=threading.Event)
+    """Set when the trainer applied the outer step it dies after and waits, outside every round."""
+    killed: threading.Event = field(default_factory=threading.Event)
+    last_state: tuple[int, str] | None = None
+    """(step, hash) of the outer state it died with."""
+    prepared: list[int] = field(default_factory=list)
+    """Outer steps of the rounds it entered matchmaking for."""
+    fetched: list[tuple[int, str]] = field(default_factory=list)
+    """(step, hash) of every state it downloaded from the run."""
+
+    @property
+    def name(self) -> str:
+        return self.trainer.name
+
+    def reports(self) -> list[OuterStepReport]:
+        return list(self.trainer.reports)
+
+    def done_with_round_before(self, step: int) -> bool:
+        """Whether it no longer needs any peer for the round that produced outer step `step`."""
+        return not self.prepared or max(self.prepared) >= step
+
+
+class _Churn:
+    """Who dies after which outer step: the oldest trainer of the round before, chosen when that round ends."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.trainers: list[_Watched] = []
+        self.victims: dict[int, _Watched] = {}
+
+    def victim_for(self, step: int) -> _Watched | None:
+        """The trainer that dies once it has applied `step` (None outside the churn)."""
+        if not FIRST_KILL_STEP <= step <= LAST_KILL_STEP:
+            return None
+        with self.lock:
+            if step not in self.victims:
+                doomed = set(map(id, self.victims.values()))
+                members = [w for w in self.trainers if step - 1 in w.prepared and id(w) not in doomed]
+                if not members:
+                    return None
+                self.victims[step] = members[0]
+            return self.victims[step]
+
+    def watch(self, trainer: TrainerThread) -> _Watched:
+        """Hook `trainer`'s averager (before its thread starts): record rounds and downloads, freeze when doomed."""
+        watched = _Watched(trainer)
+        averager = trainer.runtime.averager
+        prepare_round = averager.prepare_round
+        fetch_state = averager.fetch_state
+
+        def prepare_hooked(step: int, expected_duration_s: float, outer_hash: str = "") -> None:
+            if self.victim_for(step) is watched:
+                watched.last_state = (step, outer_hash)
+                watched.frozen.set()
+                watched.killed.wait()
+                raise _Killed(f"{watched.name} killed after outer step {step}")
+            with self.lock:
+                watched.prepared.append(step)
+            prepare_round(step, expected_duration_s, outer_hash)
+
+        def fetch_hooked(**kwargs: float) -> OuterState | None:
+            state = fetch_state(**kwargs)  # type: ignore[arg-type]
+            if state is not None:
+                watched.fetched.append((state.step, state.hash()))
+            return state
+
+        averager.prepare_round = prepare_hooked  # type: ignore[method-assign]
+        averager.fetch_state = fetch_hooked  # type: ignore[method-assign,assignment]
+        with self.lock:
+            self.trainers.append(watched)
+        return watched
+
+
+def _must(predicate: Callable[[], bool], what: str) -> None:
+    if not wait_until(predicate, timeout_s=STEP_TIMEOUT_S, interval_s=0.05):
+        pytest.fail(f"{what} (waited {STEP_TIMEOUT_S:.0f} s)")
+
+
+def _kill_after(churn: _Churn, step: int) -> None:
+    """Kill the victim of `step` once it has applied it and no other trainer still needs it for that round."""
+    _must(
+        lambda: step in churn.victims and churn.victims[step].frozen.is_set(),
+        f"no trainer applied outer step {step} to die after it",
+    )
+    victim = churn.victims[step]
+    others = [w for w in churn.trainers if w is not victim and w.trainer.alive]
+    _must(
+        lambda: all(o.done_with_round_before(step) or not o.trainer.alive for o in others),
+        f"the survivors did not all finish the round of outer step {step}",
+    )
+    victim.trainer.kill()
+    victim.killed.set()
+    victim.trainer.join(STEP_TIMEOUT_S)
+    assert not victim.trainer.alive, f"{victim.name}'s thread did not stop after its kill"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_trainers_killed_and_replaced_every_outer_step_lose_nothing() -> None:
+    # A replacement downloads the state right after an outer step and must then reach the next
+    # round's matchmaking before its group is formed: the matchmaking window leaves it that time
+    # on a loaded two-core machine.
+    config = tiny_config(LAST_STEP, inner_steps=4, matchmaking_time_s=4.0, request_timeout_s=1.0)
+    churn = _Churn()
+    with harness() as h:
+        for i in range(SLOTS):
+            churn.watch(h.prepare(config, f"t{i}"))
+        for watched in list(churn.trainers):
+            watched.trainer.start()
+        for step in range(FIRST_KILL_STEP, LAST_KILL_STEP + 1):
+            _kill_after(churn, step)
+            churn.watch(h.prepare(config, f"r{step}")).trainer.start()
+        for watched in churn.trainers:
+            _must(lambda w=watched: not w.trainer.alive, f"{watched.name} did not finish the run")
+    _check_run(churn)
+
+
+def _check_run(churn: _Churn) -> None:
+    victims = {w.name: step for step, w in churn.victims.items()}
+    assert sorted(churn.victims) == list(range(FIRST_KILL_STEP, LAST_KILL_STEP + 1))
+    hashes: dict[int, dict[str, str]] = {}
+    for w in churn.trainers:
+        if w.name in victims:
+            assert isinstance(w.trainer.error, _Killed), f"{w.name} died of {w.trainer.error!r}"
+        else:
+            assert w.trainer.error is None, f"{w.name} failed: {w.trainer.error!r}"
+        reports = w.reports()
+        steps = [r.outer_step for r in reports]
+        replacement = w.name.startswith("r")
+        assert w.fetched or not replacement, f"{w.name} did not take the run's state (started from its own)"
+        first = w.fetched[0][0] + 1 if replacement else 1
+        last = victims[w.name] - 1 if w.name in victims else LAST_STEP
+        # No outer step lost, skipped or repeated: one report per round, from joining to dying.
+        assert steps == list(range(first, last + 1)), f"{w.name} reported outer steps {steps}"
+        assert all(r.num_peers >= 2 for r in reports), f"{w.name} averaged alone: {reports}"
+        for r in reports:
+            hashes.setdefault(r.outer_step, {})[w.name] = r.outer_hash
+    assert sorted(hashes) == list(range(1, LAST_STEP + 1)), "the run did not advance one step per round"
+    for step, by_trainer in hashes.items():
+        assert len(by_trainer) >= 2, f"outer step {step} was reported by {sorted(by_trainer)} only"
+        assert len(set(by_trainer.values())) == 1, f"trainers differ after outer step {step}: {by_trainer}"
+    run_hash = {step: next(iter(by_trainer.values())) for step, by_trainer in hashes.items()}
+    for w in churn.trainers:
+        if w.last_state is not None:  # a victim died holding the run's state
+            step, digest = w.last_state
+            assert digest == run_hash[step], f"{w.name} died with a state off the run's at step {step}"
+        if w.name.startswith("r"):
+            # A replacement took the run's state when it joined, then stayed on it from its first round.
+            assert len(w.fetched) == 1, f"{w.name} downloaded the state {len(w.fetched)} times: {w.fetched}"
+            step, digest = w.fetched[0]
+            assert digest == run_hash[step], f"{w.name} joined with a state off the run's at step {step}"
