@@ -9,7 +9,8 @@
   triggers it. Groups are keyed by the outer step (the group bits encode `t`), so peers only
   ever average pseudo-gradients of the same step. A round that fails in any way (no group,
   timeouts, peers gone) is averaged alone; a round whose live peers have all moved past its
-  step is given up early (see `_wait_for_round`).
+  step is given up early and reported out of sync (see `_wait_for_round`): the peer is behind
+  the run, and its lone outer step is nobody else's state.
 * The round's outcome records the majority state hash of the group (its holders become the
   preferred state sources) and whether every reducer answered: a member left out of part of
   the round holds its own values in that slice, so it reports itself out of sync.
@@ -54,8 +55,9 @@ class RoundOutcome:
     """Peers whose contribution is in the average (1 if this peer averaged alone)."""
 
     in_sync: bool = True
-    """False if this peer's outer state hash disagreed with the majority of its group, or if it got only
-    part of the group's average (a reducer left it out): either way it must resync."""
+    """False if this peer's outer state hash disagreed with the majority of its group, if it got only
+    part of the group's average (a reducer left it out), or if every live peer had moved past its
+    round (it is behind the run): in each case it must resync."""
 
     refused_peers: int = 0
     """Senders whose contributions were refused (non-finite, oversized or malformed) in this round."""
@@ -71,6 +73,10 @@ class PendingAverage(Protocol):
     def result(self) -> RoundOutcome:
         """Wait for the round and return its outcome (never raises: a failed round is averaged alone)."""
         ...
+
+
+class _LeftBehind(MatchmakingException):
+    """Every live peer of the run advertises a later outer step than the round's."""
 
 
 class DoneAverage:
@@ -153,7 +159,10 @@ class Rounds(StateSharing):
         gave up on it. Once every live peer has, waiting out the timeout would only put us a whole
         matchmaking window behind them: each of our later rounds would start just as theirs timed
         out, and no round would find a group again ("could not find a group" every round, seen
-        after one trainer stepped alone early). Stepping alone now lets us meet them at the next step.
+        after one trainer stepped alone early). Giving up now (`_LeftBehind`: the outcome is out of
+        sync, so the trainer downloads the run's state) lets us meet them at the next step; stepping
+        alone and keeping that state would leave us off the run's state, and a peer more than one
+        step behind would keep stepping alone round after round (seen in the churn soak).
         """
         deadline = time.monotonic() + control.get_timeout() + self.averaging_timeout_s
         while True:
@@ -165,7 +174,7 @@ class Rounds(StateSharing):
             if control.stage == AveragingStage.LOOKING_FOR_GROUP:
                 steps = self.peer_steps()
                 if steps and min(steps.values()) > step:
-                    raise MatchmakingException(f"every live peer has moved past outer step {step}")
+                    raise _LeftBehind(f"every live peer has moved past outer step {step}")
 
     def _round_outcome(self, control: StepControl, step: int, outer_hash: str) -> RoundOutcome:
         try:
@@ -174,7 +183,7 @@ class Rounds(StateSharing):
             logger.info("%s: outer step %d averaged alone (%r)", self.label, step, e)
             with contextlib.suppress(Exception):
                 control.cancel()
-            return RoundOutcome(averaged=None, num_peers=1)
+            return RoundOutcome(averaged=None, num_peers=1, in_sync=not isinstance(e, _LeftBehind))
         if not result:
             return RoundOutcome(averaged=None, num_peers=1)
         gathered: dict[bytes, Any] = result["gathered"]

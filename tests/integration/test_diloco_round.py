@@ -1,5 +1,6 @@
 """One DiLoCo averaging round on loopback: triggering a round whose group is already assembled
-does not wait on a DHT lookup (the all-reduce starts at once, whatever the DHT's latency)."""
+does not wait on a DHT lookup (the all-reduce starts at once, whatever the DHT's latency); a round
+that every live peer has moved past is given up at once and reported out of sync."""
 
 from __future__ import annotations
 
@@ -64,3 +65,15 @@ def test_an_assembled_group_is_triggered_without_a_dht_lookup(pair: list[DiLoCoA
     assert first.averaged is not None and second.averaged is not None
     assert all(torch.equal(x, torch.full_like(x, 2.0)) for x in first.averaged)
     assert lookups == [0, 0], "a ready group waited on a DHT lookup before its all-reduce"
+
+
+def test_a_round_every_live_peer_has_moved_past_is_given_up_out_of_sync(pair: list[DiLoCoAverager]) -> None:
+    """A trainer left behind by the run (it missed a round's group: seen in the churn soak) must
+    resync: stepping alone on its own pseudo-gradient gives a state nobody else holds, and a
+    trainer that kept it stepped alone round after round while the run went on without it."""
+    behind, ahead = pair
+    ahead.publish_step(5)
+    assert wait_until(lambda: list(behind.peer_steps().values()) == [5.0], timeout_s=60)
+    outcome = behind.average([torch.ones(s) for s in SHAPES], step=2, outer_hash="behind-hash")
+    assert outcome.averaged is None and outcome.num_peers == 1
+    assert not outcome.in_sync, "a trainer behind the run kept its lone outer step as the run's"
