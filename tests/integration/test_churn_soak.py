@@ -7,7 +7,10 @@ identity and DHT, is started and joins the running swarm (it downloads the run's
 run must lose nothing: it advances by exactly one outer step per round, every trainer reports
 each outer step it lives through exactly once and in order, all the trainers that report an outer
 step hold bit-identical outer states (the same state hash), and every replacement takes the run's
-state when it joins and holds the survivors' state after its first round.
+state when it joins and reports the survivors' state from its first outer step on. A replacement
+that misses the group of its first round (the run moved on without it: a loaded machine can delay
+its join past the matchmaking window) must take the run's state again at once; stepping alone and
+keeping that lone outer step, as trainers left behind did before, fails the test.
 
 Where a victim dies is chosen, not left to the clock: right after it applied outer step `k`,
 before it enters the matchmaking of the next round. A trainer killed in the middle of an
@@ -80,7 +83,8 @@ class _Watched:
 
 
 class _Churn:
-    """Who dies after which outer step: the oldest trainer of the round before, chosen when that round ends."""
+    """Who dies after which outer step `k`: the oldest trainer that has reported a step and was in
+    the round that produced `k`, chosen when the first trainer finishes that round."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -94,7 +98,11 @@ class _Churn:
         with self.lock:
             if step not in self.victims:
                 doomed = set(map(id, self.victims.values()))
-                members = [w for w in self.trainers if step - 1 in w.prepared and id(w) not in doomed]
+                members = [
+                    w
+                    for w in self.trainers
+                    if step - 1 in w.prepared and w.trainer.reports and id(w) not in doomed
+                ]
                 if not members:
                     return None
                 self.victims[step] = members[0]
@@ -178,24 +186,12 @@ def test_trainers_killed_and_replaced_every_outer_step_lose_nothing() -> None:
 
 
 def _check_run(churn: _Churn) -> None:
-    victims = {w.name: step for step, w in churn.victims.items()}
-    assert sorted(churn.victims) == list(range(FIRST_KILL_STEP, LAST_KILL_STEP + 1))
+    assert sorted(churn.victims) == list(range(FIRST_KILL_STEP, LAST_KILL_STEP + 1)), "a kill was skipped"
+    killed_after = {w.name: step for step, w in churn.victims.items()}
     hashes: dict[int, dict[str, str]] = {}
     for w in churn.trainers:
-        if w.name in victims:
-            assert isinstance(w.trainer.error, _Killed), f"{w.name} died of {w.trainer.error!r}"
-        else:
-            assert w.trainer.error is None, f"{w.name} failed: {w.trainer.error!r}"
-        reports = w.reports()
-        steps = [r.outer_step for r in reports]
-        replacement = w.name.startswith("r")
-        assert w.fetched or not replacement, f"{w.name} did not take the run's state (started from its own)"
-        first = w.fetched[0][0] + 1 if replacement else 1
-        last = victims[w.name] - 1 if w.name in victims else LAST_STEP
-        # No outer step lost, skipped or repeated: one report per round, from joining to dying.
-        assert steps == list(range(first, last + 1)), f"{w.name} reported outer steps {steps}"
-        assert all(r.num_peers >= 2 for r in reports), f"{w.name} averaged alone: {reports}"
-        for r in reports:
+        _check_trainer(w, killed_after.get(w.name))
+        for r in w.reports():
             hashes.setdefault(r.outer_step, {})[w.name] = r.outer_hash
     assert sorted(hashes) == list(range(1, LAST_STEP + 1)), "the run did not advance one step per round"
     for step, by_trainer in hashes.items():
@@ -203,11 +199,33 @@ def _check_run(churn: _Churn) -> None:
         assert len(set(by_trainer.values())) == 1, f"trainers differ after outer step {step}: {by_trainer}"
     run_hash = {step: next(iter(by_trainer.values())) for step, by_trainer in hashes.items()}
     for w in churn.trainers:
-        if w.last_state is not None:  # a victim died holding the run's state
-            step, digest = w.last_state
-            assert digest == run_hash[step], f"{w.name} died with a state off the run's at step {step}"
-        if w.name.startswith("r"):
-            # A replacement took the run's state when it joined, then stayed on it from its first round.
-            assert len(w.fetched) == 1, f"{w.name} downloaded the state {len(w.fetched)} times: {w.fetched}"
-            step, digest = w.fetched[0]
-            assert digest == run_hash[step], f"{w.name} joined with a state off the run's at step {step}"
+        # Every state a replacement took, and the state every victim died with, is the run's.
+        for step, digest in w.fetched + ([w.last_state] if w.last_state is not None else []):
+            assert digest == run_hash[step], f"{w.name} held a state off the run's at outer step {step}"
+
+
+def _check_trainer(w: _Watched, killed_after: int | None) -> None:
+    """One report per round it lived through, in order, each averaged with others (no lost step)."""
+    if killed_after is not None:
+        assert isinstance(w.trainer.error, _Killed), f"{w.name} died of {w.trainer.error!r}"
+    else:
+        assert w.trainer.error is None, f"{w.name} failed: {w.trainer.error!r}"
+    reports = w.reports()
+    assert reports, f"{w.name} never reported an outer step"
+    steps = [r.outer_step for r in reports]
+    averaged = reports
+    if not w.name.startswith("r"):
+        assert steps[0] == 1, f"{w.name} started at outer step {steps[0]}"
+    elif steps[0] == (w.fetched[0][0] + 1 if w.fetched else None):
+        assert len(w.fetched) == 1, f"{w.name} took the state again while in the run: {w.fetched}"
+    else:
+        # It missed the group of its first round (the run moved on without it): it must take the
+        # run's state again at once instead of keeping its lone outer step.
+        assert w.fetched, f"{w.name} did not take the run's state (it started from its own)"
+        assert reports[0].resynced and [s for s, _ in w.fetched[1:]] == steps[:1], (
+            f"{w.name} joined at outer step {w.fetched[0][0]} and first reported {reports[0]}"
+        )
+        averaged = reports[1:]
+    last = killed_after - 1 if killed_after is not None else LAST_STEP  # a victim dies before reporting
+    assert steps == list(range(steps[0], last + 1)), f"{w.name} reported outer steps {steps}"
+    assert all(r.num_peers >= 2 for r in averaged), f"{w.name} averaged alone: {averaged}"
