@@ -24,8 +24,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
+from hivemind.p2p import PeerID
 
 from node.averaging.outer_state import OuterState
 from node.swarm import wait_until
@@ -69,6 +71,8 @@ class _Watched:
     """Outer steps of the rounds it entered matchmaking for."""
     fetched: list[tuple[int, str]] = field(default_factory=list)
     """(step, hash) of every state it downloaded from the run."""
+    groups: dict[int, dict[str, str]] = field(default_factory=dict)
+    """For each round it averaged in a group: the state hash of every member (by PeerID), for failure messages."""
 
     @property
     def name(self) -> str:
@@ -114,6 +118,7 @@ class _Churn:
         averager = trainer.runtime.averager
         prepare_round = averager.prepare_round
         fetch_state = averager.fetch_state
+        wait_for_round = averager._wait_for_round
 
         def prepare_hooked(step: int, expected_duration_s: float, outer_hash: str = "") -> None:
             if self.victim_for(step) is watched:
@@ -132,7 +137,16 @@ class _Churn:
             return state
 
         averager.prepare_round = prepare_hooked  # type: ignore[method-assign]
+
+        def wait_hooked(control: Any, step: int) -> Any:
+            result = wait_for_round(control, step)
+            if isinstance(result, dict):
+                gathered = result.get("gathered", {})
+                watched.groups[step] = {str(PeerID(p))[-6:]: info.get("hash") for p, info in gathered.items()}
+            return result
+
         averager.fetch_state = fetch_hooked  # type: ignore[method-assign,assignment]
+        averager._wait_for_round = wait_hooked  # type: ignore[method-assign]
         with self.lock:
             self.trainers.append(watched)
         return watched
@@ -186,11 +200,18 @@ def test_trainers_killed_and_replaced_every_outer_step_lose_nothing() -> None:
 
 
 def _check_run(churn: _Churn) -> None:
+    try:
+        _check_steps_and_states(churn)
+    except AssertionError as failure:
+        history = "\n".join(_history(w) for w in churn.trainers)
+        raise AssertionError(f"{failure}\n{history}") from None
+
+
+def _check_steps_and_states(churn: _Churn) -> None:
     assert sorted(churn.victims) == list(range(FIRST_KILL_STEP, LAST_KILL_STEP + 1)), "a kill was skipped"
     killed_after = {w.name: step for step, w in churn.victims.items()}
     hashes: dict[int, dict[str, str]] = {}
     for w in churn.trainers:
-        _check_trainer(w, killed_after.get(w.name))
         for r in w.reports():
             hashes.setdefault(r.outer_step, {})[w.name] = r.outer_hash
     assert sorted(hashes) == list(range(1, LAST_STEP + 1)), "the run did not advance one step per round"
@@ -199,9 +220,17 @@ def _check_run(churn: _Churn) -> None:
         assert len(set(by_trainer.values())) == 1, f"trainers differ after outer step {step}: {by_trainer}"
     run_hash = {step: next(iter(by_trainer.values())) for step, by_trainer in hashes.items()}
     for w in churn.trainers:
+        _check_trainer(w, killed_after.get(w.name))
         # Every state a replacement took, and the state every victim died with, is the run's.
         for step, digest in w.fetched + ([w.last_state] if w.last_state is not None else []):
             assert digest == run_hash[step], f"{w.name} held a state off the run's at outer step {step}"
+
+
+def _history(w: _Watched) -> str:
+    """What a failure message shows of a trainer: its reports, downloads and round groups."""
+    peer = str(w.trainer.runtime.dht.peer_id)[-6:]
+    reports = [(r.outer_step, r.outer_hash[:8], r.num_peers, r.resynced) for r in w.reports()]
+    return f"{w.name} ({peer}): reports {reports}, downloads {w.fetched}, groups {w.groups}"
 
 
 def _check_trainer(w: _Watched, killed_after: int | None) -> None:
