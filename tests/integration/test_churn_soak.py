@@ -10,7 +10,9 @@ step hold bit-identical outer states (the same state hash), and every replacemen
 state when it joins and reports the survivors' state from its first outer step on. A replacement
 that misses the group of its first round (the run moved on without it: a loaded machine can delay
 its join past the matchmaking window) must take the run's state again at once; stepping alone and
-keeping that lone outer step, as trainers left behind did before, fails the test.
+keeping that lone outer step, as trainers left behind did before, fails the test. Likewise a
+member that a round leaves out of sync (a reducer failed it: seen on the loaded machine) must take
+the run's state within the same outer step and report it as a resync.
 
 Where a victim dies is chosen, not left to the clock: right after it applied outer step `k`,
 before it enters the matchmaking of the next round. A trainer killed in the middle of an
@@ -234,7 +236,8 @@ def _history(w: _Watched) -> str:
 
 
 def _check_trainer(w: _Watched, killed_after: int | None) -> None:
-    """One report per round it lived through, in order, each averaged with others (no lost step)."""
+    """One report per round it lived through, in order, each averaged with others (no lost step);
+    every state it took after joining was a resync it reported, within the same outer step."""
     if killed_after is not None:
         assert isinstance(w.trainer.error, _Killed), f"{w.name} died of {w.trainer.error!r}"
     else:
@@ -243,18 +246,23 @@ def _check_trainer(w: _Watched, killed_after: int | None) -> None:
     assert reports, f"{w.name} never reported an outer step"
     steps = [r.outer_step for r in reports]
     averaged = reports
+    resyncs = w.fetched
     if not w.name.startswith("r"):
         assert steps[0] == 1, f"{w.name} started at outer step {steps[0]}"
-    elif steps[0] == (w.fetched[0][0] + 1 if w.fetched else None):
-        assert len(w.fetched) == 1, f"{w.name} took the state again while in the run: {w.fetched}"
     else:
-        # It missed the group of its first round (the run moved on without it): it must take the
-        # run's state again at once instead of keeping its lone outer step.
         assert w.fetched, f"{w.name} did not take the run's state (it started from its own)"
-        assert reports[0].resynced and [s for s, _ in w.fetched[1:]] == steps[:1], (
-            f"{w.name} joined at outer step {w.fetched[0][0]} and first reported {reports[0]}"
-        )
-        averaged = reports[1:]
+        joined_at, resyncs = w.fetched[0][0], w.fetched[1:]
+        if steps[0] != joined_at + 1:
+            # It missed the group of its first round (the run moved on without it): it must have
+            # taken the run's state again at once instead of keeping its lone outer step.
+            assert reports[0].resynced, f"{w.name} joined at outer step {joined_at}, then {reports[0]}"
+            averaged = reports[1:]
     last = killed_after - 1 if killed_after is not None else LAST_STEP  # a victim dies before reporting
     assert steps == list(range(steps[0], last + 1)), f"{w.name} reported outer steps {steps}"
     assert all(r.num_peers >= 2 for r in averaged), f"{w.name} averaged alone: {averaged}"
+    # A member that a round left out of sync (a reducer failed it, or its group's majority held
+    # another state) takes the run's state in the same outer step and says so; nothing else may
+    # replace its state. A victim may have resynced in the round it died after.
+    reported = [r.outer_step for r in reports if r.resynced]
+    died_resynced = [killed_after] if killed_after is not None and killed_after in dict(resyncs) else []
+    assert [s for s, _ in resyncs] == reported + died_resynced, f"{w.name} took states {resyncs}"
