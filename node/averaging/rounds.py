@@ -187,6 +187,15 @@ class Rounds(StateSharing):
             logger.info("%s: outer step %d averaged alone (%r)", self.label, step, e)
             with contextlib.suppress(Exception):
                 control.cancel()
+            if self._last_average_norm.value == 0.0:
+                # Never averaged with a group yet: our own pseudo-gradient (a whole round of inner
+                # steps) is the best scale we know for the next round's norm bound. Without one, a
+                # peer that resynced mid-round sent a few inner steps' worth, bounded others by that,
+                # and refused and banned honest peers (churn soak).
+                with self.get_tensors() as tensors:
+                    own = global_norm(tensors)
+                if math.isfinite(own):
+                    self._last_average_norm.value = own
             return RoundOutcome(averaged=None, num_peers=1, in_sync=not isinstance(e, _LeftBehind))
         if not result:
             return RoundOutcome(averaged=None, num_peers=1)

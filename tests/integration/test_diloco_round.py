@@ -13,6 +13,7 @@ from hivemind.averaging.control import AveragingStage
 
 from node.averaging.averager import DiLoCoAverager
 from node.averaging.rounds import RoundOutcome
+from node.averaging.runner import global_norm
 from node.swarm import wait_until
 from tests.helpers.trainers import averager_swarm, round_test_settings
 
@@ -74,9 +75,13 @@ def test_a_round_the_live_peers_have_moved_past_is_given_up_out_of_sync(pair: li
     behind, ahead = pair
     ahead.publish_step(5)
     assert wait_until(lambda: list(behind.peer_steps().values()) == [5.0], timeout_s=60)
-    outcome = behind.average([torch.ones(s) for s in SHAPES], step=2, outer_hash="behind-hash")
+    ours = [torch.ones(s) for s in SHAPES]
+    outcome = behind.average(ours, step=2, outer_hash="behind-hash")
     assert outcome.averaged is None and outcome.num_peers == 1
     assert not outcome.in_sync, "a trainer behind the run kept its lone outer step as the run's"
+    # It never averaged with a group: its own pseudo-gradient sets the scale of its next norm bound
+    # (the resync may leave that round few inner steps; a tiny bound refused honest peers).
+    assert behind._last_average_norm.value == pytest.approx(global_norm(ours))
 
 
 def test_a_peer_still_advertising_an_older_step_does_not_hold_back_giving_up() -> None:
