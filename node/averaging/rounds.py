@@ -8,8 +8,9 @@
   with the all-reduce scheduled for when they are expected to end; `start_average` then only
   triggers it. Groups are keyed by the outer step (the group bits encode `t`), so peers only
   ever average pseudo-gradients of the same step. A round that fails in any way (no group,
-  timeouts, peers gone) is averaged alone; a round whose live peers have all moved past its
-  step is given up early (see `_wait_for_round`).
+  timeouts, peers gone) is averaged alone; a round that most live peers have moved past is
+  given up early and reported out of sync (see `_wait_for_round`): the peer is behind the run,
+  and its lone outer step is nobody else's state.
 * The round's outcome records the majority state hash of the group (its holders become the
   preferred state sources) and whether every reducer answered: a member left out of part of
   the round holds its own values in that slice, so it reports itself out of sync. It also names
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import statistics
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -56,8 +58,9 @@ class RoundOutcome:
     """Peers whose contribution is in the average (1 if this peer averaged alone)."""
 
     in_sync: bool = True
-    """False if this peer's outer state hash disagreed with the majority of its group, or if it got only
-    part of the group's average (a reducer left it out): either way it must resync."""
+    """False if this peer's outer state hash disagreed with the majority of its group, if it got only
+    part of the group's average (a reducer left it out), or if most live peers had moved past its
+    round (it is behind the run): in each case it must resync."""
 
     refused_peers: int = 0
     """Senders whose contributions were refused (non-finite, oversized or malformed) in this round."""
@@ -80,6 +83,10 @@ class PendingAverage(Protocol):
     def result(self) -> RoundOutcome:
         """Wait for the round and return its outcome (never raises: a failed round is averaged alone)."""
         ...
+
+
+class _LeftBehind(MatchmakingException):
+    """Most live peers of the run advertise a later outer step than the round's."""
 
 
 class DoneAverage:
@@ -156,13 +163,19 @@ class Rounds(StateSharing):
         return self.start_average(pseudo_grads, step=step, outer_hash=outer_hash).result()
 
     def _wait_for_round(self, control: StepControl, step: int) -> Any:
-        """`control.result()`, but give up on a round that no live peer can join any more.
+        """`control.result()`, but give up on a round that the run has left.
 
         A peer that advertises a later outer step has left round `step`: it averaged without us or
-        gave up on it. Once every live peer has, waiting out the timeout would only put us a whole
-        matchmaking window behind them: each of our later rounds would start just as theirs timed
-        out, and no round would find a group again ("could not find a group" every round, seen
-        after one trainer stepped alone early). Stepping alone now lets us meet them at the next step.
+        gave up on it. Once most live peers have (the median advertised step is past ours), waiting
+        out the timeout would only put us a whole matchmaking window behind them: each of our later
+        rounds would start just as theirs timed out, and no round would find a group again ("could
+        not find a group" every round, seen after one trainer stepped alone early). Giving up
+        (`_LeftBehind`: the outcome is out of sync, so the trainer downloads the run's state) lets
+        us meet them at the next step; keeping a lone outer step would leave us off the run's state.
+        The median, not the minimum: a dead peer's advertisement outlives it by up to the
+        averager's `declare_state_period`, so under churn some dead or dying peer nearly always
+        advertises an older step, and a trainer that missed one group waited out the whole
+        timeout round after round, stepping alone each time (seen in the churn soak).
         """
         deadline = time.monotonic() + control.get_timeout() + self.averaging_timeout_s
         while True:
@@ -173,8 +186,8 @@ class Rounds(StateSharing):
                     raise
             if control.stage == AveragingStage.LOOKING_FOR_GROUP:
                 steps = self.peer_steps()
-                if steps and min(steps.values()) > step:
-                    raise MatchmakingException(f"every live peer has moved past outer step {step}")
+                if steps and statistics.median_low(steps.values()) > step:
+                    raise _LeftBehind(f"most live peers have moved past outer step {step}")
 
     def _round_outcome(self, control: StepControl, step: int, outer_hash: str) -> RoundOutcome:
         try:
@@ -183,7 +196,16 @@ class Rounds(StateSharing):
             logger.info("%s: outer step %d averaged alone (%r)", self.label, step, e)
             with contextlib.suppress(Exception):
                 control.cancel()
-            return RoundOutcome(averaged=None, num_peers=1)
+            if self._last_average_norm.value == 0.0:
+                # Never averaged with a group yet: our own pseudo-gradient (a whole round of inner
+                # steps) is the best scale we know for the next round's norm bound. Without one, a
+                # peer that resynced mid-round sent a few inner steps' worth, bounded others by that,
+                # and refused and banned honest peers (churn soak).
+                with self.get_tensors() as tensors:
+                    own = global_norm(tensors)
+                if math.isfinite(own):
+                    self._last_average_norm.value = own
+            return RoundOutcome(averaged=None, num_peers=1, in_sync=not isinstance(e, _LeftBehind))
         if not result:
             return RoundOutcome(averaged=None, num_peers=1)
         gathered: dict[bytes, Any] = result["gathered"]

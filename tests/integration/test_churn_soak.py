@@ -1,0 +1,268 @@
+"""Churn soak: DiLoCo trainers are killed and replaced at every outer step of a long run.
+
+Five trainers on loopback (`tests.helpers.trainers.Harness`). At each of 50 consecutive outer
+steps, the oldest trainer dies without a goodbye (`TrainerThread.kill`: SIGKILL of its averager,
+DHT and p2pd processes; its training thread stops where it stood) and a new trainer, with a new
+identity and DHT, is started and joins the running swarm (it downloads the run's state). The
+run must lose nothing: it advances by exactly one outer step per round, every trainer reports
+each outer step it lives through exactly once and in order, all the trainers that report an outer
+step hold bit-identical outer states (the same state hash), and every replacement takes the run's
+state when it joins and reports the survivors' state from its first outer step on. A replacement
+that misses the group of its first round (the run moved on without it: a loaded machine can delay
+its join past the matchmaking window) must take the run's state again at once; stepping alone and
+keeping that lone outer step, as trainers left behind did before, fails the test. Likewise a
+member that a round leaves out of sync (a reducer failed it: seen on the loaded machine) must take
+the run's state within the same outer step and report it as a resync.
+
+Where a victim dies is chosen, not left to the clock: right after it applied outer step `k`,
+before it enters the matchmaking of the next round. A trainer killed in the middle of an
+all-reduce leaves every member of that round with a partial average (a different scenario,
+covered by the resync tests); a kill between rounds is the one a run must absorb without any
+member's state moving off the run's.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hivemind.p2p import PeerID
+
+from node.averaging.outer_state import OuterState
+from node.swarm import wait_until
+from tests.helpers.trainers import harness, tiny_config
+from training.diloco import OuterStepReport
+from training.trainer_thread import TrainerThread
+
+SLOTS = 5
+"""Trainers alive at once: one dies at each outer step, and a replacement needs a step or two to join."""
+
+CHURN_STEPS = 50
+"""Outer steps with a kill and a restart each."""
+
+FIRST_KILL_STEP = 2
+"""The churn starts once the first trainers have averaged one round together."""
+
+LAST_KILL_STEP = FIRST_KILL_STEP + CHURN_STEPS - 1
+
+LAST_STEP = LAST_KILL_STEP + 4
+"""The run ends a few steps after the last kill, so that the last replacements join too."""
+
+STEP_TIMEOUT_S = 120.0
+"""Longest wait for any one event of a cycle (a victim reaching its step, a replacement joining)."""
+
+
+class _Killed(Exception):
+    """Raised in a victim's training thread once its processes are dead (the thread stops there)."""
+
+
+@dataclass
+class _Watched:
+    """A trainer of the soak and what the test learns from hooking its averager."""
+
+    trainer: TrainerThread
+    frozen: threading.Event = field(default_factory=threading.Event)
+    """Set when the trainer applied the outer step it dies after and waits, outside every round."""
+    killed: threading.Event = field(default_factory=threading.Event)
+    last_state: tuple[int, str] | None = None
+    """(step, hash) of the outer state it died with."""
+    prepared: list[int] = field(default_factory=list)
+    """Outer steps of the rounds it entered matchmaking for."""
+    fetched: list[tuple[int, str]] = field(default_factory=list)
+    """(step, hash) of every state it downloaded from the run."""
+    groups: dict[int, dict[str, str]] = field(default_factory=dict)
+    """For each round it averaged in a group: the state hash of every member (by PeerID), for failure messages."""
+
+    @property
+    def name(self) -> str:
+        return self.trainer.name
+
+    def reports(self) -> list[OuterStepReport]:
+        return list(self.trainer.reports)
+
+    def done_with_round_before(self, step: int) -> bool:
+        """Whether it no longer needs any peer for the round that produced outer step `step`."""
+        return not self.prepared or max(self.prepared) >= step
+
+
+class _Churn:
+    """Who dies after which outer step `k`: the oldest trainer that has reported a step and was in
+    the round that produced `k`, chosen when the first trainer finishes that round."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.trainers: list[_Watched] = []
+        self.victims: dict[int, _Watched] = {}
+
+    def victim_for(self, step: int) -> _Watched | None:
+        """The trainer that dies once it has applied `step` (None outside the churn)."""
+        if not FIRST_KILL_STEP <= step <= LAST_KILL_STEP:
+            return None
+        with self.lock:
+            if step not in self.victims:
+                doomed = set(map(id, self.victims.values()))
+                members = [
+                    w
+                    for w in self.trainers
+                    if step - 1 in w.prepared and w.trainer.reports and id(w) not in doomed
+                ]
+                if not members:
+                    return None
+                self.victims[step] = members[0]
+            return self.victims[step]
+
+    def watch(self, trainer: TrainerThread) -> _Watched:
+        """Hook `trainer`'s averager (before its thread starts): record rounds and downloads, freeze when doomed."""
+        watched = _Watched(trainer)
+        averager = trainer.runtime.averager
+        prepare_round = averager.prepare_round
+        fetch_state = averager.fetch_state
+        wait_for_round = averager._wait_for_round
+
+        def prepare_hooked(step: int, expected_duration_s: float, outer_hash: str = "") -> None:
+            if self.victim_for(step) is watched:
+                watched.last_state = (step, outer_hash)
+                watched.frozen.set()
+                watched.killed.wait()
+                raise _Killed(f"{watched.name} killed after outer step {step}")
+            with self.lock:
+                watched.prepared.append(step)
+            prepare_round(step, expected_duration_s, outer_hash)
+
+        def fetch_hooked(**kwargs: float) -> OuterState | None:
+            state = fetch_state(**kwargs)  # type: ignore[arg-type]
+            if state is not None:
+                watched.fetched.append((state.step, state.hash()))
+            return state
+
+        averager.prepare_round = prepare_hooked  # type: ignore[method-assign]
+
+        def wait_hooked(control: Any, step: int) -> Any:
+            result = wait_for_round(control, step)
+            if isinstance(result, dict):
+                gathered = result.get("gathered", {})
+                watched.groups[step] = {str(PeerID(p))[-6:]: info.get("hash") for p, info in gathered.items()}
+            return result
+
+        averager.fetch_state = fetch_hooked  # type: ignore[method-assign,assignment]
+        averager._wait_for_round = wait_hooked  # type: ignore[method-assign]
+        with self.lock:
+            self.trainers.append(watched)
+        return watched
+
+
+def _must(predicate: Callable[[], bool], what: str) -> None:
+    if not wait_until(predicate, timeout_s=STEP_TIMEOUT_S, interval_s=0.05):
+        pytest.fail(f"{what} (waited {STEP_TIMEOUT_S:.0f} s)")
+
+
+def _kill_after(churn: _Churn, step: int) -> None:
+    """Kill the victim of `step` once it has applied it and no other trainer still needs it for that round."""
+    _must(
+        lambda: step in churn.victims and churn.victims[step].frozen.is_set(),
+        f"no trainer applied outer step {step} to die after it",
+    )
+    victim = churn.victims[step]
+    others = [w for w in churn.trainers if w is not victim and w.trainer.alive]
+    _must(
+        lambda: all(o.done_with_round_before(step) or not o.trainer.alive for o in others),
+        f"the survivors did not all finish the round of outer step {step}",
+    )
+    victim.trainer.kill()
+    victim.killed.set()
+    victim.trainer.join(STEP_TIMEOUT_S)
+    assert not victim.trainer.alive, f"{victim.name}'s thread did not stop after its kill"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_trainers_killed_and_replaced_every_outer_step_lose_nothing() -> None:
+    # A replacement downloads the state right after an outer step and must reach the next round's
+    # matchmaking before its group forms. A real run's window is 0.9 x the inner steps' duration
+    # (minutes); the tiny model's inner steps take a fraction of a second, so the window is
+    # `matchmaking_time_s` alone: 4 s leaves a joiner that time on a loaded two-core machine
+    # (with 2 s, joiners sometimes missed the group and stepped alone).
+    config = tiny_config(LAST_STEP, inner_steps=4, matchmaking_time_s=4.0, request_timeout_s=1.0)
+    churn = _Churn()
+    with harness() as h:
+        for i in range(SLOTS):
+            churn.watch(h.prepare(config, f"t{i}"))
+        for watched in list(churn.trainers):
+            watched.trainer.start()
+        for step in range(FIRST_KILL_STEP, LAST_KILL_STEP + 1):
+            _kill_after(churn, step)
+            churn.watch(h.prepare(config, f"r{step}")).trainer.start()
+        for watched in churn.trainers:
+            watched.trainer.join(STEP_TIMEOUT_S)
+            assert not watched.trainer.alive, f"{watched.name} did not finish the run"
+    _check_run(churn)
+
+
+def _check_run(churn: _Churn) -> None:
+    try:
+        _check_steps_and_states(churn)
+    except AssertionError as failure:
+        history = "\n".join(_history(w) for w in churn.trainers)
+        raise AssertionError(f"{failure}\n{history}") from None
+
+
+def _check_steps_and_states(churn: _Churn) -> None:
+    assert sorted(churn.victims) == list(range(FIRST_KILL_STEP, LAST_KILL_STEP + 1)), "a kill was skipped"
+    killed_after = {w.name: step for step, w in churn.victims.items()}
+    hashes: dict[int, dict[str, str]] = {}
+    for w in churn.trainers:
+        for r in w.reports():
+            hashes.setdefault(r.outer_step, {})[w.name] = r.outer_hash
+    assert sorted(hashes) == list(range(1, LAST_STEP + 1)), "the run did not advance one step per round"
+    for step, by_trainer in hashes.items():
+        assert len(by_trainer) >= 2, f"outer step {step} was reported by {sorted(by_trainer)} only"
+        assert len(set(by_trainer.values())) == 1, f"trainers differ after outer step {step}: {by_trainer}"
+    run_hash = {step: next(iter(by_trainer.values())) for step, by_trainer in hashes.items()}
+    for w in churn.trainers:
+        _check_trainer(w, killed_after.get(w.name))
+        # Every state a replacement took, and the state every victim died with, is the run's.
+        for step, digest in w.fetched + ([w.last_state] if w.last_state is not None else []):
+            assert digest == run_hash[step], f"{w.name} held a state off the run's at outer step {step}"
+
+
+def _history(w: _Watched) -> str:
+    """What a failure message shows of a trainer: its reports, downloads and round groups."""
+    peer = str(w.trainer.runtime.dht.peer_id)[-6:]
+    reports = [(r.outer_step, r.outer_hash[:8], r.num_peers, r.resynced) for r in w.reports()]
+    return f"{w.name} ({peer}): reports {reports}, downloads {w.fetched}, groups {w.groups}"
+
+
+def _check_trainer(w: _Watched, killed_after: int | None) -> None:
+    """One report per round it lived through, in order, each averaged with others (no lost step);
+    every state it took after joining was a resync it reported, within the same outer step."""
+    if killed_after is not None:
+        assert isinstance(w.trainer.error, _Killed), f"{w.name} died of {w.trainer.error!r}"
+    else:
+        assert w.trainer.error is None, f"{w.name} failed: {w.trainer.error!r}"
+    reports = w.reports()
+    assert reports, f"{w.name} never reported an outer step"
+    steps = [r.outer_step for r in reports]
+    averaged = reports
+    resyncs = w.fetched
+    if not w.name.startswith("r"):
+        assert steps[0] == 1, f"{w.name} started at outer step {steps[0]}"
+    else:
+        assert w.fetched, f"{w.name} did not take the run's state (it started from its own)"
+        joined_at, resyncs = w.fetched[0][0], w.fetched[1:]
+        if steps[0] != joined_at + 1:
+            # It missed the group of its first round (the run moved on without it): it must have
+            # taken the run's state again at once instead of keeping its lone outer step.
+            assert reports[0].resynced, f"{w.name} joined at outer step {joined_at}, then {reports[0]}"
+            averaged = reports[1:]
+    last = killed_after - 1 if killed_after is not None else LAST_STEP  # a victim dies before reporting
+    assert steps == list(range(steps[0], last + 1)), f"{w.name} reported outer steps {steps}"
+    assert all(r.num_peers >= 2 for r in averaged), f"{w.name} averaged alone: {averaged}"
+    # A member that a round left out of sync (a reducer failed it, or its group's majority held
+    # another state) takes the run's state in the same outer step and says so; nothing else may
+    # replace its state. A victim may have resynced in the round it died after.
+    reported = [r.outer_step for r in reports if r.resynced]
+    died_resynced = [killed_after] if killed_after is not None and killed_after in dict(resyncs) else []
+    assert [s for s, _ in resyncs] == reported + died_resynced, f"{w.name} took states {resyncs}"
