@@ -11,6 +11,7 @@ import pytest
 
 from node.broadcast.errors import WeightsUnavailable
 from node.broadcast.service import PROTO_CHUNK
+from node.broadcast.wire import RateLimiter
 from protocol.manifest import build_manifest
 from protocol.receipts import open_receipt
 from tests.helpers.broadcast import (
@@ -182,17 +183,24 @@ def test_resume_after_restart_fetches_only_missing_chunks(swarm: Swarm, tmp_path
             state = make_state_dict(seed=6)
             manifest = await pub.publish("resume", 1, state)
             fetch = asyncio.create_task(victim.fetch("resume"))
-            await async_wait_until(
-                lambda: (
+
+            def a_third_held() -> bool:
+                held = (
                     victim.last_fetch is not None
                     and victim.last_fetch.entry.chunks_held >= manifest.num_chunks // 3
-                ),
-                timeout_s=60,
-            )
+                )
+                if held:  # no further chunk leaves the publisher: the fetch cannot end before its cancel
+                    pub.service.limiter.bytes_per_s = 1.0
+                return held
+
+            # (A fetch that merely ran on finished before its cancel in a loaded CI run: 35 of 35 chunks.)
+            await async_wait_until(a_third_held, timeout_s=60)
             fetch.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await fetch
             await victim.stop()  # the node stops halfway; its store stays on disk
+            # a fresh bucket: the throttled one is held by the upload to the stopped fetch
+            pub.service.limiter = RateLimiter(300_000)
 
             restarted = await start_broadcast(victim_node, tmp_path / "victim", [publisher])
             entry = restarted.store.get("resume", 1)
