@@ -67,6 +67,20 @@ def _finished(trainer: TrainerThread, steps: int) -> Callable[[], bool]:
     return lambda: trainer.steps() >= steps or not trainer.alive
 
 
+def _before_last_inner_step(handle: TrainerThread, inner_steps: int, wait: Callable[[], object]) -> None:
+    """Make the trainer call `wait()` just before the last inner step of its first outer step."""
+    batches = handle.runtime.sampler.next_batch
+    calls = [0]
+
+    def next_batch(batch_size: int | None = None) -> torch.Tensor:
+        calls[0] += 1
+        if calls[0] == inner_steps:
+            wait()
+        return batches(batch_size)
+
+    handle.runtime.sampler.next_batch = next_batch  # type: ignore[method-assign]
+
+
 def test_a_peer_left_out_of_part_of_a_round_resyncs_to_the_group_at_once() -> None:
     """A trainer that triggers the all-reduce after the reducers' sender timeout gets only part of the
     group's average (the other parts fall back to its own pseudo-gradient); it must not keep that
@@ -83,28 +97,18 @@ def test_a_peer_left_out_of_part_of_a_round_resyncs_to_the_group_at_once() -> No
         on_time = threading.Barrier(2)
         both_ready = threading.Event()
 
-        def gate_last_inner_step(handle: TrainerThread, late: bool) -> None:
-            batches = handle.runtime.sampler.next_batch
-            calls = [0]
+        def punctual() -> None:
+            on_time.wait(timeout=120)
+            both_ready.set()
 
-            def next_batch(batch_size: int | None = None) -> torch.Tensor:
-                calls[0] += 1
-                if calls[0] == config.diloco.inner_steps:  # the last inner step of outer step 1
-                    if late:
-                        # Past the others' sender timeout (they leave it out of their parts), within
-                        # their reducer timeout (they still get its part's average): only this peer's
-                        # result is partial.
-                        assert both_ready.wait(timeout=120)
-                        time.sleep(8.0)
-                    else:
-                        on_time.wait(timeout=120)
-                        both_ready.set()
-                return batches(batch_size)
+        def late() -> None:
+            # Past the others' sender timeout (they leave it out of their parts), within their
+            # reducer timeout (they still get its part's average): only this peer's result is partial.
+            assert both_ready.wait(timeout=120)
+            time.sleep(8.0)
 
-            handle.runtime.sampler.next_batch = next_batch  # type: ignore[method-assign]
-
-        for handle, is_late in zip(handles, (False, False, True), strict=True):
-            gate_last_inner_step(handle, is_late)
+        for handle, wait in zip(handles, (punctual, punctual, late), strict=True):
+            _before_last_inner_step(handle, config.diloco.inner_steps, wait)
         for handle in handles:
             handle.start()
         for handle in handles:
@@ -129,27 +133,13 @@ def test_two_peers_left_out_of_a_round_both_take_the_state_of_the_one_that_got_i
         ready = threading.Event()
         late_together = threading.Barrier(2)
 
-        def gate_last_inner_step(handle: TrainerThread, late: bool) -> None:
-            batches = handle.runtime.sampler.next_batch
-            calls = [0]
+        def late() -> None:
+            assert ready.wait(timeout=120)
+            late_together.wait(timeout=120)
+            time.sleep(8.0)  # past the punctual reducer's sender timeout, within the reducer timeout
 
-            def next_batch(batch_size: int | None = None) -> torch.Tensor:
-                calls[0] += 1
-                if calls[0] == config.diloco.inner_steps:  # the last inner step of outer step 1
-                    if late:
-                        assert ready.wait(timeout=120)
-                        late_together.wait(timeout=120)
-                        time.sleep(
-                            8.0
-                        )  # past the punctual reducer's sender timeout, within the reducer timeout
-                    else:
-                        ready.set()
-                return batches(batch_size)
-
-            handle.runtime.sampler.next_batch = next_batch  # type: ignore[method-assign]
-
-        for handle, is_late in zip(handles, (False, True, True), strict=True):
-            gate_last_inner_step(handle, is_late)
+        for handle, wait in zip(handles, (ready.set, late, late), strict=True):
+            _before_last_inner_step(handle, config.diloco.inner_steps, wait)
         for handle in handles:
             handle.start()
         for handle in handles:
