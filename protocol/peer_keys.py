@@ -6,6 +6,8 @@ public key, so anyone can verify a signature from the PeerID alone, with no look
 
 from __future__ import annotations
 
+import functools
+
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from hivemind.proto import crypto_pb2
@@ -35,7 +37,18 @@ def peer_id_from_private_key(private_key: Ed25519PrivateKey) -> bytes:
 
 
 def public_key_from_peer_id(peer_id: bytes) -> Ed25519PublicKey:
-    """Extract the Ed25519 public key inlined in a PeerID; raise InvalidMessage for any other PeerID."""
+    """Extract the Ed25519 public key inlined in a PeerID; raise InvalidMessage for any other PeerID.
+
+    Cached (bounded; a failure is not cached): ledgers and record validators check signatures of
+    the same few thousand peers over and over, and decoding the key costs a sixth of a verify.
+    """
+    if not isinstance(peer_id, bytes):
+        raise InvalidMessage(f"peer id must be bytes, got {type(peer_id).__name__}")
+    return _cached_public_key(peer_id)
+
+
+@functools.lru_cache(maxsize=65536)
+def _cached_public_key(peer_id: bytes) -> Ed25519PublicKey:
     if len(peer_id) < 2 or peer_id[0] != _IDENTITY_MULTIHASH or peer_id[1] != len(peer_id) - 2:
         raise InvalidMessage("peer id does not inline its public key (only Ed25519 peer ids are accepted)")
     encoded = crypto_pb2.PublicKey()

@@ -30,6 +30,13 @@ def test_round_trip_and_peer_id_inlines_public_key() -> None:
     public.verify(key.sign(b"x"), b"x")
 
 
+@pytest.mark.parametrize("peer_id", [bytearray(38), 5, None, b"", b"\x00\x03abc"])
+def test_a_peer_id_that_is_not_bytes_of_an_ed25519_key_is_refused_every_time(peer_id: object) -> None:
+    for _ in range(2):  # a refusal is not cached: the second call checks again and refuses again
+        with pytest.raises(InvalidMessage):
+            public_key_from_peer_id(peer_id)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize(
     ("check", "match"),
     [
