@@ -137,6 +137,9 @@ MAX_VERDICT_DETAIL_CHARS = 400
 sealed verdict, even of 4-byte characters, stays under the ledger's receipt size cap
 (`protocol.receipts.MAX_RECEIPT_BYTES`)."""
 
+MAX_VERDICT_BAN_S = 7 * 24 * 3600.0
+"""Longest ban a verdict may announce (validators ban for at most a day by default)."""
+
 ROLLOUT_GROUP_TTL_S = 600.0
 """Validity of a sealed group: a validator refuses a submission signed for longer, or expired."""
 

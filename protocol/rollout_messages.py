@@ -38,6 +38,7 @@ from protocol.limits import (
     MAX_ROLLOUT_TOKEN_ID,
     MAX_ROLLOUTS_PER_GROUP,
     MAX_TASK_NAME_CHARS,
+    MAX_VERDICT_BAN_S,
     MAX_VERDICT_DETAIL_CHARS,
     MAX_VERDICT_REASON_CHARS,
     MIN_ROLLOUT_PROOF_BYTES,
@@ -220,6 +221,15 @@ def check_verdict(verdict: rpb.RolloutVerdict) -> None:
         raise InvalidMessage("a rejecting verdict must carry reward 0")
     if not math.isfinite(verdict.issued_at):
         raise InvalidMessage("verdict issued_at is not finite")
+    if verdict.banned_until and (
+        verdict.accepted
+        # written as `not (in range)` so that NaN, for which every comparison is False, is refused
+        or not verdict.issued_at < verdict.banned_until <= verdict.issued_at + MAX_VERDICT_BAN_S
+    ):
+        raise InvalidMessage(
+            f"verdict banned_until {verdict.banned_until} must follow a rejection, after its issue time"
+            f" and within {MAX_VERDICT_BAN_S:.0f} s of it"
+        )
 
 
 def seal_verdict(

@@ -45,7 +45,7 @@ class SubmitResponse(_message.Message):
     def __init__(self, verdicts: _Optional[_Iterable[bytes]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class RolloutVerdict(_message.Message):
-    __slots__ = ("worker", "rollout_hash", "policy_version", "counter", "index", "tokens", "accepted", "reason", "detail", "reward", "issued_at")
+    __slots__ = ("worker", "rollout_hash", "policy_version", "counter", "index", "tokens", "accepted", "reason", "detail", "reward", "issued_at", "banned_until")
     WORKER_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_HASH_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class RolloutVerdict(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     REWARD_FIELD_NUMBER: _ClassVar[int]
     ISSUED_AT_FIELD_NUMBER: _ClassVar[int]
+    BANNED_UNTIL_FIELD_NUMBER: _ClassVar[int]
     worker: bytes
     rollout_hash: bytes
     policy_version: int
@@ -68,4 +69,5 @@ class RolloutVerdict(_message.Message):
     detail: str
     reward: float
     issued_at: float
-    def __init__(self, worker: _Optional[bytes] = ..., rollout_hash: _Optional[bytes] = ..., policy_version: _Optional[int] = ..., counter: _Optional[int] = ..., index: _Optional[int] = ..., tokens: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., reward: _Optional[float] = ..., issued_at: _Optional[float] = ...) -> None: ...
+    banned_until: float
+    def __init__(self, worker: _Optional[bytes] = ..., rollout_hash: _Optional[bytes] = ..., policy_version: _Optional[int] = ..., counter: _Optional[int] = ..., index: _Optional[int] = ..., tokens: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., reward: _Optional[float] = ..., issued_at: _Optional[float] = ..., banned_until: _Optional[float] = ...) -> None: ...

@@ -11,8 +11,9 @@ group does not hold `group_size` rollouts (`group_size`); the version is more th
 (`replay`). Then the per-rollout checks of `verification.rollout_checks` (assignment, TOPLOC
 and sampling verdict, recomputed reward); a group is accepted whole or not at all.
 
-Rejections that prove tampering (`BANNING_REASONS`) ban the worker, for longer each time;
-the others are only counted. Every judged group uses its assignment counter; skipped counters
+Rejections that prove tampering (`BANNING_REASONS`) ban the worker, for longer each time, and
+the verdict of the rollout that proved it carries the ban's end (`banned_until`), so a ban is on
+record in every ledger that holds the verdict; the others are only counted. Every judged group uses its assignment counter; skipped counters
 are counted as abandoned assignments (`verification.worker_accounts`). Each verdict is sealed
 as a receipt signed by the validator (`protocol.rollout_messages.seal_verdict`).
 """
@@ -29,6 +30,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from node.bans import BanList
 from protocol import rollouts_pb2
 from protocol.assignment import derive_assignment
+from protocol.limits import MAX_VERDICT_BAN_S
 from protocol.rollout_messages import seal_verdict
 from training.model import TinyGPT
 from training.sampling import SamplingParams
@@ -151,12 +153,14 @@ class Validator:
                 # rollouts burn them by submitting them first under another identity.
                 self._window.remember_hashes(version, [item.hash for item in items])
             failure = next((item for item in items if item.reason in BANNING_REASONS), None)
+            ban: tuple[int, float] | None = None
             if failure is not None:
                 duration = self.bans.ban(worker, f"{failure.reason}: {failure.detail}")
                 self._accounts.record_ban(worker, self._clock() + duration)
+                ban = (failure.index, duration)
             for item in items:
                 self._accounts.record(worker, accepted, item.reason, item.tokens)
-        verdicts = self._seal(worker, version, counter, items, accepted)
+        verdicts = self._seal(worker, version, counter, items, accepted, ban)
         if self.on_verdicts is not None:
             self.on_verdicts(verdicts)
         if not accepted:
@@ -213,9 +217,18 @@ class Validator:
         return None, standing.verifier
 
     def _seal(
-        self, worker: bytes, version: int, counter: int, items: list[RolloutItem], accepted: bool
+        self,
+        worker: bytes,
+        version: int,
+        counter: int,
+        items: list[RolloutItem],
+        accepted: bool,
+        ban: tuple[int, float] | None,
     ) -> list[bytes]:
+        """One signed verdict per rollout; the rollout that got the worker banned (`ban`: its index
+        and the ban's length) says so in its verdict, so the ban is on record in the ledger."""
         now = self._clock()
+        ban_index, ban_s = ban if ban is not None else (-1, 0.0)
         with self._lock:
             first_seq = self._seq
             self._seq += len(items)
@@ -235,6 +248,9 @@ class Validator:
                     detail="accepted" if accepted else item.detail,
                     reward=item.reward if accepted else 0.0,
                     issued_at=now,
+                    banned_until=now + min(ban_s, MAX_VERDICT_BAN_S)
+                    if item.index == ban_index and ban_s > 0
+                    else 0.0,
                 ),
                 seq=first_seq + i,
             )

@@ -19,6 +19,7 @@ from protocol.limits import (
     MAX_ROLLOUT_PROMPT_TOKENS,
     MAX_ROLLOUT_PROOF_BYTES,
     MAX_ROLLOUTS_PER_GROUP,
+    MAX_VERDICT_BAN_S,
     MAX_VERDICT_DETAIL_CHARS,
     RECEIPT_TTL_S,
     ROLLOUT_GROUP_TTL_S,
@@ -219,12 +220,25 @@ def test_verdict_round_trip_and_signer_check() -> None:
         (dict(reward=-0.1), "reward"),
         (dict(issued_at=math.inf), "issued_at"),
         (dict(accepted=False, reason="x" * 65, reward=0.0), "too long"),
+        (dict(banned_until=ISSUED + 60), "banned_until"),  # an accepted rollout bans nobody
+        (dict(accepted=False, reason="sampling", reward=0.0, banned_until=ISSUED), "banned_until"),
+        (dict(accepted=False, reason="sampling", reward=0.0, banned_until=math.nan), "banned_until"),
+        (
+            dict(accepted=False, reason="sampling", reward=0.0, banned_until=ISSUED + MAX_VERDICT_BAN_S + 1),
+            "banned_until",
+        ),
     ],
 )
 def test_verdict_out_of_range_is_refused(overrides: dict[str, Any], match: str) -> None:
     with pytest.raises(InvalidMessage, match=match):
         seal_verdict(VALIDATOR, run_id=RUN, verdict=_verdict(**overrides))
     _assert_opening_refuses(overrides, match)
+
+
+def test_a_rejection_may_announce_the_ban_it_caused() -> None:
+    verdict = _verdict(accepted=False, reason="sampling", reward=0.0, banned_until=ISSUED + 120)
+    _, opened = open_verdict(seal_verdict(VALIDATOR, run_id=RUN, verdict=verdict), run_id=RUN)
+    assert opened.banned_until == ISSUED + 120
 
 
 def _assert_opening_refuses(overrides: dict[str, Any], match: str) -> None:

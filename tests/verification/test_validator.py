@@ -237,6 +237,7 @@ def _assert_group_rejected(validator: Validator, sealed: list[bytes], accepted: 
     verdicts = open_verdicts(sealed)
     assert [v.reason for v in verdicts] == [reason] * len(verdicts)
     assert all(not v.accepted and v.reward == 0.0 and v.detail for v in verdicts)
+    assert all(v.banned_until == 0.0 for v in verdicts)  # no ban, so no verdict announces one
 
 
 def test_a_group_for_another_task_is_rejected(make_validator, alice, policies) -> None:
@@ -343,7 +344,12 @@ def _assert_tampering(validator: Validator, worker: bytes, sealed, accepted, exp
     assert culprits and set(culprits) <= expected, got
     assert set(culprits) <= BANNING_REASONS
     assert validator.bans.is_banned(worker)
-    assert validator.stats().workers[worker].banned_until is not None
+    banned_until = validator.stats().workers[worker].banned_until
+    assert banned_until is not None
+    # the ban is on record: the verdict of the rollout that proved the tampering carries its end
+    announced = [(v.reason, v.banned_until) for v in open_verdicts(sealed) if v.banned_until]
+    assert len(announced) == 1 and announced[0][0] in expected, announced
+    assert announced[0][1] == pytest.approx(banned_until)
 
 
 def _edit_completion_for_a_better_reward(index: int, gen: Generated) -> None:
