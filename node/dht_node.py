@@ -12,21 +12,25 @@ import contextlib
 import logging
 import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import hivemind
 import psutil
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import PeerID
 from multiaddr import Multiaddr
 
 from node import dht_guard
 from node.config import NodeConfig
-from node.identity import Identity
+from node.identity import Identity, create_identity
 from node.runtime import in_dht
 from protocol.errors import PeerUnreachable
 from protocol.record_validator import SignedRecordValidator
@@ -60,7 +64,14 @@ class _IsolatedDHT(hivemind.DHT):
     the daemon would die before the node could withdraw its record. Isolated, only the main
     process sees SIGINT and leaves cleanly. A watchdog takes the group down if the main
     process dies without a goodbye (e.g. SIGKILL), so nothing is orphaned.
+
+    It keeps the private key of its PeerID (`signing_key`), so that what runs on it (the DiLoCo
+    averager's signed declarations) can sign as this peer.
     """
+
+    def __init__(self, *args: Any, signing_key: Ed25519PrivateKey, **kwargs: Any) -> None:
+        self.signing_key = signing_key
+        super().__init__(*args, **kwargs)
 
     def run(self) -> None:
         os.setpgrp()
@@ -83,12 +94,18 @@ class _IsolatedDHT(hivemind.DHT):
                     child.kill()
 
 
+def signing_key_of(dht: hivemind.DHT) -> Ed25519PrivateKey | None:
+    """The private key of `dht`'s PeerID, if it was started here (`start_dht`, `start_loopback_dht`)."""
+    return getattr(dht, "signing_key", None)
+
+
 def start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool = False) -> hivemind.DHT:
     """Start this node's DHT (its own p2pd) listening per `config`, signed with `identity`.
 
     Seeds are not dialled here; call `bootstrap` next.
     """
     return _IsolatedDHT(
+        signing_key=identity.private_key,
         # p2pd refuses to start if it cannot reach its bootstrap peers, so seeds are dialled by
         # `bootstrap` afterwards, where each failure is retried and reported by name
         initial_peers=None,
@@ -112,18 +129,22 @@ def start_loopback_dht(
 
     For local swarms (simulations, tests, benchmarks): the records it accepts are checked exactly
     as a public node checks them. Give `identity` when the node also signs records or serves
-    streams as that PeerID (the weight broadcast does both). It joins `initial_peers` the way a
+    streams as that PeerID (the weight broadcast does both); an ephemeral identity is an Ed25519
+    key too, whose file is deleted once the daemon has read it. It joins `initial_peers` the way a
     public node joins its seeds (`bootstrap`), after its daemon is up: p2pd dials the peers it is
     handed before it reports ready, so a peer stalled by load would make the daemon fail to start.
     """
-    dht = _IsolatedDHT(
-        start=True,
-        host_maddrs=["/ip4/127.0.0.1/tcp/0"],
-        client_mode=client_mode,
-        record_validators=[SignedRecordValidator()],
-        identity_path=str(identity.path) if identity is not None else None,
-        check_if_identity_free=False,  # hivemind's check assumes RSA keys
-    )
+    with tempfile.TemporaryDirectory(prefix="hivenet-ephemeral-") as scratch:
+        key = identity if identity is not None else create_identity(Path(scratch) / "identity.key")
+        dht = _IsolatedDHT(
+            signing_key=key.private_key,
+            start=True,
+            host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+            client_mode=client_mode,
+            record_validators=[SignedRecordValidator()],
+            identity_path=str(key.path),
+            check_if_identity_free=False,  # hivemind's check assumes RSA keys
+        )
     if initial_peers:
         try:
             # a loop of its own on a thread of its own: callers may already run an event loop

@@ -55,12 +55,8 @@ MAX_WEIGHTS_POINTER_TTL_S = 3600.0
 MAX_HOLDER_TTL_S = 300.0
 """A holder announcement may not claim validity longer than this; holders refresh it."""
 
-MAX_UNSIGNED_VALUE_BYTES = 16
-"""Largest value accepted outside the signed namespace: hivemind's averager declarations are one
-msgpack scalar (a bool, a float step or None)."""
-
-MAX_UNSIGNED_TTL_S = 3600.0
-"""Furthest ahead an unsigned averager declaration may expire (a matchmaking round scheduled an
+MAX_AVERAGER_DECLARATION_TTL_S = 3600.0
+"""Furthest ahead an averager's signed declaration may expire (a matchmaking round scheduled an
 outer step ahead, or a state-sharing advertisement)."""
 
 # --- averager streams (node.averaging.stream_limits, node.averaging.state_sync) ---

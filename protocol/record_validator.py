@@ -6,11 +6,10 @@ parses for that domain, and whose DHT expiration lies no further ahead than the 
 maximum TTL, and never beyond the signed expiry. Anything else under such a subkey is
 dropped: never stored, never returned.
 
-Outside the signed namespace only hivemind's averager declarations are accepted (matchmaking
-and state-sharing records): a subkey that is a PeerID, a value that is one tiny msgpack scalar
-and an expiry at most `MAX_UNSIGNED_TTL_S` ahead. Plain values without a subkey are refused
-under every key: a regular value with a later expiry would replace a key's whole dictionary of
-signed records (one unsigned write could hide a run's nodes or its weights pointer).
+Nothing outside the signed namespace is accepted, under any key: hivenet's averagers sign their
+declarations too (`protocol.averager_declaration`), and a plain value with a later expiry would
+replace a key's whole dictionary of signed records (one unsigned write could hide a run's nodes
+or its weights pointer).
 """
 
 from __future__ import annotations
@@ -25,6 +24,11 @@ from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.p2p import PeerID
 from hivemind.utils.serializer import MSGPackSerializer
 
+from protocol.averager_declaration import (
+    AVERAGER_DECLARATION_DOMAIN,
+    MAX_AVERAGER_DECLARATION_TTL_S,
+    check_declaration_payload,
+)
 from protocol.dht_keys import SIGNED_SUBKEY_PREFIX
 from protocol.envelope import open_envelope, peek_domain
 from protocol.errors import InvalidMessage
@@ -32,8 +36,6 @@ from protocol.limits import (
     MAX_CLOCK_SKEW_S,
     MAX_ENVELOPE_BYTES,
     MAX_NODE_RECORD_TTL_S,
-    MAX_UNSIGNED_TTL_S,
-    MAX_UNSIGNED_VALUE_BYTES,
 )
 from protocol.node_record import NODE_RECORD_DOMAIN, NodeRecord
 
@@ -57,6 +59,9 @@ def _check_node_record(payload: bytes, signer: bytes) -> None:
 
 DOMAIN_RULES: dict[str, DomainRule] = {
     NODE_RECORD_DOMAIN: DomainRule(max_ttl_s=MAX_NODE_RECORD_TTL_S, check_payload=_check_node_record),
+    AVERAGER_DECLARATION_DOMAIN: DomainRule(
+        max_ttl_s=MAX_AVERAGER_DECLARATION_TTL_S, check_payload=check_declaration_payload
+    ),
 }
 """Every domain that may be stored in the DHT. Other packages register theirs with `register_domain`."""
 
@@ -96,49 +101,16 @@ def check_signed_record(record: DHTRecord, now: float | None = None) -> None:
     rule.check_payload(envelope.payload, envelope.signer)
 
 
-_IDENTITY_MULTIHASH, _SHA256_MULTIHASH = 0x00, 0x12
-_MAX_INLINED_KEY_BYTES = 42
-
-
-def _is_peer_id(raw: bytes) -> bool:
-    """Whether `raw` is a libp2p PeerID: a multihash of a public key (inlined, or its SHA-256)."""
-    if len(raw) < 2 or raw[1] != len(raw) - 2:
-        return False
-    return (raw[0] == _SHA256_MULTIHASH and raw[1] == 32) or (
-        raw[0] == _IDENTITY_MULTIHASH and raw[1] <= _MAX_INLINED_KEY_BYTES
-    )
-
-
-def check_unsigned_record(record: DHTRecord, now: float | None = None) -> None:
-    """Raise InvalidMessage unless `record` has the shape of a hivemind averager declaration."""
-    now = time.time() if now is None else now
-    if len(record.value) > MAX_UNSIGNED_VALUE_BYTES:
-        raise InvalidMessage(
-            f"unsigned value of {len(record.value)} bytes exceeds {MAX_UNSIGNED_VALUE_BYTES}"
-        )
-    subkey = MSGPackSerializer.loads(record.subkey)
-    if subkey is None:
-        raise InvalidMessage("plain values without a subkey are not accepted")
-    if not (isinstance(subkey, bytes) and _is_peer_id(subkey)):
-        raise InvalidMessage("an unsigned record's subkey must be a PeerID")
-    value = MSGPackSerializer.loads(record.value)
-    if not (value is None or isinstance(value, bool | int | float)):
-        raise InvalidMessage(f"unsigned value must be a scalar, got {type(value).__name__}")
-    if not record.expiration_time <= now + MAX_UNSIGNED_TTL_S + MAX_CLOCK_SKEW_S:  # NaN too
-        raise InvalidMessage(f"unsigned record expires more than {MAX_UNSIGNED_TTL_S:.0f} s ahead")
-
-
 class SignedRecordValidator(RecordValidatorBase):
-    """hivemind record validator: `check_signed_record` on `hn:` subkeys, `check_unsigned_record`
-    on everything else. Stateless and picklable."""
+    """hivemind record validator: `check_signed_record` on `hn:` subkeys; every other record is
+    refused. Stateless and picklable."""
 
     def validate(self, record: DHTRecord) -> bool:
         try:
             subkey = MSGPackSerializer.loads(record.subkey)
-            if isinstance(subkey, str) and subkey.startswith(SIGNED_SUBKEY_PREFIX):
-                check_signed_record(record)
-            else:
-                check_unsigned_record(record)
+            if not (isinstance(subkey, str) and subkey.startswith(SIGNED_SUBKEY_PREFIX)):
+                raise InvalidMessage("unsigned records are not accepted (subkeys must be hn:<PeerID>)")
+            check_signed_record(record)
         except InvalidMessage as exc:
             logger.info("dropped invalid DHT record: %s", exc)
             return False

@@ -15,6 +15,8 @@ and `StateSource` (through `StateSharing`); this module holds its core:
   lasts, and we download no state from it.
 * **Bit-identical results.** The runner gives every member the same averaged bytes; a member
   that a reducer failed reports the round as incomplete (see `node.averaging.rounds`).
+* **Signed declarations.** Matchmaking and state-sharing declarations in the DHT are signed by
+  this averager (`node.averaging.declarations`); the record validator refuses unsigned ones.
 * **Bounded streams.** Every inbound stream is capped in size (from the model's size), timed
   out and counted per peer before hivemind reads it (`node.averaging.stream_limits`); a peer
   that sends an oversized or malformed message is banned.
@@ -32,6 +34,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind import DHT
 from hivemind.averaging import DecentralizedAverager
 from hivemind.averaging.allreduce import AllReduceRunner, AveragingMode
@@ -42,12 +45,14 @@ from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import enter_asynchronously
 
 from node.averaging.codecs import codec_for, install_hivemind_codecs
+from node.averaging.declarations import install_signed_matchmaking
 from node.averaging.robust import DEFAULT_RULE, AggregationRule
 from node.averaging.rounds import Rounds
 from node.averaging.runner import RobustAllReduceRunner
 from node.averaging.stream_limits import StreamLimits, guard_stream_handlers
 from node.averaging.traffic import count_sent_bytes
 from node.bans import BanList
+from node.dht_node import signing_key_of
 from protocol.limits import AVERAGER_MESSAGE_SLACK_BYTES, MAX_AVERAGER_REQUEST_BYTES
 
 __all__ = ["MAX_BAN_DOUBLINGS", "DiLoCoAverager"]
@@ -89,9 +94,18 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         name: str = "trainer",
         aggregation: AggregationRule = DEFAULT_RULE,
         trusted_state_sources: Sequence[PeerID] = (),
+        signing_key: Ed25519PrivateKey | None = None,
     ) -> None:
         """`trusted_state_sources`: the run's authorised publishers, whose verified outer state a
-        resync takes without a second source (see `node.averaging.state_sync`)."""
+        resync takes without a second source (see `node.averaging.state_sync`). `signing_key`:
+        the private key of the DHT's PeerID, which signs our DHT declarations (default: the key
+        `node.dht_node` started the DHT with)."""
+        signing_key = signing_key or signing_key_of(dht)
+        if signing_key is None:
+            raise ValueError(
+                "the averager signs its DHT declarations with the key of the DHT's PeerID: start the "
+                "DHT with node.dht_node.start_dht or start_loopback_dht, or pass signing_key"
+            )
         install_hivemind_codecs()
         self.codec_name = compression
         self.aggregation = aggregation
@@ -105,7 +119,7 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         # Lives in the averager process (copied there when hivemind starts it).
         self.bans = BanList(ban_base_s, ban_base_s * 2**MAX_BAN_DOUBLINGS, owner=name)
         self._matchmaking_time_s = matchmaking_time_s
-        self._init_state_sharing(trusted_state_sources)
+        self._init_state_sharing(signing_key, trusted_state_sources)
         self._init_rounds()
         tensors = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
         super().__init__(
@@ -141,6 +155,7 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
 
         count_sent_bytes(count)  # for the whole life of the averager process
         install_hivemind_codecs()
+        install_signed_matchmaking(self._signing_key)
         super().run()
 
     async def add_p2p_handlers(self, p2p: P2P, wrapper: Any = None, **kwargs: Any) -> None:

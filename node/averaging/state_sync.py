@@ -4,8 +4,10 @@
 `DecentralizedAverager` beneath it):
 
 * **Step advertisements.** `publish_step` makes our outer step our state-sharing priority,
-  which hivemind declares in the DHT under `protocol.dht_keys.all_averagers_key`;
-  `peer_steps` reads every live trainer's advertised step (self-reported, untrusted).
+  which we declare in the DHT under `protocol.dht_keys.all_averagers_key`, signed
+  (`node.averaging.declarations`; hivemind's own unsigned declaration is replaced);
+  `peer_steps` reads every live trainer's advertised step (signed by it, but self-reported:
+  untrusted).
 * **Serving.** `set_state_provider` registers the function that returns our current
   `OuterState`; hivemind serves it to peers as `{"step", "hash"}` plus params and momentum.
   A trainer whose last round left it out of sync serves nothing until it resyncs or an
@@ -37,10 +39,11 @@ import random
 import statistics
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
-from contextlib import closing
+from contextlib import closing, suppress
 from typing import TYPE_CHECKING, Any
 
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.averaging import DecentralizedAverager
 from hivemind.compression import deserialize_torch_tensor
 from hivemind.p2p import P2P, PeerID
@@ -48,9 +51,11 @@ from hivemind.proto import averaging_pb2, runtime_pb2
 from hivemind.utils import MPFuture, get_dht_time
 from hivemind.utils.streaming import combine_from_streaming
 
+from node.averaging.declarations import Declarer, read_declarations
 from node.averaging.outer_state import OuterState, state_hash
 from node.averaging.stream_limits import read_message
 from node.bans import BanList
+from protocol.averager_declaration import declaration_payload
 from protocol.dht_keys import all_averagers_key
 from protocol.errors import InvalidMessage
 
@@ -77,12 +82,16 @@ class StateSharing(_AveragerBase):
     bans: BanList
     averaging_timeout_s: float
 
-    def _init_state_sharing(self, trusted_sources: Sequence[PeerID] = ()) -> None:
+    def _init_state_sharing(
+        self, signing_key: Ed25519PrivateKey, trusted_sources: Sequence[PeerID] = ()
+    ) -> None:
         """Set up this mixin's fields; called before hivemind starts the averager process.
 
-        A verified state served by one of `trusted_sources` (the run's authorised publishers) is
-        taken without a second source.
+        `signing_key` (the key of the DHT's PeerID) signs our step advertisements. A verified
+        state served by one of `trusted_sources` (the run's authorised publishers) is taken
+        without a second source.
         """
+        self._signing_key = signing_key
         self._state_provider: Callable[[], OuterState] | None = None
         # Our last round left us out of sync (see `Rounds`): our state is one nobody else holds, and
         # serving it could lead another out-of-sync peer astray. Cleared by a resync or an in-sync round.
@@ -94,6 +103,32 @@ class StateSharing(_AveragerBase):
         self._peers_checked_at = 0.0
 
     # -- averager process -------------------------------------------------------------------
+
+    async def _declare_for_download_periodically(self) -> None:
+        """hivemind's state-sharing advertisement, signed: our priority (outer step) under
+        `.all_averagers`, renewed every `declare_state_period` and at once when it changes."""
+        declarer = Declarer(self.dht, self._signing_key)
+        key = all_averagers_key(self.prefix)
+        was_sharing = self.allow_state_sharing
+        while True:
+            self._state_updated.clear()  # before reading the state: a change from now on wakes us
+            expiration_time = get_dht_time() + self.declare_state_period
+            sharing = self.allow_state_sharing
+            if sharing or was_sharing:  # one last declaration when sharing stops, replacing the last one
+                payload = declaration_payload(
+                    shares_state=sharing, state_priority=self.state_sharing_priority if sharing else 0.0
+                )
+                try:
+                    await asyncio.wait_for(
+                        declarer.declare(key, expiration_time, payload), timeout=self.declare_state_period
+                    )
+                except Exception as exc:  # the next period tries again
+                    logger.debug("%s: state-sharing declaration failed: %r", self.label, exc)
+                was_sharing = sharing
+            with suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    self._state_updated.wait(), timeout=max(0.0, expiration_time - get_dht_time())
+                )
 
     async def _download_state_from(
         self, peer_ids: list[bytes], newer_than: int, max_bytes: int, timeout: float, future: MPFuture
@@ -251,22 +286,17 @@ class StateSharing(_AveragerBase):
         self.state_sharing_priority = float(step)
 
     def peer_steps(self) -> dict[bytes, float]:
-        """Outer steps that live trainers of this run advertise (self excluded); self-reported, untrusted."""
-        found = self.dht.get(all_averagers_key(self.prefix), latest=True)
-        steps: dict[bytes, float] = {}
-        if found is not None and isinstance(found.value, dict):
-            now = get_dht_time()
-            for key, item in found.value.items():
-                value = getattr(item, "value", None)
-                live = getattr(item, "expiration_time", now + 1) > now
-                if (
-                    isinstance(key, bytes)
-                    and key != self.peer_id.to_bytes()
-                    and isinstance(value, int | float)
-                    and live
-                ):
-                    steps[key] = float(value)
-        return steps
+        """Outer steps that live trainers of this run advertise (self excluded).
+
+        Each was signed by the trainer it names, but is what that trainer says: untrusted.
+        """
+        key = all_averagers_key(self.prefix)
+        me = self.peer_id.to_bytes()
+        return {
+            d.peer: d.state_priority
+            for d in read_declarations(self.dht.get(key, latest=True), key)
+            if d.shares_state and d.peer != me
+        }
 
     def has_peers(self) -> bool:
         """Whether any other trainer of the run is alive (cached for a few seconds: one DHT read).

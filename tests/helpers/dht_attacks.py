@@ -6,10 +6,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.dht.routing import DHTID
 from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
 from hivemind.utils.serializer import MSGPackSerializer
+
+from protocol.averager_declaration import AVERAGER_DECLARATION_DOMAIN, declaration_payload
+from protocol.dht_keys import signed_subkey
+from protocol.envelope import seal
+from protocol.peer_keys import peer_id_from_private_key
 
 
 async def send_raw_store(_dht: Any, node: Any, target: PeerID, request: bytes) -> str:
@@ -24,13 +30,24 @@ async def send_raw_store(_dht: Any, node: Any, target: PeerID, request: bytes) -
 
 
 async def store_declaration(_dht: Any, node: Any, target: PeerID, key: str) -> list[bool] | None:
-    """Store one well-formed averager-style declaration (PeerID subkey, float value) at `target`."""
+    """Store one valid signed averager declaration (by a fresh key, under its subkey) at `target`."""
+    signer = Ed25519PrivateKey.generate()
+    expires = time.time() + 30
+    envelope = seal(
+        signer,
+        domain=AVERAGER_DECLARATION_DOMAIN,
+        run_id="",
+        dht_key=key,
+        expires_at=expires,
+        seq=1,
+        payload=declaration_payload(looking_for_group=True),
+    )
     result = await node.protocol.call_store(
         target,
         [DHTID.generate(source=key)],
-        [MSGPackSerializer.dumps(1.0)],
-        [time.time() + 30],
-        subkeys=[node.peer_id.to_bytes()],
+        [MSGPackSerializer.dumps(envelope)],
+        [expires],
+        subkeys=[signed_subkey(PeerID(peer_id_from_private_key(signer)).to_base58())],
     )
     return None if result is None else list(result)
 

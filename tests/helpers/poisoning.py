@@ -11,6 +11,7 @@ honest state.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 
@@ -19,9 +20,11 @@ from hivemind import DHT
 from hivemind.utils import get_dht_time
 
 from node.averaging.averager import DiLoCoAverager
+from node.averaging.declarations import Declarer
 from node.averaging.outer_state import OuterState
-from node.dht_node import start_loopback_dht
+from node.dht_node import signing_key_of, start_loopback_dht
 from node.swarm import wait_until
+from protocol.averager_declaration import declaration_payload
 from protocol.dht_keys import all_averagers_key
 from protocol.errors import HivenetError
 from tests.helpers.trainers import averager_swarm
@@ -50,16 +53,17 @@ class HashCopyingAverager(DiLoCoAverager):
         return {"step": HONEST_STEP, "hash": HONEST.hash()}, tensors, infos
 
 
-def advertise_fake_sources(dht: DHT, fakes: list[DHT], prefix: str = PREFIX) -> None:
-    """Declare peers that serve no state at the attacker's step, so the median points at the attacker."""
+def advertise_fake_sources(fakes: list[DHT], prefix: str = PREFIX) -> None:
+    """Declare peers that serve no state at the attacker's step, so the median points at the attacker.
+
+    The attacker holds their keys (sybils are free): each declaration is signed by its fake peer.
+    """
+    payload = declaration_payload(shares_state=True, state_priority=float(ATTACK_STEP))
     for fake in fakes:
-        stored = dht.store(
-            all_averagers_key(prefix),
-            subkey=fake.peer_id.to_bytes(),
-            value=float(ATTACK_STEP),
-            expiration_time=get_dht_time() + 120,
-        )
-        if not stored:
+        key = signing_key_of(fake)
+        assert key is not None
+        declare = Declarer(fake, key).declare(all_averagers_key(prefix), get_dht_time() + 120, payload)
+        if not asyncio.run(declare):
             raise HivenetError("the DHT refused a fake state-sharing declaration")
 
 
@@ -80,7 +84,7 @@ def poisoned_run(variant: str) -> Iterator[DiLoCoAverager]:
                 averager.publish_step(HONEST_STEP)
             attacker.set_state_provider(POISON.clone)
             attacker.publish_step(ATTACK_STEP)
-            advertise_fake_sources(attacker.dht, fakes)
+            advertise_fake_sources(fakes)
             expected = {HONEST_STEP, ATTACK_STEP}
             if not wait_until(
                 lambda: set(joiner.peer_steps().values()) == expected and len(joiner.peer_steps()) == 5,

@@ -392,12 +392,55 @@ def attack_all_averagers(swarm: SquatSwarm, step: int = 7) -> SquatOutcome:
     )
 
 
+FORGED_STEP = 10**6
+
+
+async def forged_entries(honest: Sequence[DHT], key: str, victim: bytes) -> int:
+    """Values under `key` in the victim's name that an honest lookup returns unsigned."""
+    kept = 0
+    for dht in honest:
+        found = await dht.get(key, latest=True, return_future=True)
+        if found is not None and isinstance(found.value, dict):
+            kept += sum(subkey == victim for subkey in found.value)
+    return kept
+
+
+def attack_forged_declarations(swarm: SquatSwarm, step: int = 5) -> SquatOutcome:
+    """Write, in an honest averager's name, what hivemind's unsigned declarations look like: a step it
+    never reached under `.all_averagers`, and "left the group" under outer step `step`'s matchmaking
+    key, both expiring long after its own. The other averager must see its real step, and the two
+    must still average together at `step`."""
+    averagers = swarm.start_averagers()
+    victim = averagers[0]
+    victim_id = victim.peer_id.to_bytes()
+    steps_key = all_averagers_key(victim.prefix)
+    group_key = f"{victim.prefix}.0b{bin(step)[2:]}"
+    expires = get_dht_time() + 3000
+    with swarm.attacker() as attacker:
+        attacker.store(steps_key, float(FORGED_STEP), expires, subkey=victim_id)
+        attacker.store(group_key, False, expires, subkey=victim_id)
+        kept = asyncio.run(forged_entries(swarm.honest, steps_key, victim_id))
+        kept += asyncio.run(forged_entries(swarm.honest, group_key, victim_id))
+        victim.publish_step(step)
+        seen = wait_until(lambda: list(averagers[1].peer_steps().values()) == [step], timeout_s=30)
+        grads = [[torch.full(s, float(i + 1)) for s in AVERAGER_SHAPES] for i in range(len(averagers))]
+        outcomes = run_round(averagers, grads, step=step)
+    peers = [o.num_peers for o in outcomes]
+    return SquatOutcome(
+        "forged declarations",
+        kept,
+        seen and peers == [2, 2],
+        f"victim's real step {step} seen: {seen}; outer step {step} averaged in groups of {peers}",
+    )
+
+
 SQUAT_ATTACKS: dict[str, Callable[[SquatSwarm], SquatOutcome]] = {
     "weights pointer": lambda swarm: asyncio.run(attack_weights_pointer(swarm)),
     "weights holders": lambda swarm: asyncio.run(attack_weights_holders(swarm)),
     "node records": lambda swarm: asyncio.run(attack_node_records(swarm)),
     "matchmaking": attack_matchmaking,
     "all_averagers": attack_all_averagers,
+    "forged declarations": attack_forged_declarations,
 }
 """Every squatting attack by name, run from synchronous code."""
 

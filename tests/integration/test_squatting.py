@@ -62,6 +62,12 @@ def test_a_squatted_all_averagers_key_does_not_hide_the_peers(swarm: SquatSwarm)
     _check(run_squat_attack(swarm, "all_averagers"))
 
 
+def test_declarations_forged_in_a_trainers_name_are_refused(swarm: SquatSwarm) -> None:
+    """hivemind's unsigned declarations, written for a victim: its peer still sees its real step,
+    and the two still average together at the step where it was marked as gone."""
+    _check(run_squat_attack(swarm, "forged declarations"))
+
+
 def test_large_values_are_refused_and_not_buffered(swarm: SquatSwarm) -> None:
     outcome = attack_with_large_values(swarm)
     sent = LARGE_VALUES * LARGE_VALUE_BYTES

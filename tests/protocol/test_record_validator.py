@@ -18,6 +18,8 @@ from hivemind.utils.serializer import MSGPackSerializer
 
 from node.identity import create_identity
 from node.swarm import wait_until
+from protocol import hivenet_pb2 as pb
+from protocol.averager_declaration import AVERAGER_DECLARATION_DOMAIN, declaration_payload
 from protocol.dht_keys import node_records_key, signed_subkey
 from protocol.envelope import seal
 from protocol.errors import InvalidMessage
@@ -137,8 +139,56 @@ def _unsigned(subkey: object, value: object, ttl_s: float = 5.0) -> DHTRecord:
 
 
 @pytest.mark.parametrize("value", [True, False, 12.5, 7, None])
-def test_hivemind_averager_declarations_pass(value: object) -> None:
-    assert SignedRecordValidator().validate(_unsigned(A_ID, value))
+def test_hivemind_unsigned_averager_declarations_are_refused(value: object) -> None:
+    # anyone could write them under anyone's PeerID: hivenet's averagers sign theirs
+    assert not SignedRecordValidator().validate(_unsigned(A_ID, value))
+
+
+GROUP_KEY = "hivenet_diloco_validator-test.0b0"
+
+
+def _declaration(
+    signer: Ed25519PrivateKey, payload: bytes, *, key: str = GROUP_KEY, subkey_of: bytes | None = None
+) -> DHTRecord:
+    expires = time.time() + 30
+    envelope = seal(
+        signer,
+        domain=AVERAGER_DECLARATION_DOMAIN,
+        run_id="",
+        dht_key=key,
+        expires_at=expires,
+        seq=1,
+        payload=payload,
+    )
+    subkey = signed_subkey(PeerID(subkey_of or peer_id_from_private_key(signer)).to_base58())
+    return DHTRecord(
+        DHTID.generate(source=key).to_bytes(),
+        MSGPackSerializer.dumps(subkey),
+        MSGPackSerializer.dumps(envelope),
+        expires,
+    )
+
+
+def test_signed_averager_declarations_pass_and_forged_ones_are_refused() -> None:
+    looking = declaration_payload(looking_for_group=True)
+    assert SignedRecordValidator().validate(_declaration(ALICE, looking))
+    assert SignedRecordValidator().validate(
+        _declaration(ALICE, declaration_payload(shares_state=True, state_priority=7))
+    )
+    mallory = Ed25519PrivateKey.generate()
+    # Mallory marks Alice as having left her group: signed by Mallory under Alice's subkey
+    assert not SignedRecordValidator().validate(
+        _declaration(mallory, declaration_payload(looking_for_group=False), subkey_of=A_ID)
+    )
+    # a declaration signed for another key, replayed under this one
+    replayed = _declaration(ALICE, looking, key="hivenet_diloco_other.0b0")
+    moved = DHTRecord(
+        DHTID.generate(source=GROUP_KEY).to_bytes(), replayed.subkey, replayed.value, replayed.expiration_time
+    )
+    assert not SignedRecordValidator().validate(moved)
+    # a priority that is not a finite step
+    bad = pb.AveragerDeclaration(shares_state=True, state_priority=float("inf")).SerializeToString()
+    assert not SignedRecordValidator().validate(_declaration(ALICE, bad))
 
 
 UNSIGNED_ABUSES = {
@@ -154,7 +204,7 @@ UNSIGNED_ABUSES = {
 
 
 @pytest.mark.parametrize("kind", list(UNSIGNED_ABUSES))
-def test_unsigned_records_other_than_averager_declarations_are_refused(kind: str) -> None:
+def test_unsigned_records_of_any_shape_are_refused(kind: str) -> None:
     subkey, value, ttl_s = UNSIGNED_ABUSES[kind]
     assert not SignedRecordValidator().validate(_unsigned(subkey, value, ttl_s))
 
