@@ -19,13 +19,21 @@ Inside the learner, outer version V is numbered `V * (H + 1)` and the inner step
 
 A round that could not average with anybody (no other trainer, timeouts) steps alone; a
 trainer whose state hash disagreed with its group's majority downloads the majority's state
-when two other trainers confirm it (`StateSource`). The outer momentum is not checkpointed:
-these trainers do not resume from a checkpoint.
+when two other trainers confirm it (`StateSource`). The outer momentum is checkpointed with the
+policy (`DiLoCoUpdates.saved_state`).
+
+Receipts. Every outer step is also reported as a `training.diloco.OuterStepReport` (`on_round`);
+`node_diloco_updates` builds the updates of a trainer on a node, whose reports become training
+receipts (`training.trainer_node.sign_training_receipts`, one per other member whose
+contribution the round accepted) in the node's ledger. What a receipt says a member trained is
+`rl_tokens_per_outer_step(config)`, a figure of the run's config, never a member's claim.
 """
 
 from __future__ import annotations
 
 import logging
+import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -35,15 +43,25 @@ from hivemind.p2p import PeerID
 
 from node.averaging.averager import DiLoCoAverager
 from node.averaging.outer_state import OuterState
+from node.node import HivenetNode
 from protocol.dht_keys import averaging_prefix
 from training.checkpoint import CheckpointError
-from training.diloco import RoundAverager, StateSource
+from training.diloco import OuterStepReport, RoundAverager, StateSource
 from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
 from training.model import TinyGPT
 from training.outer_step import DiLoCoConfig, outer_update, pseudo_gradient
-from training.rl_run import RLDiLoCoConfig
+from training.rl_run import RLDiLoCoConfig, RLRunConfig
+from training.tasks import get_task
+from training.trainer_node import sign_training_receipts
 
-__all__ = ["DiLoCoUpdates", "OuterStepRecord", "OuterVersionLearner", "diloco_updates"]
+__all__ = [
+    "DiLoCoUpdates",
+    "OuterStepRecord",
+    "OuterVersionLearner",
+    "diloco_updates",
+    "node_diloco_updates",
+    "rl_tokens_per_outer_step",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -111,14 +129,18 @@ class DiLoCoUpdates:
         *,
         state_source: StateSource | None = None,
         on_outer_step: Callable[[OuterState], None] | None = None,
+        on_round: Callable[[OuterStepReport], None] | None = None,
         close: Callable[[], None] | None = None,
         name: str = "trainer",
     ) -> None:
+        """`on_round`: handed each outer step's report (its round id and the members whose
+        contributions were accepted: what training receipts are signed for)."""
         self.learner = learner
         self.config = config
         self.averager = averager
         self.state_source = state_source
         self.on_outer_step = on_outer_step
+        self.on_round = on_round
         self._close = close
         self.name = name
         self.outer = DiLoCoConfig(
@@ -128,6 +150,11 @@ class DiLoCoUpdates:
         self.inner_done = 0
         """GRPO steps made in the current round."""
         self.records: list[OuterStepRecord] = []
+        self._round_losses: list[float] = []
+        self._inner_time_s = 0.0
+        self._tokens = 0
+        """Completion tokens trained on since this trainer started (what GRPO's loss covers)."""
+        self._started = time.monotonic()
 
     @property
     def version(self) -> int:
@@ -138,7 +165,11 @@ class DiLoCoUpdates:
         return self.state.clone()
 
     def step(self, batch: Sequence[Sequence[ScoredRollout]]) -> tuple[GRPOStepReport, bool]:
+        started = time.monotonic()
         report = self.learner.inner_step(batch)
+        self._inner_time_s += time.monotonic() - started
+        self._round_losses.append(float(report.loss))
+        self._tokens += report.num_tokens
         self.inner_done += 1
         if self.inner_done < self.config.inner_steps:
             return report, False
@@ -171,6 +202,27 @@ class DiLoCoUpdates:
         )  # fmt: skip
         if self.on_outer_step is not None:
             self.on_outer_step(state)
+        losses, self._round_losses = self._round_losses, []
+        if self.on_round is not None:
+            self.on_round(
+                OuterStepReport(
+                    peer=self.name,
+                    outer_step=state.step,
+                    train_loss=statistics.fmean(losses) if losses else float("nan"),
+                    eval_loss=None,
+                    num_peers=outcome.num_peers,
+                    bytes_sent=self.averager.bytes_sent(),
+                    tokens=self._tokens,
+                    outer_hash=record.state_hash,
+                    inner_time_s=self._inner_time_s,
+                    wall_time_s=time.monotonic() - self._started,
+                    resynced=resynced,
+                    refused_peers=outcome.refused_peers,
+                    averaged_step=before.step,
+                    round_id=outcome.round_id,
+                    received_from=dict(outcome.received_bytes),
+                )
+            )
 
     def saved_state(self) -> dict[str, torch.Tensor]:
         """The outer momentum (the outer parameters are the checkpointed policy's weights)."""
@@ -198,13 +250,36 @@ class DiLoCoUpdates:
             self._close()
 
 
+def rl_tokens_per_outer_step(config: RLRunConfig) -> int:
+    """What one trainer of an RL DiLoCo run trains on per outer step, by the run's config: H GRPO
+    steps of `groups_per_step` groups of `group_size` rollouts, each with the task's completion
+    budget (`max_new_tokens`) of tokens. GRPO's loss covers completion tokens only (the prompt
+    is context); a rollout may stop early, but how many tokens another trainer really trained on
+    is its own claim, so a training receipt states this budget, the same for every member."""
+    assert config.diloco is not None, "an RL run trains with DiLoCo only with `diloco` set"
+    grpo = config.grpo
+    return (
+        config.diloco.inner_steps
+        * grpo.groups_per_step
+        * grpo.group_size
+        * get_task(config.task).max_new_tokens
+    )
+
+
 def diloco_updates(
-    dht: DHT, run_id: str, config: RLDiLoCoConfig, *, name: str, authorized_publishers: Sequence[str] = ()
+    dht: DHT,
+    run_id: str,
+    config: RLDiLoCoConfig,
+    *,
+    name: str,
+    authorized_publishers: Sequence[str] = (),
+    on_round: Callable[[OuterStepReport], None] | None = None,
 ) -> Callable[[TinyGPT, GRPOConfig, int], DiLoCoUpdates]:
     """An `RLTrainer` updates factory: GRPO with `config`'s DiLoCo, averaging over `dht` with `run_id`'s trainers.
 
     A resync takes the verified outer state of one of `authorized_publishers` (base58 PeerIDs,
     the run's other trainers) on its own; anyone else's needs a second source that agrees.
+    `on_round` is handed each outer step's report (see `DiLoCoUpdates`).
 
     Call the factory in the thread that owns the process (the averager forks a process).
     """
@@ -238,6 +313,7 @@ def diloco_updates(
             averager,
             state_source=averager,
             on_outer_step=lambda state: averager.publish_step(state.step),
+            on_round=on_round,
             close=shutdown,
             name=name,
         )
@@ -246,3 +322,34 @@ def diloco_updates(
         return updates
 
     return build
+
+
+def node_diloco_updates(
+    node: HivenetNode, config: RLRunConfig
+) -> Callable[[TinyGPT, GRPOConfig, int], DiLoCoUpdates]:
+    """The updates factory of an RL trainer on a started `node` training with `config.diloco`.
+
+    It averages over the node's DHT, resyncs from the run's authorised publishers and, on a node
+    with a ledger, signs a training receipt after every outer step for each other member whose
+    contribution its round accepted (`sign_training_receipts`, `rl_tokens_per_outer_step`), kept
+    in the node's ledger (`node.receipt_sink`).
+    """
+    assert node.dht is not None, "start the node first"
+    assert config.diloco is not None, "the run trains with DiLoCo only with `diloco` set"
+    sink = node.receipt_sink
+    tokens_trained = rl_tokens_per_outer_step(config)
+
+    def sign_receipts(report: OuterStepReport) -> None:
+        if sink is not None:
+            sink(sign_training_receipts(
+                report, node.identity.private_key, run_id=config.run_id, tokens_trained=tokens_trained
+            ))  # fmt: skip
+
+    return diloco_updates(
+        node.dht,
+        config.run_id,
+        config.diloco,
+        name=node.short_id,
+        authorized_publishers=config.authorized_publishers,
+        on_round=sign_receipts,
+    )

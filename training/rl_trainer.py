@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+from hivemind.p2p import PeerID
 
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
@@ -323,9 +324,24 @@ class RLTrainer(RoleThread):
             logger.warning("[%s] could not publish version %d: %r", self.node.short_id, version, exc)
 
     async def _publish(self, version: int, state: dict[str, torch.Tensor]) -> Manifest:
-        """Publish `version`, or announce it again if the store holds it already (a restarted trainer)."""
+        """Publish `version`, or announce it again if the store holds it already (a restarted trainer).
+
+        A copy of `version` published by another of the run's trainers (fetched into this store,
+        e.g. when this node followed the run before) is replaced by this trainer's own
+        publication: the copy's pointer and manifest are the other's, so peers that trust only
+        this trainer would never find it. Holding the same weights, the two publications have
+        the same content id and chunks, and each holder serves the fetchers of both.
+        """
         run_id = self.config.run_id
         held = self.broadcast.store.get(run_id, version)
+        if held is not None and held.manifest.publisher != self.node.identity.peer_id_bytes:
+            logger.info(
+                "[%s] version %d in the store was published by %s; publishing it as this trainer's own",
+                self.node.short_id, version, PeerID(held.manifest.publisher).to_base58()[-8:],
+            )  # fmt: skip
+            self.broadcast.service.withdraw(run_id, version)
+            await offload(self.broadcast.store.remove, run_id, version)
+            held = None
         if held is None:
             return await self.broadcast.publish(run_id, version, state)
         stored = await offload(held.load_state_dict)

@@ -4,7 +4,8 @@
   trainer's own validator: verdicts go back to the worker, accepted rollouts straight to GRPO).
 - `start_rl_trainer(node, config, policy)` builds that validator and the trainer on a node
   announced as trainer and validator; with `config.diloco` the trainer trains together with
-  the run's other trainers (`training.rl_diloco`: a version per DiLoCo outer step).
+  the run's other trainers (`training.rl_diloco`: a version per DiLoCo outer step, and a
+  training receipt for each other trainer whose contribution a round accepted).
 - `StandaloneValidator(node, config)`: `--role validator` on an RL run. It follows the run's
   policy versions through the weight broadcast (the newest `async_level + 1`; the newest
   published version is its staleness reference), judges the groups workers submit to it, and
@@ -33,7 +34,7 @@ from protocol.node_record import Role
 from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict
 from training.grpo import ScoredRollout
 from training.model import TinyGPT
-from training.rl_diloco import diloco_updates
+from training.rl_diloco import node_diloco_updates
 from training.rl_run import RLRunConfig, add_policy_follower, group_id, held_versions, model_from_state
 from training.rl_trainer import RLStepReport, RLTrainer, UpdatesFactory, every_step_updates
 from training.tasks import get_task
@@ -125,13 +126,9 @@ def start_rl_trainer(
 
     Call it from the thread that started the node: with `config.diloco` it forks the averager.
     """
-    updates: UpdatesFactory = every_step_updates
-    if config.diloco is not None:
-        assert node.dht is not None, "start the node first"
-        updates = diloco_updates(
-            node.dht, config.run_id, config.diloco, name=node.short_id,
-            authorized_publishers=config.authorized_publishers,
-        )  # fmt: skip
+    updates: UpdatesFactory = (
+        every_step_updates if config.diloco is None else node_diloco_updates(node, config)
+    )
     validator = make_validator(node, config)
     trainer = RLTrainer(
         node,

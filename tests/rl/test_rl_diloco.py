@@ -2,7 +2,8 @@
 
 Fast tests drive `DiLoCoUpdates` with in-process averagers: the published versions are the
 outer steps, the learner keeps the outer versions' weights for behaviour log-probs, and two
-trainers fed different rollouts end every outer step bit-identical. The slow test runs the
+trainers fed different rollouts end every outer step bit-identical, and every outer step is
+reported with what a training receipt is signed from. The slow test runs the
 whole loop on loopback: 2 trainers (each with its validator), 2 honest workers, 2 outer steps.
 """
 
@@ -10,14 +11,18 @@ from __future__ import annotations
 
 import copy
 import threading
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.p2p import PeerID
 
 from node.averaging.outer_state import OuterState
+from node.averaging.rounds import DoneAverage, PendingAverage, RoundOutcome
 from protocol.manifest import Manifest
+from protocol.receipts import ReceiptKind, open_receipt
 from tests.helpers.rl_diloco import (
     FixedStateSource,
     LoneAverager,
@@ -27,11 +32,12 @@ from tests.helpers.rl_diloco import (
     scored_groups,
 )
 from training.checkpoint import CheckpointError
-from training.diloco import RoundAverager
+from training.diloco import OuterStepReport, RoundAverager
 from training.grpo import GRPOConfig, StaleRolloutError
 from training.model import ModelConfig, TinyGPT
-from training.rl_diloco import DiLoCoUpdates, OuterVersionLearner
+from training.rl_diloco import DiLoCoUpdates, OuterVersionLearner, rl_tokens_per_outer_step
 from training.rl_run import RLDiLoCoConfig, RLRunConfig
+from training.trainer_node import sign_training_receipts
 from verification.rl_simulation import simulate_rl
 
 TINY = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=96)
@@ -165,6 +171,58 @@ def test_a_trainer_outvoted_by_its_group_adopts_the_majority_state() -> None:
     assert all(torch.equal(p, o) for p, o in zip(params(policy), majority.params, strict=True))
     updates.step(scored_groups(9, 1))  # and trains on from there
     assert updates.version == 2
+
+
+class GroupAverager(LoneAverager):
+    """Every round is averaged with two others: one contribution accepted (its bytes counted), one refused."""
+
+    ROUND_ID = b"r" * 16
+    MEMBER = PeerID.from_base58("12D3KooWGRUVh7ntHADphGqfYLBDGRVS7Z4aprbs7xHF8ECKs5Xh").to_bytes()
+
+    def start_average(
+        self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str
+    ) -> PendingAverage:
+        averaged = [g.clone() for g in pseudo_grads]
+        return DoneAverage(
+            RoundOutcome(
+                averaged=averaged,
+                num_peers=2,
+                refused_peers=1,
+                round_id=self.ROUND_ID,
+                received_bytes={self.MEMBER: 1234},
+            )
+        )
+
+
+def test_every_outer_step_is_reported_with_what_a_training_receipt_needs() -> None:
+    torch.manual_seed(6)
+    reports: list[OuterStepReport] = []
+    learner = OuterVersionLearner(TinyGPT(TINY), GRPO, inner_steps=2, outer_version=0)
+    updates = DiLoCoUpdates(
+        learner, RLDiLoCoConfig(inner_steps=2), GroupAverager(), on_round=reports.append, name="t0"
+    )
+    losses = [float(updates.step(scored_groups(30, 0))[0].loss)]
+    assert reports == []  # an inner step is no round
+    losses.append(float(updates.step(scored_groups(31, 0))[0].loss))
+    (report,) = reports
+    assert (report.peer, report.outer_step, report.averaged_step) == ("t0", 1, 0)
+    assert (report.num_peers, report.refused_peers) == (2, 1)
+    assert report.round_id == GroupAverager.ROUND_ID
+    assert report.received_from == {GroupAverager.MEMBER: 1234}
+    assert report.outer_hash == updates.state.hash()
+    assert report.train_loss == pytest.approx(sum(losses) / 2)
+    assert report.tokens == 2 * 4 * 8  # completion tokens trained on: 2 steps of 4 rollouts of 8
+
+    key = Ed25519PrivateKey.generate()
+    run = RLRunConfig(run_id="rl-receipts", diloco=RLDiLoCoConfig(inner_steps=2))
+    tokens = rl_tokens_per_outer_step(run)
+    assert (
+        tokens == 2 * run.grpo.groups_per_step * run.grpo.group_size * 38
+    )  # line-length's completion budget
+    (sealed,) = sign_training_receipts(report, key, run_id=run.run_id, tokens_trained=tokens)
+    receipt = open_receipt(sealed, run_id=run.run_id, kinds=frozenset({ReceiptKind.TRAINING}))
+    assert (receipt.contributor, receipt.step, receipt.tokens) == (GroupAverager.MEMBER, 0, tokens)
+    assert (receipt.evidence, receipt.byte_count) == (GroupAverager.ROUND_ID, 1234)
 
 
 def test_a_run_stops_only_at_an_outer_step_boundary() -> None:
