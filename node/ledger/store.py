@@ -10,6 +10,8 @@ Receipts are never deleted, so their position (`seq`) only grows: an export is a
 snapshot even while receipts keep arriving, and `page(after, limit)` is a cursor a peer can resume
 from (the receipts exchange, `node.receipts`, serves a ledger this way). `seq` is SQLite's rowid, in
 the schema since version 1, so ledgers written before the exchange existed serve as they are.
+The exchange also keeps, in a small table of its own, the cursor it reached in each peer's ledger
+(`save_pull_cursor`, `pull_cursors`), so a restarted node resumes its pulls.
 
 One `Ledger` may be used from several threads (a node's loop offloads to worker threads): one
 connection guarded by a lock.
