@@ -81,8 +81,6 @@ def _check_resources(directory: Path) -> list[Check]:
 def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: int) -> list[Check]:
     from node.config import load_config
     from node.node import HivenetNode
-    from node.reachability import call_dial_back
-    from node.runtime import in_dht
     from protocol.errors import HivenetError
 
     if not initial_peers:
@@ -115,17 +113,12 @@ def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: 
                     "check the address, that the seed runs, and your outgoing firewall",
                 )
             )
-        assert probe.dht is not None
-        reached = [s.address for s in probe.seed_statuses if s.reached]
-        own = [address.split("/p2p/")[0] for address in probe.multiaddrs()]
-        dialled, detail = probe.call(
-            in_dht(probe.dht, call_dial_back, seeds=reached, addresses=own), timeout_s=120
-        )
+        dial_back = probe.check_reachability()  # the seeds that answered, at this node's own addresses
         checks.append(
             Check(
                 "dial-back",
-                dialled,
-                detail,
+                dial_back.reachable,
+                dial_back.detail,
                 f"open or forward TCP port {port or '(pass --port)'} to this machine, announce your public address "
                 "with --announce, or join with auto-relay so that peers can reach you through a relay",
             )

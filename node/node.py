@@ -5,7 +5,8 @@ identity, starts the DHT, dials the seeds, refuses to run if the identity is liv
 and publishes the node record; `add_service` hosts more components on the same loop (the
 weight broadcast, averaging, ...); `stop()` stops them in reverse order and leaves cleanly. An
 announced node whose config names a ledger also runs the receipts exchange (`node.receipts`): its
-components hand the receipts they sign to `receipt_sink`.
+components hand the receipts they sign to `receipt_sink`, and it signs one for each seed that
+answered its bootstrap, and for the seed that dials it back (`check_reachability`).
 Role-specific work (training, inference) is attached on top of a started node.
 """
 
@@ -31,8 +32,9 @@ from node.ledger import Ledger
 from node.logs import set_log_peer
 from node.membership import LiveNode, Membership, discover
 from node.metrics import NodeMetrics
-from node.reachability import serve_dial_back
+from node.reachability import DialBackOutcome, request_dial_back, serve_dial_back
 from node.receipts import ReceiptExchange, ReceiptsConfig
+from node.receipts.seeds import bootstrap_receipts, dial_back_receipt
 from node.runtime import NodeRuntime, Service, in_dht
 from node.status import NodeStatusSnapshot, StatusServer, write_status_file
 from protocol.node_record import Role
@@ -149,6 +151,7 @@ class HivenetNode:
                 )
                 if self.config.ledger_path is not None and not self.dht_only:
                     self._start_receipts(self.config.ledger_path)
+                    self._sign_bootstrap_receipts()
         except BaseException:
             self.shutdown()
             raise
@@ -170,6 +173,33 @@ class HivenetNode:
                 dht=self.dht, identity=self.identity, ledger=self.ledger, config=config, bans=bans
             )
         )
+
+    def _sign_bootstrap_receipts(self) -> None:
+        """Sign a receipt for each seed that answered this node's bootstrap (never one that did not)."""
+        sink = self.receipt_sink
+        if sink is not None:
+            answered = [status.address for status in self.seed_statuses if status.reached]
+            sink(bootstrap_receipts(self.identity, self.config.run_id, answered))
+
+    def check_reachability(
+        self, seeds: list[str] | None = None, addresses: list[str] | None = None, *, timeout_s: float = 120.0
+    ) -> DialBackOutcome:
+        """Ask `seeds` (default: those that answered the bootstrap) to dial this node back at
+        `addresses` (default: its own TCP addresses); the seed that reached it earns a receipt."""
+        assert self.dht is not None
+        if seeds is None:
+            seeds = [status.address for status in self.seed_statuses if status.reached]
+        if addresses is None:
+            addresses = [address.split("/p2p/")[0] for address in self.multiaddrs()]
+        outcome = self.call(
+            in_dht(self.dht, request_dial_back, seeds=seeds, addresses=addresses), timeout_s=timeout_s
+        )
+        sink = self.receipt_sink
+        if outcome.reachable and outcome.seed is not None and sink is not None:
+            receipt = dial_back_receipt(self.identity, self.config.run_id, outcome.seed)
+            if receipt is not None:
+                sink([receipt])
+        return outcome
 
     @property
     def receipt_sink(self) -> Callable[[list[bytes]], None] | None:

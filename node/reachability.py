@@ -5,6 +5,9 @@ it observes the request coming from**, so the service cannot be aimed at a third
 dial comes from a separate probe daemon of the seed's (no connection shared with the requester,
 disconnected after every probe), and libp2p authenticates it against the requester's PeerID.
 
+The requester that was reached signs a seed receipt for the seed that dialled it
+(`HivenetNode.check_reachability`, `node.receipts.seeds`): `request_dial_back` says which one.
+
 Limits: the request is one size-capped frame read under a timeout; loopback, private and
 link-local IPs are refused unless the seed itself only listens on loopback (a local test
 swarm); each source IP gets one probe per cooldown period (PeerIDs are free to mint, IPs are
@@ -214,10 +217,20 @@ async def serve_dial_back(_dht: hivemind.DHT, node: DHTNode) -> None:
     await node.p2p.add_binary_stream_handler(DIAL_BACK_PROTOCOL, service.handle_stream)
 
 
-async def call_dial_back(
+@dataclass(frozen=True)
+class DialBackOutcome:
+    """What asking the seeds for a dial-back found."""
+
+    reachable: bool
+    detail: str
+    seed: bytes | None = None
+    """The PeerID of the seed that reached this node back (None unless `reachable`)."""
+
+
+async def request_dial_back(
     _dht: hivemind.DHT, node: DHTNode, seeds: list[str], addresses: list[str]
-) -> tuple[bool, str]:
-    """Ask each seed in turn to dial `addresses` back; (reachable, what the seeds said)."""
+) -> DialBackOutcome:
+    """Ask each seed in turn to dial `addresses` back, until one reaches them (run via `in_dht`)."""
     details = []
     for seed in seeds:
         peer_id = PeerID.from_base58(Multiaddr(seed)["p2p"])
@@ -229,9 +242,21 @@ async def call_dial_back(
             details.append(f"{seed[-12:]}: no dial-back service ({type(exc).__name__})")
             continue
         if response.code == pb.DIAL_BACK_REACHABLE:
-            return True, f"seed {peer_id.to_base58()[-8:]} reached this node from a separate connection"
+            return DialBackOutcome(
+                True,
+                f"seed {peer_id.to_base58()[-8:]} reached this node from a separate connection",
+                peer_id.to_bytes(),
+            )
         details.append(f"{peer_id.to_base58()[-8:]}: {pb.DialBackCode.Name(response.code)} {response.detail}")
-    return False, "; ".join(details) or "no seed to ask"
+    return DialBackOutcome(False, "; ".join(details) or "no seed to ask")
+
+
+async def call_dial_back(
+    dht: hivemind.DHT, node: DHTNode, seeds: list[str], addresses: list[str]
+) -> tuple[bool, str]:
+    """Ask each seed in turn to dial `addresses` back; (reachable, what the seeds said)."""
+    outcome = await request_dial_back(dht, node, seeds, addresses)
+    return outcome.reachable, outcome.detail
 
 
 async def _request(p2p: P2P, peer_id: PeerID, request: pb.DialBackRequest) -> pb.DialBackResponse:

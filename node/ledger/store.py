@@ -10,6 +10,8 @@ Receipts are never deleted, so their position (`seq`) only grows: an export is a
 snapshot even while receipts keep arriving, and `page(after, limit)` is a cursor a peer can resume
 from (the receipts exchange, `node.receipts`, serves a ledger this way). `seq` is SQLite's rowid, in
 the schema since version 1, so ledgers written before the exchange existed serve as they are.
+The exchange also keeps, in a small table of its own, the cursor it reached in each peer's ledger
+(`save_pull_cursor`, `pull_cursors`), so a restarted node resumes its pulls.
 
 One `Ledger` may be used from several threads (a node's loop offloads to worker threads): one
 connection guarded by a lock.
@@ -59,6 +61,7 @@ CREATE TABLE IF NOT EXISTS receipts (
     envelope BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS receipts_by_contributor ON receipts (contributor);
+CREATE TABLE IF NOT EXISTS pull_cursors (peer BLOB PRIMARY KEY, cursor INTEGER NOT NULL, updated_at REAL NOT NULL);
 """
 
 _COLUMNS = (
@@ -279,6 +282,42 @@ class Ledger:
                 (int(after), int(limit)),
             ).fetchall()
         return [StoredEnvelope(seq=row[0], issued_at=row[1], envelope=bytes(row[2])) for row in rows]
+
+    def stored(self, ids: Iterable[bytes]) -> set[bytes]:
+        """Which of these receipt ids the ledger already holds."""
+        with self._lock:
+            return self._stored_ids(list(ids))
+
+    # --- the receipts exchange's pull cursors (each peer's ledger position reached by pulling it) ---
+
+    def pull_cursors(self) -> list[tuple[bytes, int]]:
+        """Every remembered (peer, cursor), least recently saved first."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT peer, cursor FROM pull_cursors ORDER BY updated_at, rowid"
+            ).fetchall()
+        return [(bytes(peer), int(cursor)) for peer, cursor in rows]
+
+    def save_pull_cursor(self, peer: bytes, cursor: int, *, keep: int, now: float | None = None) -> None:
+        """Remember `peer`'s cursor, then forget all but the `keep` most recently saved peers."""
+        now = time.time() if now is None else now
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                self._db.execute(
+                    "INSERT INTO pull_cursors (peer, cursor, updated_at) VALUES (?, ?, ?) "
+                    "ON CONFLICT (peer) DO UPDATE SET cursor = excluded.cursor, updated_at = excluded.updated_at",
+                    (peer, int(cursor), now),
+                )
+                self._db.execute(
+                    "DELETE FROM pull_cursors WHERE peer NOT IN "
+                    "(SELECT peer FROM pull_cursors ORDER BY updated_at DESC, rowid DESC LIMIT ?)",
+                    (int(keep),),
+                )
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
 
     def export(self, out: Path) -> int:
         """Write every receipt stored so far to `out` (`node.ledger.export` format); returns the count.

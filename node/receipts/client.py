@@ -5,7 +5,8 @@ filled from the peer's signed node record, never from a message), asks for the r
 cursor and stores every page through `Ledger.add_many`, which re-verifies each envelope. What one
 pull may cost is bounded: at most `max_receipts` receipts, pages of at most `page_size`, response
 frames capped at `MAX_RECEIPTS_RESPONSE_BYTES` on their declared length (before buffering) and one
-overall timeout.
+overall timeout; with a `SignerQuota`, new receipts of a signer past its quota are dropped
+unverified and counted (`node.receipts.quota`).
 
 A server that breaks the protocol is banned: an oversized or malformed response, a page larger
 than asked, a cursor that does not move forward, or a receipt that is not genuinely signed for
@@ -26,12 +27,13 @@ from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError, P2PHandlerErr
 from node.bans import BanList
 from node.broadcast.wire import TruncatedFrame, read_frame, write_frame
 from node.ledger import Ledger
+from node.receipts.quota import SignerQuota
 from node.receipts.server import PROTO_RECEIPTS
 from node.runtime import offload
 from protocol import receipts_exchange_pb2 as xpb
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_RECEIPTS_PER_PAGE, MAX_RECEIPTS_RESPONSE_BYTES
-from protocol.receipts import open_receipt
+from protocol.receipts import MAX_RECEIPT_BYTES, open_receipt, receipt_id
 from protocol.untrusted import parse_untrusted
 
 
@@ -57,6 +59,8 @@ class PullResult:
     """Why the pull ended before `complete` or its receipt budget ("" if it did not)."""
     banned: bool = False
     """The peer broke the protocol or served an invalid receipt, and was banned."""
+    capped: int = 0
+    """New receipts dropped unverified because their signer had used its quota (`SignerQuota`)."""
 
 
 def check_page(response: xpb.ReceiptsResponse, cursor: int, limit: int) -> None:
@@ -69,8 +73,33 @@ def check_page(response: xpb.ReceiptsResponse, cursor: int, limit: int) -> None:
         raise InvalidMessage("a page that covers receipts but leaves the cursor where it was")
 
 
-def _store_page(ledger: Ledger, receipts: list[bytes], result: PullResult) -> None:
-    """Verify and store one page; InvalidMessage if it holds a receipt that was never genuinely valid."""
+def _within_quota(
+    ledger: Ledger, receipts: list[bytes], quota: SignerQuota, result: PullResult
+) -> list[bytes]:
+    """The receipts of a page that are new to the ledger and within their signers' quotas."""
+    ids = [
+        receipt_id(data) if isinstance(data, bytes) and len(data) <= MAX_RECEIPT_BYTES else b""
+        for data in receipts
+    ]
+    seen = ledger.stored(ids)
+    fresh = []
+    for data, rid in zip(receipts, ids, strict=True):
+        if rid not in seen or not rid:  # an unreadable one goes on to be refused (and its server banned)
+            seen.add(rid)
+            fresh.append(data)
+    result.duplicates += len(receipts) - len(fresh)
+    kept, dropped = quota.admit(fresh)
+    result.capped += dropped
+    return kept
+
+
+def _store_page(
+    ledger: Ledger, receipts: list[bytes], result: PullResult, quota: SignerQuota | None = None
+) -> None:
+    """Verify and store one page (within `quota`); InvalidMessage if it holds a receipt that was
+    never genuinely valid."""
+    if quota is not None:
+        receipts = _within_quota(ledger, receipts, quota, result)
     outcome = ledger.add_many(receipts)
     for position, reason in outcome.refused:
         try:
@@ -93,9 +122,11 @@ async def pull_receipts(
     max_receipts: int = 4 * MAX_RECEIPTS_PER_PAGE,
     page_size: int = MAX_RECEIPTS_PER_PAGE,
     timeout_s: float = 30.0,
+    quota: SignerQuota | None = None,
 ) -> PullResult:
     """Pull at most `max_receipts` of `peer`'s receipts stored after its position `after` into `ledger`.
 
+    `quota`: new receipts of a signer past its quota are dropped unverified (`PullResult.capped`).
     Never raises for what the peer does: the result says what was stored, where to resume, and why
     the pull stopped early (a banned peer is not contacted at all).
     """
@@ -110,7 +141,7 @@ async def pull_receipts(
         async with asyncio.timeout(timeout_s):
             _, reader, writer = await p2p.call_binary_stream_handler(peer, PROTO_RECEIPTS)
             try:
-                await _pull_pages(reader, writer, ledger, result, max_receipts, page_size)
+                await _pull_pages(reader, writer, ledger, result, max_receipts, page_size, quota)
             finally:
                 writer.close()
     except TimeoutError:
@@ -133,6 +164,7 @@ async def _pull_pages(
     result: PullResult,
     max_receipts: int,
     page_size: int,
+    quota: SignerQuota | None,
 ) -> None:
     while result.received < max_receipts:
         limit = min(page_size, max_receipts - result.received)
@@ -151,7 +183,7 @@ async def _pull_pages(
         receipts = list(response.receipts)
         result.received += len(receipts)
         if receipts:
-            await offload(_store_page, ledger, receipts, result)
+            await offload(_store_page, ledger, receipts, result, quota)
         result.cursor = response.next
         result.pages += 1
         if not response.more:

@@ -37,5 +37,10 @@ class ReceiptsConfig(StreamServiceConfig):
     """Pull cycles are skipped while the ledger holds this many receipts (a bound on the disk that
     peers can fill; the node's own receipts are still stored)."""
     max_cursors: int = Field(default=4096, ge=1)
-    """Most peers whose cursor is remembered (the oldest is forgotten; a forgotten peer is re-read from
-    the start, which only costs duplicates)."""
+    """Most peers whose cursor is remembered, in memory and in the ledger (the oldest is forgotten; a
+    forgotten peer is re-read from the start, which only costs duplicates)."""
+    max_pulled_per_signer: int = Field(default=10_000, ge=1)
+    """Most new receipts of any one signer stored from pulls per `signer_window_s` (all peers
+    together); the surplus is dropped and counted (`node.receipts.quota.SignerQuota`)."""
+    signer_window_s: float = Field(default=3600.0, gt=0)
+    """The window of `max_pulled_per_signer`."""

@@ -12,9 +12,13 @@ A runtime service (`name`, `async start()`, `async stop()`) that owns nothing bu
   (`node.broadcast.dialing.HolderDialer`: public IPs unless this node is on loopback only, each
   address rarely and with back-off, never one p2pd knows as another peer's), and pulls at most
   `max_receipts_per_pull` receipts after the cursor it reached last time
-  (`node.receipts.client.pull_receipts`), one peer after another. Peers that served bad data
-  are banned and skipped. Cursors are kept in memory for at most `max_cursors` peers, and no cycle
-  runs while the ledger holds `max_ledger_receipts` receipts or more.
+  (`node.receipts.client.pull_receipts`), one peer after another, and at most
+  `max_pulled_per_signer` new receipts of any one signer per `signer_window_s` over all pulls
+  (`node.receipts.quota.SignerQuota`; the surplus is dropped, logged and counted in `capped`).
+  Peers that served bad data are banned and skipped. The cursors of at most `max_cursors` peers
+  are kept in the ledger too (`Ledger.save_pull_cursor`), so a restarted node resumes where it
+  was instead of re-reading every peer; no cycle runs while the ledger holds
+  `max_ledger_receipts` receipts or more.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from node.ledger import AddResult, Ledger
 from node.membership import LiveNode, discover
 from node.receipts.client import PullResult, pull_receipts
 from node.receipts.config import ReceiptsConfig
+from node.receipts.quota import SignerQuota
 from node.receipts.server import ReceiptServer
 from node.rollouts.peers import replicate_p2p
 from node.runtime import offload
@@ -96,6 +101,9 @@ class ReceiptExchange:
         """What the last pull cycle did, one result per peer."""
         self.recorded = 0
         """Receipts of this node's own stored through `record` or `store`."""
+        self.quota = SignerQuota(self.config.max_pulled_per_signer, self.config.signer_window_s)
+        self.capped = 0
+        """Pulled receipts dropped because their signer had used its quota (every pull so far)."""
 
     @property
     def p2p(self) -> P2P:
@@ -124,6 +132,7 @@ class ReceiptExchange:
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        await self._load_cursors()
         self._p2p = self._given_p2p if self._given_p2p is not None else await replicate_p2p(self.dht)
         self._dialer = HolderDialer(self._p2p, self.identity.peer_id, self._own_addresses)
         try:
@@ -223,15 +232,39 @@ class ReceiptExchange:
             max_receipts=self.config.max_receipts_per_pull,
             page_size=self.config.page_size,
             timeout_s=max(1.0, self.config.pull_timeout_s - (time.monotonic() - started)),
+            quota=self.quota,
         )
+        if result.capped:
+            self.capped += result.capped
+            logger.warning(
+                "[%s] dropped %d receipts pulled from %s: their signers had stored %d in the last %g s",
+                self.owner,
+                result.capped,
+                member.short_id,
+                self.config.max_pulled_per_signer,
+                self.config.signer_window_s,
+            )
         self._remember(peer, result.cursor)
+        await self._save_cursor(peer, result.cursor)
         return result
+
+    async def _load_cursors(self) -> None:
+        """Resume from the cursors the ledger kept (those saved most recently, if there are more)."""
+        saved = await offload(self.ledger.pull_cursors)
+        for peer, cursor in saved[-self.config.max_cursors :]:
+            self._remember(peer, cursor)
 
     def _remember(self, peer: bytes, cursor: int) -> None:
         self.cursors[peer] = cursor
         self.cursors.move_to_end(peer)
         while len(self.cursors) > self.config.max_cursors:
             self.cursors.popitem(last=False)
+
+    async def _save_cursor(self, peer: bytes, cursor: int) -> None:
+        try:
+            await offload(self.ledger.save_pull_cursor, peer, cursor, keep=self.config.max_cursors)
+        except Exception as exc:  # losing a cursor only costs duplicates after a restart
+            logger.warning("[%s] could not save the pull cursor of a peer: %r", self.owner, exc)
 
     async def pull_cycle(self) -> list[PullResult]:
         """Pull from the peers `choose_peers` picks among the live nodes, one after another."""

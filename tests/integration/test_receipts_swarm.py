@@ -15,10 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hivemind.p2p import PeerID
 
 from node.dashboard import peer_text
 from node.ledger import Ledger
 from node.swarm import LocalSwarm
+from protocol.receipts import ReceiptKind
 from tests.helpers import receipts as make
 from tests.helpers.receipts import new_peer
 
@@ -39,6 +41,11 @@ def _count(path: Path) -> int:
         return len(ledger)
 
 
+def _seed_receipt_contributors(path: Path) -> list[bytes]:
+    with Ledger(path) as ledger:
+        return [receipt.contributor for receipt in ledger.receipts() if receipt.kind == ReceiptKind.SEED]
+
+
 def _leaderboard(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url + "api/leaderboard", timeout=10) as response:
         return {row["peer_id"]: row["total"] for row in json.loads(response.read())["rows"]}
@@ -50,7 +57,8 @@ def test_the_dashboard_pulls_a_joined_nodes_receipts_into_its_leaderboard(
     (node,) = swarm.nodes.values()
     signer, signer_id = new_peer()
     _, contributor = new_peer()
-    # the node's own ledger (what its roles would have signed), written while it runs
+    # the node's own ledger: the receipt it signed for the seed of its bootstrap, and what its
+    # roles would have signed, written while it runs
     with Ledger(swarm.workdir / f"{node.name}.ledger.db", RUN) as ledger:
         ledger.add_many([make.transfer(signer, contributor, run_id=RUN) for _ in range(3)])
     dashboard_ledger = tmp_path / "dashboard.db"
@@ -69,7 +77,7 @@ def test_the_dashboard_pulls_a_joined_nodes_receipts_into_its_leaderboard(
         board: dict[str, float] = {}
         while time.monotonic() < deadline:
             board = _leaderboard(url)
-            if board.get(peer_text(contributor), 0) > 0 and _count(dashboard_ledger) == 3:
+            if board.get(peer_text(contributor), 0) > 0 and _count(dashboard_ledger) == 4:
                 break
             time.sleep(0.5)
         assert board.get(peer_text(contributor), 0) > 0, board
@@ -77,4 +85,7 @@ def test_the_dashboard_pulls_a_joined_nodes_receipts_into_its_leaderboard(
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)
     assert process.returncode == 0, stderr
-    assert _count(dashboard_ledger) == 3  # cycles of at most two receipts each: the cursor resumed
+    assert _count(dashboard_ledger) == 4  # cycles of at most two receipts each: the cursor resumed
+    assert swarm.seed is not None
+    seed = PeerID.from_base58(swarm.seed.peer_id).to_bytes()
+    assert _seed_receipt_contributors(dashboard_ledger) == [seed]
