@@ -160,7 +160,7 @@ class StreamSlots:
         finally:
             if not task.done():  # the caller itself was cancelled
                 task.cancel()
-                with contextlib.suppress(BaseException):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
             self.release(slot)
         if slot.preempted and (task.cancelled() or isinstance(task.exception(), StreamPreempted)):

@@ -3,12 +3,12 @@
 Frames are those of the weight broadcast (`node.broadcast.wire`: a 4-byte length, then the
 bytes), so a frame longer than the service's cap is refused after reading its length alone.
 `FramedService` serves one libp2p protocol with the hardening every intake needs: banned peers
-and peers over the per-peer cap, or refused by the fair-share stream budget (`node.stream_slots`:
-when it is full a newcomer preempts a stream of the peer holding the most, which gets a "busy:
-preempted" answer while it waits for a frame, never while one is being handled), get an error
-response before a byte of their stream is parsed (what they still send is discarded for a
-moment, so the answer is not lost to a stream reset); the first and every later frame must
-arrive within `frame_timeout_s`, and each answer must be taken within it too; a frame that
+and peers the stream budget refuses (`node.stream_slots`: a per-peer cap, and a total cap with
+fair-share preemption) get an error response before a byte of their stream is parsed (what
+they still send is discarded for a moment, so the answer is not lost to a stream reset); a
+stream preempted to make room for another peer's is answered "busy: preempted" while it waits
+for a frame, never while one is being handled; the first and every later frame must arrive
+within `frame_timeout_s`, and each answer must be taken within it too; a frame that
 is oversized or that the subclass finds malformed (`InvalidMessage`) gets its sender banned and
 an error response, but a stream that ends inside a frame (its sender died or lost the connection
 mid-send) is only closed. `exchange` is the requesting side: it dials a peer **by PeerID only** (its

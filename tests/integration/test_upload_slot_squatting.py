@@ -107,7 +107,6 @@ def test_silent_streams_of_a_few_identities_do_not_block_an_honest_fetch(
             assert all(
                 h is not None and (h.status, h.detail) == (bpb.STATUS_BUSY, PREEMPTED_DETAIL) for h in told
             )
-            assert not pub.bans.is_banned(attackers[0].peer_id)  # preemption is no punishment
         finally:
             for _, writer in held:
                 writer.close()

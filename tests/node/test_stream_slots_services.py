@@ -1,7 +1,8 @@
 """Both users of `StreamSlots`, driven with in-memory streams (no libp2p): the rollout intake preempts a
-silent stream of a peer holding the whole budget (and answers it "busy: preempted", no ban), the weight
-broadcast closes a stream whose peer never takes its response, and a payload write fails once the
-peer has taken too long over it."""
+silent stream of a peer holding the whole budget (and answers it "busy: preempted", no ban), a fetcher
+takes the broadcast's "preempted" answer as a busy source (retried later), not as a protocol violation
+(banned), the broadcast closes a stream whose peer never takes its response, and a payload write
+fails once the peer has taken too long over it."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from hivemind.p2p import PeerID
 
 from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
-from node.broadcast.service import BroadcastService
+from node.broadcast.requests import SourceBusy, request_chunk
+from node.broadcast.service import PREEMPTED_DETAIL, BroadcastService
 from node.broadcast.wire import RateLimiter, encode_frame, write_payload
 from node.identity import Identity
 from node.rollouts import IntakeConfig, RolloutIntake
@@ -21,6 +23,7 @@ from node.rollouts.streams import PREEMPTED_ERROR
 from protocol import broadcast_pb2 as bpb
 from protocol import rollouts_pb2 as rpb
 from protocol.envelope import Envelope
+from protocol.manifest import Manifest
 from protocol.rollout_messages import seal_group
 from tests.helpers.rollouts import RUN, RecordingWriter, key, make_group, peer_bytes, verdicts_for
 
@@ -72,6 +75,35 @@ def test_the_intake_preempts_a_silent_stream_of_the_peer_holding_every_slot() ->
             r.feed_eof()
         await asyncio.gather(*pending)
         assert intake.open_streams == 0
+
+    asyncio.run(main())
+
+
+def test_a_fetcher_takes_a_preempted_chunk_stream_for_a_busy_source() -> None:
+    async def main() -> None:
+        manifest = Manifest(
+            run_id="r",
+            version=1,
+            publisher=b"",
+            created_at=0.0,
+            total_bytes=1024,
+            chunk_bytes=1024,
+            chunk_hashes=b"\x00" * 32,
+            tensors=(),
+            raw=b"",
+            content_id=b"\x00" * 32,
+        )
+        reader = asyncio.StreamReader()  # a pooled chunk stream the server preempted while it was idle
+        header = bpb.ResponseHeader(status=bpb.STATUS_BUSY, detail=PREEMPTED_DETAIL)
+        reader.feed_data(encode_frame(header.SerializeToString()))
+        reader.feed_eof()
+        idle: list[Any] = [(reader, RecordingWriter())]
+        try:
+            await request_chunk(None, PeerID(peer_bytes(SYBIL)), manifest, 0, idle)  # type: ignore[arg-type]
+        except SourceBusy as exc:
+            assert "preempted" in str(exc)
+        else:
+            raise AssertionError("a preempted stream was taken for an answer")
 
     asyncio.run(main())
 
