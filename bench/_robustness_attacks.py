@@ -1,4 +1,5 @@
-"""The attacks of `bench/robustness.py`: DHT squatting, poisoned state, an oversized averager message.
+"""The attacks of `bench/robustness.py`: DHT squatting, upload-slot squatting, poisoned state, an
+oversized averager message.
 
 All on 127.0.0.1 against the landed code, from plain hivemind clients, with the scenarios the tests
 run (`tests.helpers.squatting`, `tests.helpers.poisoning`, `tests.helpers.averager_streams`):
@@ -10,6 +11,9 @@ run (`tests.helpers.squatting`, `tests.helpers.poisoning`, `tests.helpers.averag
   of 1 MiB" attack at one node is survived when every store is refused and the node's DHT
   process grows by less than a quarter of what was sent. Reported:
   `squat_attacks_survived=<survived>/<attacks>`.
+* **Upload-slot squatting** (`tests.helpers.upload_slots`): two identities hold every manifest and
+  chunk stream of a publisher with silent streams while an honest node fetches a small version;
+  reported: `upload_slot_squat_fetch`, `ok` if the fetch completed, else `BLOCKED`.
 * **Poisoned state**: in each variant (`own-hash`, `copied-hash`) a joiner resyncs while an
   attacker serves parameters of 1e4; reported: `poisoned_state_accepted`, how many it took.
 * **Oversized averager message**: a peer declares a 2^40-byte aggregation part and streams up to
@@ -37,6 +41,7 @@ from tests.helpers.squatting import (
     open_squat_swarm,
     run_squat_attack,
 )
+from tests.helpers.upload_slots import squat_upload_slots
 
 OVERSIZED_STREAM_BYTES = 384 * 1024 * 1024
 MIB = 2**20
@@ -62,6 +67,22 @@ def _large_values(swarm: SquatSwarm) -> SquatOutcome:
         f"{outcome.accepted} of {LARGE_VALUES} stored; the node's DHT process grew by "
         f"{outcome.growth / MIB:.1f} MiB",
     )
+
+
+def _upload_slots(swarm: SquatSwarm) -> bool:
+    """Whether an honest fetch completes while a few identities hold all of the publisher's upload streams."""
+    directory = swarm.root / swarm.fresh_name("uploadslots")
+    try:
+        outcome = asyncio.run(squat_upload_slots(swarm.publisher, swarm.follower, directory))
+    except Exception as exc:  # an attack that breaks the scenario outright is not survived
+        print(f"\nupload-slot squatting: failed: {exc!r}")
+        return False
+    fetch = "completed" if outcome.fetched else f"FAILED {outcome.error}"
+    print(
+        f"\nupload-slot squatting: honest fetch {fetch}; {outcome.preemptions} attacker stream(s) "
+        f"preempted, {outcome.told_preempted} told so"
+    )
+    return outcome.fetched
 
 
 def _print_squats(outcomes: list[SquatOutcome]) -> None:
@@ -100,6 +121,7 @@ def run_attacks() -> dict[str, str]:
     ):
         squats = [_squat(swarm, attack) for attack in SQUAT_ATTACKS]
         squats.append(_large_values(swarm))
+        upload_slots_ok = _upload_slots(swarm)
         target = swarm.start_averagers()[0]
         oversized: OversizedOutcome = asyncio.run(
             stream_oversized_message(target, OVERSIZED_STREAM_BYTES, max_streams=1)
@@ -125,6 +147,7 @@ def run_attacks() -> dict[str, str]:
     accepted = sum(what == "POISONED state" for what in taken.values())
     return {
         "squat_attacks_survived": f"{survived}/{len(squats)}",
+        "upload_slot_squat_fetch": "ok" if upload_slots_ok else "BLOCKED",
         "poisoned_state_accepted": str(accepted),
         "averager_rss_growth_mib": f"{oversized.growth / MIB:.1f}",
     }

@@ -20,8 +20,9 @@ Part 2, attacks on 127.0.0.1 from plain hivemind clients (`bench/_robustness_att
 the scenarios of the tests): squatting the run's DHT keys (`squat_attacks_survived=N/N`: the
 squat is refused and the honest operation still works, for the weights pointer, a version's
 holders, the node records, an outer step's matchmaking key, `.all_averagers`, and 64 values of
-1 MiB at one node), a joiner resyncing while an attacker serves poisoned state
-(`poisoned_state_accepted`, a count; target 0) and a 2^40-byte declared averager message
+1 MiB at one node), two identities holding every upload stream of a publisher while an honest
+node fetches (`upload_slot_squat_fetch=ok`: the fetch completes), a joiner resyncing while an
+attacker serves poisoned state (`poisoned_state_accepted`, a count; target 0) and a 2^40-byte declared averager message
 (`averager_rss_growth_mib`, the averager process's RSS growth; target <= 16). Part 2 is the same
 with and without `--quick` (about a minute).
 

@@ -58,7 +58,9 @@ class BroadcastConfig(BaseModel):
     """Chunks uploaded at once; further requests wait in FIFO order. Few slots let each chunk leave at the
     full upload rate, so other peers can re-serve it sooner, instead of every chunk crawling in parallel."""
     max_upload_streams: int = Field(default=64, ge=1)
-    """Most concurrent manifest and chunk streams this node serves; more are refused as busy."""
+    """Most concurrent manifest and chunk streams this node serves. When full, a newcomer takes a stream
+    of the peer holding the most if that peer holds two more than it (`node.stream_slots`), else it is
+    refused as busy; the preempted stream is told it is busy between two responses."""
     max_upload_streams_per_peer: int = Field(default=8, ge=1)
     """Most concurrent manifest and chunk streams one peer may hold open to this node."""
     max_watch_streams: int = Field(default=64, ge=1)
@@ -73,6 +75,11 @@ class BroadcastConfig(BaseModel):
     """Cap on this node's total upload rate (application-level token bucket); None for no cap."""
     stream_idle_timeout_s: float = Field(default=120.0, gt=0)
     """A serving stream with no request for this long is closed."""
+    write_timeout_s: float = Field(default=60.0, gt=0)
+    """A serving stream whose peer does not take a response within this long is closed (a slow reader
+    must not hold a stream or an upload slot). For a chunk it bounds the time spent waiting on the
+    peer over the whole payload, not counting waits for the upload cap; fetchers give up on a request
+    after `request_timeout_s` anyway."""
     serve: bool = True
     """Serve held chunks to other peers (switch off only for baselines and tests)."""
     publisher_only: bool = False

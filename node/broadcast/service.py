@@ -9,11 +9,16 @@ Three stream protocols, each a sequence of length-prefixed frames (see `node.bro
   just requested), until the client hangs up.
 
 Only chunks already verified and on disk are ever served. Requests are capped at
-`MAX_BROADCAST_REQUEST_BYTES` before buffering; a peer that sends an oversized or malformed
-request is banned. At most `upload_slots` chunks are uploaded at once (the rest wait in FIFO
-order), and uploads pass through one token bucket (`upload_bytes_per_s`). Manifest and chunk
-streams share one budget (`max_upload_streams`, per peer too); watch streams, which stay open
-while idle, have their own (`node.broadcast.watch_slots`) and end after `watch_lifetime_s`.
+`MAX_BROADCAST_REQUEST_BYTES` before buffering and must arrive within `stream_idle_timeout_s`;
+a peer that sends an oversized or malformed request is banned. Every response must be taken by
+the peer within `write_timeout_s` (time waiting for the upload cap not counted), so a slow
+reader cannot hold a stream or an upload slot. At most `upload_slots` chunks are uploaded at
+once (the rest wait in FIFO order), and uploads pass through one token bucket
+(`upload_bytes_per_s`). Manifest and chunk streams share one budget (`max_upload_streams`, per
+peer too) with fair-share preemption (`node.stream_slots`): when it is full, a newcomer takes a
+stream of the peer holding the most, which is told `STATUS_BUSY` ("preempted") between two
+responses, never in the middle of one. Watch streams, which stay open while idle, have their
+own budget (`node.broadcast.watch_slots`) and end after `watch_lifetime_s`.
 """
 
 from __future__ import annotations
@@ -22,8 +27,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from typing import Any, TypeVar
 
 from google.protobuf.message import Message
 from hivemind.p2p import P2P, PeerID
@@ -35,7 +40,7 @@ from node.broadcast.store import VersionEntry
 from node.broadcast.watch_slots import WatchSlot, WatchSlots
 from node.broadcast.wire import RateLimiter, read_frame, write_frame, write_payload
 from node.metrics import NO_TRANSFER_METRICS, TransferMetrics
-from node.stream_slots import StreamSlots
+from node.stream_slots import StreamSlot, StreamSlots
 from protocol import broadcast_pb2 as bpb
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_BROADCAST_REQUEST_BYTES, MAX_HAVE_BATCH
@@ -50,8 +55,12 @@ PROTO_MANIFEST = f"/hivenet/{PROTOCOL_VERSION}/weights/manifest"
 PROTO_CHUNK = f"/hivenet/{PROTOCOL_VERSION}/weights/chunk"
 PROTO_WATCH = f"/hivenet/{PROTOCOL_VERSION}/weights/watch"
 
-_Handler = Callable[[PeerID, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+_Handler = Callable[
+    [PeerID, asyncio.StreamReader, asyncio.StreamWriter, StreamSlot], Coroutine[Any, Any, None]
+]
 _WatchHandler = Callable[[PeerID, asyncio.StreamReader, asyncio.StreamWriter, WatchSlot], Awaitable[None]]
+PREEMPTED_DETAIL = "busy: preempted, this node serves too many streams; try again later"
+"""The detail of the STATUS_BUSY a stream is closed with when another peer's stream takes its slot."""
 _DROPPED = -1
 _FETCHING = 1 << 62
 """Added to a chunk index in a watcher's queue: 'this node has requested that chunk' (a hint)."""
@@ -94,7 +103,8 @@ class BroadcastService:
         """Payload bytes sent to other peers (chunks and manifests)."""
         self._entries: dict[tuple[str, int], VersionEntry] = {}
         self._watchers: dict[tuple[str, int], set[asyncio.Queue[int]]] = {}
-        self._slots = StreamSlots()
+        self.uploads = StreamSlots(config.max_upload_streams, config.max_upload_streams_per_peer)
+        """The manifest and chunk streams being served (counts, preemptions)."""
         self.watches = WatchSlots(config.max_watch_streams, config.max_watch_streams_per_peer)
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
@@ -152,7 +162,8 @@ class BroadcastService:
     def _guarded(
         self, handler: _Handler
     ) -> Callable[[StreamInfo, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]:
-        """A manifest or chunk handler behind the upload-stream budget."""
+        """A manifest or chunk handler behind the upload-stream budget (which may preempt another
+        peer's stream to admit this one)."""
 
         async def serve(info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             peer = info.peer_id
@@ -160,14 +171,12 @@ class BroadcastService:
             with self._stream_errors(peer, writer):
                 if self.bans.is_banned(peer):
                     return
-                if (
-                    self._slots.total >= self.config.max_upload_streams
-                    or self._slots.of(key) >= self.config.max_upload_streams_per_peer
-                ):
-                    await send_header(writer, bpb.STATUS_BUSY, detail="too many streams")
+                slot = self.uploads.admit(key)
+                if isinstance(slot, str):
+                    await self._send_header(writer, bpb.STATUS_BUSY, detail=f"busy: {slot}")
                     return
-                with self._slots.held(key):
-                    await handler(peer, reader, writer)
+                if not await self.uploads.serve(slot, handler(peer, reader, writer, slot)):
+                    await self._send_header(writer, bpb.STATUS_BUSY, detail=PREEMPTED_DETAIL)
 
         return serve
 
@@ -183,7 +192,7 @@ class BroadcastService:
                     return
                 slot = self.watches.admit(peer.to_bytes(), writer)
                 if slot is None:
-                    await send_header(writer, bpb.STATUS_BUSY, detail="too many watches")
+                    await self._send_header(writer, bpb.STATUS_BUSY, detail="too many watches")
                     return
                 try:
                     await handler(peer, reader, writer, slot)
@@ -191,6 +200,20 @@ class BroadcastService:
                     self.watches.release(slot)
 
         return serve
+
+    async def _send_header(
+        self, writer: asyncio.StreamWriter, status: int, payload_bytes: int = 0, detail: str = ""
+    ) -> None:
+        """`send_header`, failing with TimeoutError if the peer does not take it within `write_timeout_s`."""
+        await asyncio.wait_for(
+            send_header(writer, status, payload_bytes, detail), timeout=self.config.write_timeout_s
+        )
+
+    async def _send_frame(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        await asyncio.wait_for(write_frame(writer, data), timeout=self.config.write_timeout_s)
+
+    async def _send_payload(self, writer: asyncio.StreamWriter, data: bytes | memoryview) -> None:
+        await write_payload(writer, data, self.limiter, drain_budget_s=self.config.write_timeout_s)
 
     @contextlib.contextmanager
     def _stream_errors(self, peer: PeerID, writer: asyncio.StreamWriter) -> Iterator[None]:
@@ -213,41 +236,45 @@ class BroadcastService:
         )
 
     async def rpc_manifest(
-        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: StreamSlot
     ) -> None:
         """Send the signed manifest of a version this node holds."""
         while (frame := await self._read_request(reader)) is not None:
             request = parse_request(frame, bpb.ManifestRequest)
             entry = self._lookup(request.run_id, request.version, request.content_id)
-            if entry is None:
-                await send_header(writer, bpb.STATUS_NOT_FOUND)
-                continue
-            raw = entry.manifest.raw
-            await send_header(writer, bpb.STATUS_OK, len(raw))
-            await write_payload(writer, raw, self.limiter)
-            self.uploaded_bytes += len(raw)
-            self.metrics.manifest_served(len(raw))
+            with slot.responding():
+                if entry is None:
+                    await self._send_header(writer, bpb.STATUS_NOT_FOUND)
+                    continue
+                raw = entry.manifest.raw
+                await self._send_header(writer, bpb.STATUS_OK, len(raw))
+                await self._send_payload(writer, raw)
+                self.uploaded_bytes += len(raw)
+                self.metrics.manifest_served(len(raw))
 
     async def rpc_chunk(
-        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: StreamSlot
     ) -> None:
         """Send held chunks, one per request, for as long as the client keeps the stream open."""
         while (frame := await self._read_request(reader)) is not None:
             request = parse_request(frame, bpb.ChunkRequest)
             entry = self._lookup(request.run_id, request.version, request.content_id)
             if entry is None or not entry.has(request.index):
-                await send_header(writer, bpb.STATUS_NOT_FOUND)
+                with slot.responding():
+                    await self._send_header(writer, bpb.STATUS_NOT_FOUND)
                 continue
+            # waiting here is not responding yet: a preempted stream is told it is busy instead
             async with self._upload_slots:  # FIFO: whole chunks leave one after another at full rate
-                try:
-                    data = entry.read_chunk(request.index)
-                except Exception:  # pruned meanwhile
-                    await send_header(writer, bpb.STATUS_NOT_FOUND)
-                    continue
-                await send_header(writer, bpb.STATUS_OK, len(data))
-                await write_payload(writer, data, self.limiter)
-                self.uploaded_bytes += len(data)
-                self.metrics.chunk_served(len(data))
+                with slot.responding():
+                    try:
+                        data = entry.read_chunk(request.index)
+                    except Exception:  # pruned meanwhile
+                        await self._send_header(writer, bpb.STATUS_NOT_FOUND)
+                        continue
+                    await self._send_header(writer, bpb.STATUS_OK, len(data))
+                    await self._send_payload(writer, data)
+                    self.uploaded_bytes += len(data)
+                    self.metrics.chunk_served(len(data))
 
     async def rpc_watch(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: WatchSlot
@@ -261,7 +288,7 @@ class BroadcastService:
         request = parse_request(frame, bpb.WatchRequest)
         entry = self._lookup(request.run_id, request.version, request.content_id)
         if entry is None:
-            await send_header(writer, bpb.STATUS_NOT_FOUND)
+            await self._send_header(writer, bpb.STATUS_NOT_FOUND)
             return
         key = (entry.run_id, entry.version)
         queue: asyncio.Queue[int] = asyncio.Queue()
@@ -270,8 +297,8 @@ class BroadcastService:
             reader.read(1)
         )  # the client sends nothing more: any read ends the watch
         try:
-            await send_header(writer, bpb.STATUS_OK)
-            await write_frame(writer, bpb.HaveUpdate(bitmap=bytes(entry.bitmap)).SerializeToString())
+            await self._send_header(writer, bpb.STATUS_OK)
+            await self._send_frame(writer, bpb.HaveUpdate(bitmap=bytes(entry.bitmap)).SerializeToString())
             while not slot.evicted:
                 getter = asyncio.ensure_future(queue.get())
                 done, _ = await asyncio.wait(
@@ -288,11 +315,11 @@ class BroadcastService:
                 while not queue.empty() and len(batch) < MAX_HAVE_BATCH:
                     batch.append(queue.get_nowait())
                 if _DROPPED in batch:
-                    await write_frame(writer, bpb.HaveUpdate(dropped=True).SerializeToString())
+                    await self._send_frame(writer, bpb.HaveUpdate(dropped=True).SerializeToString())
                     return
                 have = [i for i in batch if i < _FETCHING]
                 fetching = [i - _FETCHING for i in batch if i >= _FETCHING]
-                await write_frame(
+                await self._send_frame(
                     writer, bpb.HaveUpdate(new_chunks=have, fetching=fetching).SerializeToString()
                 )
         finally:

@@ -88,11 +88,29 @@ class RateLimiter:
                 await asyncio.sleep((num_bytes - self._tokens) / self.bytes_per_s)
 
 
-async def write_payload(writer: asyncio.StreamWriter, data: bytes | memoryview, limiter: RateLimiter) -> None:
-    """Write a raw payload in slices, each one paid for with the upload cap."""
+async def write_payload(
+    writer: asyncio.StreamWriter,
+    data: bytes | memoryview,
+    limiter: RateLimiter,
+    *,
+    drain_budget_s: float | None = None,
+) -> None:
+    """Write a raw payload in slices, each one paid for with the upload cap.
+
+    With `drain_budget_s`, the peer must take the whole payload within that many seconds of waiting
+    on the transport (waiting for the upload cap is not counted), else TimeoutError: a slow reader.
+    """
     view = memoryview(data)
+    budget = drain_budget_s
     for offset in range(0, len(view), WRITE_SLICE_BYTES):
         piece = view[offset : offset + WRITE_SLICE_BYTES]
         await limiter.consume(len(piece))
         writer.write(piece)
-        await writer.drain()
+        if budget is None:
+            await writer.drain()
+            continue
+        if budget <= 0:
+            raise TimeoutError("the peer does not take the payload")
+        started = time.monotonic()
+        await asyncio.wait_for(writer.drain(), timeout=budget)
+        budget -= time.monotonic() - started

@@ -18,7 +18,8 @@ class StreamServiceConfig(BaseModel):
     handler_timeout_s: float = Field(default=300.0, gt=0)
     """Longest the injected handler may take on one message before the sender is told it failed."""
     max_streams: int = Field(default=32, ge=1)
-    """Most streams served at once; more are refused as busy."""
+    """Most streams served at once. When full, a newcomer takes a stream of the peer holding the most if
+    that peer holds two more than it (`node.stream_slots`), else it is refused as busy."""
     max_streams_per_peer: int = Field(default=2, ge=1)
     """Most streams one peer may hold open at once; more are refused as busy."""
     refusal_linger_s: float = Field(default=2.0, ge=0)

@@ -3,9 +3,12 @@
 Frames are those of the weight broadcast (`node.broadcast.wire`: a 4-byte length, then the
 bytes), so a frame longer than the service's cap is refused after reading its length alone.
 `FramedService` serves one libp2p protocol with the hardening every intake needs: banned peers
-and peers over the per-peer or total stream cap get an error response before a byte of their
-stream is parsed (what they still send is discarded for a moment, so the answer is not lost to a
-stream reset); the first and every later frame must arrive within `frame_timeout_s`; a frame that
+and peers the stream budget refuses (`node.stream_slots`: a per-peer cap, and a total cap with
+fair-share preemption) get an error response before a byte of their stream is parsed (what
+they still send is discarded for a moment, so the answer is not lost to a stream reset); a
+stream preempted to make room for another peer's is answered "busy: preempted" while it waits
+for a frame, never while one is being handled; the first and every later frame must arrive
+within `frame_timeout_s`, and each answer must be taken within it too; a frame that
 is oversized or that the subclass finds malformed (`InvalidMessage`) gets its sender banned and
 an error response, but a stream that ends inside a frame (its sender died or lost the connection
 mid-send) is only closed. `exchange` is the requesting side: it dials a peer **by PeerID only** (its
@@ -29,7 +32,7 @@ from node.broadcast.wire import TruncatedFrame, read_frame, write_frame
 from node.rollouts.config import StreamServiceConfig
 from node.rollouts.errors import PeerUnavailable, SubmissionTimeout
 from node.rollouts.peers import replicate_p2p
-from node.stream_slots import StreamSlots
+from node.stream_slots import StreamSlot, StreamSlots
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_SUBMIT_ERROR_CHARS
 
@@ -37,6 +40,7 @@ logger = logging.getLogger(__name__)
 
 
 _DISCARD_CHUNK_BYTES = 64 * 1024
+PREEMPTED_ERROR = "busy: preempted, this node serves too many streams; try again later"
 
 
 def clip(text: str) -> str:
@@ -69,7 +73,8 @@ class FramedService:
         self.bans = bans if bans is not None else BanList(config.ban_base_s, config.ban_max_s, owner=owner)
         self._given_p2p = p2p
         self._p2p: P2P | None = None
-        self._slots = StreamSlots()
+        self.slots = StreamSlots(config.max_streams, config.max_streams_per_peer)
+        """The streams being served (counts, preemptions)."""
 
     @property
     def p2p(self) -> P2P:
@@ -124,19 +129,12 @@ class FramedService:
     @property
     def open_streams(self) -> int:
         """Streams being served now."""
-        return self._slots.total
+        return self.slots.total
 
     def _admission(self, peer: PeerID) -> str | None:
         if self.bans.is_banned(peer):
             return "refused: this peer is banned for sending malformed or oversized messages"
-        refusal = self.refusal(peer)
-        if refusal is not None:
-            return refusal
-        if self._slots.total >= self.config.max_streams:
-            return "busy: too many streams, try again later"
-        if self._slots.of(peer.to_bytes()) >= self.config.max_streams_per_peer:
-            return f"busy: at most {self.config.max_streams_per_peer} streams per peer"
-        return None
+        return self.refusal(peer)
 
     async def _respond(self, writer: asyncio.StreamWriter, response: bytes) -> None:
         await asyncio.wait_for(write_frame(writer, response), self.config.frame_timeout_s)
@@ -162,8 +160,12 @@ class FramedService:
             if refusal is not None:
                 await self._refuse(reader, writer, refusal)
                 return
-            with self._slots.held(key):
-                await self._serve_frames(peer, reader, writer)
+            slot = self.slots.admit(key)
+            if isinstance(slot, str):
+                await self._refuse(reader, writer, f"busy: {slot}")
+                return
+            if not await self.slots.serve(slot, self._serve_frames(peer, reader, writer, slot)):
+                await self._refuse(reader, writer, PREEMPTED_ERROR)
         except TruncatedFrame:
             # a sender that died or lost its connection mid-frame: nothing to answer, nothing to punish
             pass
@@ -182,7 +184,7 @@ class FramedService:
                 writer.close()
 
     async def _serve_frames(
-        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: StreamSlot
     ) -> None:
         while True:
             try:
@@ -199,7 +201,8 @@ class FramedService:
                 return
             if frame is None:
                 return
-            await self._respond(writer, await self.answer(peer, frame))
+            with slot.responding():  # a frame read is answered, even if the stream is preempted meanwhile
+                await self._respond(writer, await self.answer(peer, frame))
 
 
 async def exchange(
