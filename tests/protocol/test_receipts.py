@@ -164,3 +164,33 @@ def test_unknown_domain_kind_filter_and_oversize_are_refused() -> None:
             tokens_trained=1 << 41,
             bytes_exchanged=0,
         )
+
+
+def test_training_receipt_carries_the_signers_loss() -> None:
+    key, _ = new_peer()
+    _, worker = new_peer()
+    data = seal_training_receipt(
+        key, run_id=RUN, contributor=worker, outer_step=3, round_id=b"r", tokens_trained=10, bytes_exchanged=5,
+        signer_loss=2.25,
+    )  # fmt: skip
+    opened = open_receipt(data, run_id=RUN)
+    body = hivenet_pb2.EnvelopeBody.FromString(hivenet_pb2.SignedEnvelope.FromString(opened.envelope).body)
+    assert receipts_pb2.TrainingReceipt.FromString(body.payload).signer_loss == 2.25
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), float("-inf"), -0.5])
+def test_training_receipt_with_a_loss_not_finite_or_negative_is_refused(loss: float) -> None:
+    key, _ = new_peer()
+    _, worker = new_peer()
+    now = time.time()
+    payload = receipts_pb2.TrainingReceipt(
+        contributor=worker, outer_step=1, round_id=b"r", tokens_trained=1, issued_at=now, signer_loss=loss
+    ).SerializeToString()
+    data = seal(key, domain=DOMAIN_TRAINING, run_id=RUN, payload=payload, expires_at=now + 60, seq=0)
+    with pytest.raises(InvalidMessage, match="signer loss"):
+        open_receipt(data)
+    with pytest.raises(InvalidMessage, match="signer loss"):  # and a node never signs one
+        seal_training_receipt(
+            key, run_id=RUN, contributor=worker, outer_step=1, round_id=b"r", tokens_trained=1,
+            bytes_exchanged=0, signer_loss=loss,
+        )  # fmt: skip
