@@ -14,6 +14,8 @@ expiry, field caps, and refuses a receipt whose signer is its contributor (self-
 receipt id is the sha256 of the envelope bytes; the canonical-encoding check makes it unique per
 signed receipt. With `audit=True` a receipt is checked as it stood when issued, not against
 today's clock, so an exported ledger can be re-verified long after its receipts expired.
+`stored_payload` decodes the payload of a receipt that was verified when it was stored (figures
+a `Receipt` does not carry: a verdict's reward or detail, a training receipt's signer loss).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import hashlib
 import math
 import time
 from dataclasses import dataclass
+from typing import TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from google.protobuf.message import Message
 
 from protocol import hivenet_pb2, rollouts_pb2
 from protocol import receipts_pb2 as pb
@@ -378,6 +382,20 @@ def open_receipt(
     )
 
 
+M = TypeVar("M", bound=Message)
+
+
+def stored_payload(envelope: bytes, message: type[M]) -> M | None:
+    """The payload of a receipt envelope verified when it was stored (`open_receipt`), decoded as
+    `message`; None if it does not decode. It checks nothing else: only for receipts a ledger holds."""
+    try:
+        outer = parse_untrusted(hivenet_pb2.SignedEnvelope, envelope, "receipt envelope")
+        body = parse_untrusted(hivenet_pb2.EnvelopeBody, outer.body, "receipt envelope body")
+        return parse_untrusted(message, body.payload, "receipt payload")
+    except InvalidMessage:
+        return None
+
+
 __all__ = [
     "DOMAIN_SEED",
     "DOMAIN_TRAINING",
@@ -393,4 +411,5 @@ __all__ = [
     "seal_seed_receipt",
     "seal_training_receipt",
     "seal_transfer_receipt",
+    "stored_payload",
 ]

@@ -26,10 +26,8 @@ from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, bucket_of
 from node.dashboard.training_view import training_json
 from node.ledger import DEFAULT_HALF_LIFE_S, Ledger, Standing
 from node.membership import LiveNode
-from protocol import hivenet_pb2, rollouts_pb2
-from protocol.errors import InvalidMessage
-from protocol.receipts import ROLES, Receipt, ReceiptKind
-from protocol.untrusted import parse_untrusted
+from protocol import rollouts_pb2
+from protocol.receipts import ROLES, Receipt, ReceiptKind, stored_payload
 
 MAX_LIST = 500
 """Most receipts or leaderboard rows one answer lists."""
@@ -446,10 +444,5 @@ def _verdict_detail(receipt: Receipt) -> str:
 
     The ledger verified the envelope's signature when it stored it, so it is only decoded here.
     """
-    try:
-        envelope = parse_untrusted(hivenet_pb2.SignedEnvelope, receipt.envelope, "envelope")
-        body = parse_untrusted(hivenet_pb2.EnvelopeBody, envelope.body, "envelope body")
-        verdict = parse_untrusted(rollouts_pb2.RolloutVerdict, body.payload, "rollout verdict")
-    except InvalidMessage:
-        return ""
-    return str(verdict.detail)
+    verdict = stored_payload(receipt.envelope, rollouts_pb2.RolloutVerdict)
+    return "" if verdict is None else str(verdict.detail)

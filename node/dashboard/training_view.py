@@ -31,10 +31,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from node.ledger import CreditReport, Standing
-from protocol import hivenet_pb2, receipts_pb2, rollouts_pb2
-from protocol.errors import InvalidMessage
-from protocol.receipts import Receipt, ReceiptKind
-from protocol.untrusted import parse_untrusted
+from protocol import receipts_pb2, rollouts_pb2
+from protocol.receipts import Receipt, ReceiptKind, stored_payload
 
 MAX_POINTS = 120
 """Most points on one curve."""
@@ -199,14 +197,8 @@ def _spread(keys: list[int], points: int = MAX_POINTS) -> list[int]:
 
 def _payload_field(envelope: bytes, message: Any, name: str) -> float:
     """A number from the payload of a stored envelope (verified when it was stored); 0 if absent."""
-    if not envelope:
-        return 0.0
-    try:
-        outer = parse_untrusted(hivenet_pb2.SignedEnvelope, envelope, "envelope")
-        body = parse_untrusted(hivenet_pb2.EnvelopeBody, outer.body, "envelope body")
-        return float(getattr(parse_untrusted(message, body.payload, "receipt"), name))
-    except InvalidMessage:
-        return 0.0
+    decoded = stored_payload(envelope, message) if envelope else None
+    return 0.0 if decoded is None else float(getattr(decoded, name))
 
 
 def training_json(figures: TrainingFigures, receipts_url: Callable[..., str]) -> dict[str, Any]:

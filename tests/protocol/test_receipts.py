@@ -16,6 +16,7 @@ from protocol.receipts import (
     ReceiptKind,
     open_receipt,
     seal_training_receipt,
+    stored_payload,
 )
 from tests.helpers import receipts as make
 from tests.helpers.receipts import RUN, new_peer
@@ -174,8 +175,9 @@ def test_training_receipt_carries_the_signers_loss() -> None:
         signer_loss=2.25,
     )  # fmt: skip
     opened = open_receipt(data, run_id=RUN)
-    body = hivenet_pb2.EnvelopeBody.FromString(hivenet_pb2.SignedEnvelope.FromString(opened.envelope).body)
-    assert receipts_pb2.TrainingReceipt.FromString(body.payload).signer_loss == 2.25
+    payload = stored_payload(opened.envelope, receipts_pb2.TrainingReceipt)
+    assert payload is not None and payload.signer_loss == 2.25
+    assert stored_payload(b"\xff" * 8, receipts_pb2.TrainingReceipt) is None
 
 
 @pytest.mark.parametrize("loss", [float("nan"), float("inf"), float("-inf"), -0.5])
