@@ -14,6 +14,8 @@ expiry, field caps, and refuses a receipt whose signer is its contributor (self-
 receipt id is the sha256 of the envelope bytes; the canonical-encoding check makes it unique per
 signed receipt. With `audit=True` a receipt is checked as it stood when issued, not against
 today's clock, so an exported ledger can be re-verified long after its receipts expired.
+`stored_payload` decodes the payload of a receipt that was verified when it was stored (figures
+a `Receipt` does not carry: a verdict's reward or detail, a training receipt's signer loss).
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ import hashlib
 import math
 import time
 from dataclasses import dataclass
+from typing import TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from google.protobuf.message import Message
 
 from protocol import hivenet_pb2, rollouts_pb2
 from protocol import receipts_pb2 as pb
@@ -89,7 +93,8 @@ class Receipt:
     """A verified receipt. Amount fields a kind does not carry are 0.
 
     - rollout: `step` = policy version, `tokens` = completion tokens, `accepted`, `reason`.
-    - training: `step` = outer step, `tokens` = tokens trained, `byte_count` = bytes exchanged.
+    - training: `step` = outer step, `tokens` = tokens trained, `byte_count` = bytes exchanged
+      (its `signer_loss`, checked here, is read from the envelope by whoever shows it).
     - transfer: `step` = weights version, `chunks`, `byte_count`.
     - seed: `step` = the `SeedService` value, `count` = requests served.
     """
@@ -156,9 +161,14 @@ def seal_training_receipt(
     round_id: bytes,
     tokens_trained: int,
     bytes_exchanged: int,
+    signer_loss: float = 0.0,
     issued_at: float | None = None,
 ) -> bytes:
-    """Attest that trainer `contributor` averaged with the signer in `outer_step` (round `round_id`)."""
+    """Attest that trainer `contributor` averaged with the signer in `outer_step` (round `round_id`).
+
+    `signer_loss` is the signer's own mean training loss over the step's inner steps (0: not
+    reported); InvalidMessage unless it is finite and non-negative.
+    """
     issued = _issued(issued_at)
     payload = pb.TrainingReceipt(
         contributor=contributor,
@@ -167,6 +177,7 @@ def seal_training_receipt(
         tokens_trained=tokens_trained,
         bytes_exchanged=bytes_exchanged,
         issued_at=issued,
+        signer_loss=signer_loss,
     ).SerializeToString()
     return _seal(private_key, ReceiptKind.TRAINING, run_id, payload, issued)
 
@@ -249,6 +260,12 @@ def _check_time(value: float) -> float:
     return value
 
 
+def _check_loss(value: float) -> float:
+    if not (math.isfinite(value) and value >= 0.0):
+        raise InvalidMessage(f"receipt signer loss {value!r} is not a finite non-negative number")
+    return value
+
+
 def _fields_of_verdict(payload: bytes) -> dict[str, object]:
     verdict = parse_untrusted(rollouts_pb2.RolloutVerdict, payload, "rollout verdict")
     check_verdict(verdict)  # the transport's own check: a ledger admits what workers accept
@@ -265,6 +282,7 @@ def _fields_of_verdict(payload: bytes) -> dict[str, object]:
 
 def _fields_of_training(payload: bytes) -> dict[str, object]:
     message = parse_untrusted(pb.TrainingReceipt, payload, "training receipt")
+    _check_loss(message.signer_loss)  # not a `Receipt` field: the dashboard decodes it from the envelope
     return dict(
         contributor=_check_peer_id(message.contributor, "contributor"),
         evidence=_check_id(message.round_id, "round id", 1, MAX_ROUND_ID_BYTES),
@@ -364,6 +382,20 @@ def open_receipt(
     )
 
 
+M = TypeVar("M", bound=Message)
+
+
+def stored_payload(envelope: bytes, message: type[M]) -> M | None:
+    """The payload of a receipt envelope verified when it was stored (`open_receipt`), decoded as
+    `message`; None if it does not decode. It checks nothing else: only for receipts a ledger holds."""
+    try:
+        outer = parse_untrusted(hivenet_pb2.SignedEnvelope, envelope, "receipt envelope")
+        body = parse_untrusted(hivenet_pb2.EnvelopeBody, outer.body, "receipt envelope body")
+        return parse_untrusted(message, body.payload, "receipt payload")
+    except InvalidMessage:
+        return None
+
+
 __all__ = [
     "DOMAIN_SEED",
     "DOMAIN_TRAINING",
@@ -379,4 +411,5 @@ __all__ = [
     "seal_seed_receipt",
     "seal_training_receipt",
     "seal_transfer_receipt",
+    "stored_payload",
 ]

@@ -15,20 +15,22 @@ SEED_SERVICE_BOOTSTRAP: SeedService
 SEED_SERVICE_DIAL_BACK: SeedService
 
 class TrainingReceipt(_message.Message):
-    __slots__ = ("contributor", "outer_step", "round_id", "tokens_trained", "bytes_exchanged", "issued_at")
+    __slots__ = ("contributor", "outer_step", "round_id", "tokens_trained", "bytes_exchanged", "issued_at", "signer_loss")
     CONTRIBUTOR_FIELD_NUMBER: _ClassVar[int]
     OUTER_STEP_FIELD_NUMBER: _ClassVar[int]
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     TOKENS_TRAINED_FIELD_NUMBER: _ClassVar[int]
     BYTES_EXCHANGED_FIELD_NUMBER: _ClassVar[int]
     ISSUED_AT_FIELD_NUMBER: _ClassVar[int]
+    SIGNER_LOSS_FIELD_NUMBER: _ClassVar[int]
     contributor: bytes
     outer_step: int
     round_id: bytes
     tokens_trained: int
     bytes_exchanged: int
     issued_at: float
-    def __init__(self, contributor: _Optional[bytes] = ..., outer_step: _Optional[int] = ..., round_id: _Optional[bytes] = ..., tokens_trained: _Optional[int] = ..., bytes_exchanged: _Optional[int] = ..., issued_at: _Optional[float] = ...) -> None: ...
+    signer_loss: float
+    def __init__(self, contributor: _Optional[bytes] = ..., outer_step: _Optional[int] = ..., round_id: _Optional[bytes] = ..., tokens_trained: _Optional[int] = ..., bytes_exchanged: _Optional[int] = ..., issued_at: _Optional[float] = ..., signer_loss: _Optional[float] = ...) -> None: ...
 
 class TransferReceipt(_message.Message):
     __slots__ = ("contributor", "version", "manifest_hash", "chunks", "byte_count", "issued_at")

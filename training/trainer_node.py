@@ -16,6 +16,7 @@ its transfer receipts; both go to the node's `receipt_sink`.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -64,10 +65,13 @@ def sign_training_receipts(
     """One training receipt per other member of the report's round whose contribution was accepted.
 
     `tokens_trained` is what one member trains per outer step, from the run's config (never a
-    figure a member claimed); the bytes are those this trainer received from the member.
+    figure a member claimed); the bytes are those this trainer received from the member. Each
+    receipt also carries this trainer's own mean inner loss of the step (`signer_loss`; 0, "not
+    reported", if it was not a finite number: the receipt stays valid).
     """
     if not 1 <= len(report.round_id) <= MAX_ROUND_ID_BYTES:  # alone, or a group id no receipt can hold
         return []
+    loss = report.train_loss if math.isfinite(report.train_loss) and report.train_loss >= 0 else 0.0
     return [
         seal_training_receipt(
             private_key,
@@ -77,6 +81,7 @@ def sign_training_receipts(
             round_id=report.round_id,
             tokens_trained=tokens_trained,
             bytes_exchanged=received,
+            signer_loss=loss,
         )
         for member, received in sorted(report.received_from.items())
     ]

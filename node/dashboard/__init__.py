@@ -3,10 +3,12 @@
 Map of the package:
 
 - `data.DashboardData`: the data layer, one JSON-able dict per panel (swarm, verification,
-  weights, leaderboard, credit rules, history, a node's page, the receipts behind any figure),
+  weights, leaderboard, credit rules, history, training, a node's page, the receipts behind any figure),
   from discovered node records (`set_live_nodes`) and a `node.ledger.Ledger`.
 - `ledger_view.LedgerView`: the current snapshot of a ledger another process keeps filling, and a
   reader that knows every peer stored so far.
+- `training_view`: the training panel (loss and reward curves, tokens, outer steps, bytes per
+  token) from training receipts and verdicts of the signers credit counts.
 - `snapshot`: `take_snapshot` -> `LedgerSnapshot`, one pass over the ledger (credit report and
   the panels' aggregates), shared read-only between the server's threads.
 - `server.DashboardServer`: the standard library HTTP server: the page, its assets in

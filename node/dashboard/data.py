@@ -2,7 +2,8 @@
 
 `DashboardData` holds a `Ledger` and the latest discovered node records (`set_live_nodes`, fed by
 whoever polls the DHT) and answers one method per panel: `swarm`, `verification`, `weights`,
-`leaderboard`, `credit_rules`, `history`, `node` and `receipts`. Every figure carries the API
+`leaderboard`, `credit_rules`, `history`, `training` (`node.dashboard.training_view`), `node` and
+`receipts`. Every figure carries the API
 path of the receipts behind it (`receipts_url`), so a person can go from a number to the signed
 receipts and check them (`/api/receipt/<id>` returns the envelope itself).
 
@@ -22,12 +23,11 @@ from hivemind.p2p import PeerID
 
 from node.dashboard.ledger_view import LedgerView
 from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, bucket_of, time_edges
+from node.dashboard.training_view import training_json
 from node.ledger import DEFAULT_HALF_LIFE_S, Ledger, Standing
 from node.membership import LiveNode
-from protocol import hivenet_pb2, rollouts_pb2
-from protocol.errors import InvalidMessage
-from protocol.receipts import ROLES, Receipt, ReceiptKind
-from protocol.untrusted import parse_untrusted
+from protocol import rollouts_pb2
+from protocol.receipts import ROLES, Receipt, ReceiptKind, stored_payload
 
 MAX_LIST = 500
 """Most receipts or leaderboard rows one answer lists."""
@@ -265,6 +265,10 @@ class DashboardData:
             },
         }
 
+    def training(self) -> Json:
+        """Loss and reward curves, outer steps, tokens trained and bytes per token (see `training_view`)."""
+        return self._memo(("training",), lambda snap: training_json(snap.training, receipts_url))
+
     def _history(self, snap: LedgerSnapshot) -> Json:
         return {
             "edges": snap.history_edges,
@@ -337,9 +341,12 @@ class DashboardData:
         reason: str | None = None,
         standing: str | None = None,
         version: int | None = None,
+        step: int | None = None,
         limit: int = 100,
     ) -> Json:
         """Receipts behind a figure, newest first; ValueError for an unknown kind or standing.
+
+        `step` (with kind training or rollout): the outer step or policy version of a training curve's point.
 
         With a contributor, all of that contributor's receipts are searched; without, the newest
         `RECENT_PER_FIGURE` behind the figure are (`complete` says which).
@@ -348,6 +355,8 @@ class DashboardData:
             raise ValueError(f"unknown receipt kind {kind[:32]!r}")
         if standing is not None and standing not in {s.value for s in Standing}:
             raise ValueError(f"unknown standing {standing[:32]!r}")
+        if step is not None and kind not in (ReceiptKind.TRAINING.value, ReceiptKind.ROLLOUT.value):
+            raise ValueError("step selects training or rollout receipts: give kind=training or kind=rollout")
         snap = self.snapshot()
         limit = max(1, min(limit, MAX_LIST))
         if contributor is not None:
@@ -361,6 +370,10 @@ class DashboardData:
             pool = snap.behind("version", str(version))
             spread = snap.versions.get(version)
             complete = spread is None or spread.receipts <= RECENT_PER_FIGURE
+        elif step is not None and (point := snap.training.behind(str(kind), step)) is not None:
+            found = self.view.read(lambda ledger: [ledger.get(rid) for rid in point[0]])
+            pool = sorted((r for r in found if r is not None), key=lambda r: -r.issued_at)
+            complete = point[1] <= len(point[0])
         elif standing is not None:
             pool, complete = snap.behind("standing", standing), snap.count <= RECENT_PER_FIGURE
         elif kind is not None:
@@ -376,6 +389,7 @@ class DashboardData:
             if (kind is None or r.kind.value == kind)
             and (reason is None or (r.kind is ReceiptKind.ROLLOUT and not r.accepted and r.reason == reason))
             and (version is None or (r.kind is ReceiptKind.TRANSFER and r.step == version))
+            and (step is None or r.step == step)
             and (
                 standing is None
                 or snap.report.standing.get(r.receipt_id, Standing.UNTRUSTED).value == standing
@@ -430,10 +444,5 @@ def _verdict_detail(receipt: Receipt) -> str:
 
     The ledger verified the envelope's signature when it stored it, so it is only decoded here.
     """
-    try:
-        envelope = parse_untrusted(hivenet_pb2.SignedEnvelope, receipt.envelope, "envelope")
-        body = parse_untrusted(hivenet_pb2.EnvelopeBody, envelope.body, "envelope body")
-        verdict = parse_untrusted(rollouts_pb2.RolloutVerdict, body.payload, "rollout verdict")
-    except InvalidMessage:
-        return ""
-    return str(verdict.detail)
+    verdict = stored_payload(receipt.envelope, rollouts_pb2.RolloutVerdict)
+    return "" if verdict is None else str(verdict.detail)

@@ -80,7 +80,7 @@ class LedgerView:
                 now = self.clock()
                 current = self._snapshot = self.read(
                     lambda ledger: take_snapshot(
-                        ledger.receipts(),
+                        ledger.receipts(with_envelopes=True),
                         count=count,
                         trusted=self.trusted,
                         now=now,

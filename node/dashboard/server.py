@@ -5,7 +5,8 @@ Standard library only (`ThreadingHTTPServer`). Routes:
 - `/` and `/node/<PeerID>`: the page (one HTML file; `app.js` draws the panels from the API);
 - `/static/<name>`: the assets shipped in this package (no CDN: it works offline);
 - `/api/swarm`, `/api/verification`, `/api/weights`, `/api/leaderboard?limit=`, `/api/credit`,
-  `/api/history`, `/api/node/<PeerID>`, `/api/receipts?contributor=&kind=&reason=&standing=&version=&limit=`,
+  `/api/history`, `/api/training`, `/api/node/<PeerID>`,
+  `/api/receipts?contributor=&kind=&reason=&standing=&version=&step=&limit=`,
   `/api/receipt/<id hex>` (with the signed envelope), `/api/version`;
 - `/api/events`: server-sent events, one `update` event whenever the ledger grows or the swarm changes.
 
@@ -117,6 +118,7 @@ class DashboardServer:
             "leaderboard": lambda q: data.leaderboard(_int(q, "limit", 100, 1, 500) or 100),
             "credit": lambda q: data.credit_rules(),
             "history": lambda q: data.history(),
+            "training": lambda q: data.training(),
             "version": lambda q: data.version(),
             "receipts": self._receipts,
         }
@@ -127,7 +129,7 @@ class DashboardServer:
         return f"http://{host}:{self.port}/"
 
     def _receipts(self, query: dict[str, str]) -> Any:
-        unknown = set(query) - {"contributor", "kind", "reason", "standing", "version", "limit"}
+        unknown = set(query) - {"contributor", "kind", "reason", "standing", "version", "step", "limit"}
         if unknown:
             raise ApiError(400, f"unknown parameter {sorted(unknown)[0][:32]!r}")
         contributor = query.get("contributor")
@@ -138,6 +140,7 @@ class DashboardServer:
                 reason=query.get("reason"),
                 standing=query.get("standing"),
                 version=_int(query, "version", None, 0, 1 << 62),
+                step=_int(query, "step", None, 0, 1 << 62),
                 limit=_int(query, "limit", 100, 1, 500) or 100,
             )
         except ValueError as exc:

@@ -13,6 +13,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from node.dashboard.training_view import TrainingFigures, TrainingTally
 from node.ledger import CreditRates, CreditReport, compute_credit
 from protocol.receipts import Receipt, ReceiptKind
 
@@ -71,6 +72,8 @@ class LedgerSnapshot:
     credit_history: list[float]
     """Points counted in each time bucket (ends at `history_edges[i + 1]`)."""
     rejection_history: list[int]
+    training: TrainingFigures
+    """The training panel's figures (`node.dashboard.training_view`)."""
 
     def behind(self, figure: str, value: str) -> list[Receipt]:
         """The newest receipts (newest first) behind a figure, at most `RECENT_PER_FIGURE`."""
@@ -86,7 +89,10 @@ def take_snapshot(
     half_life_s: float,
     rates: CreditRates | None = None,
 ) -> LedgerSnapshot:
-    """Read `receipts` once (the ledger's `count` of them) and derive everything the panels show."""
+    """Read `receipts` once (the ledger's `count` of them) and derive everything the panels show.
+
+    The training panel's loss and reward are read from the envelopes: read `receipts` with them.
+    """
     kinds: Counter[str] = Counter()
     rejected: Counter[str] = Counter()
     rejected_peers: dict[bytes, Counter[str]] = defaultdict(Counter)
@@ -98,6 +104,7 @@ def take_snapshot(
     first_at, last_at = float("inf"), 0.0
     latest: deque[Receipt] = deque(maxlen=LATEST_KEPT)
     timeline: list[tuple[float, bytes, bool]] = []
+    training = TrainingTally()
 
     def note(receipt: Receipt) -> Receipt:
         nonlocal accepted, tokens_accepted, first_at, last_at
@@ -120,6 +127,7 @@ def take_snapshot(
                 spread = versions[receipt.step] = VersionSpread(receipt.step)
             spread.add(receipt)
             recent[("version", str(receipt.step))].append(receipt)
+        training.add(receipt)
         latest.append(receipt)
         rejection = receipt.kind is ReceiptKind.ROLLOUT and not receipt.accepted
         timeline.append((receipt.issued_at, receipt.receipt_id, rejection))
@@ -148,6 +156,7 @@ def take_snapshot(
         history_edges=edges,
         credit_history=credit_history,
         rejection_history=rejection_history,
+        training=training.finish(report),
     )
 
 

@@ -22,6 +22,7 @@ from protocol.receipts import open_receipt
 from protocol.rollout_messages import seal_verdict
 from tests.helpers import receipts
 from tests.helpers.dashboard import DashboardRun, build_run
+from tests.helpers.dashboard_training import training_round
 from tests.helpers.receipts import RUN
 
 
@@ -175,6 +176,9 @@ def test_events_stream_sends_the_ledger_version(served: Any) -> None:
         ("/api/receipts?reason=" + "x" * 500, 400),
         ("/api/receipts?evil=1", 400),
         ("/api/receipts?kind=rollout&kind=seed", 400),
+        ("/api/receipts?step=1", 400),
+        ("/api/receipts?kind=seed&step=1", 400),
+        ("/api/receipts?kind=training&step=-1", 400),
         ("/api/receipt/zz", 400),
         ("/api/receipt/" + "00" * 32, 404),
         ("/api/nothing", 404),
@@ -212,6 +216,39 @@ def test_other_hosts_are_refused_unless_exposed(served: Any) -> None:
         assert get(exposed, "/api/swarm", host="dashboard.example")[0] == 200
     finally:
         exposed.stop()
+
+
+def test_training_panel_from_the_receipts_with_each_point_behind_a_link(served: Any) -> None:
+    run, data, server = served
+    status, panel = get(server, "/api/training")
+    # the run's two training receipts (outer step 5, sealed without a loss) and its accepted verdicts
+    assert status == 200 and (panel["outer_steps"], panel["latest_step"]) == (1, 5)
+    assert (panel["tokens_trained"], panel["bytes_exchanged"], panel["bytes_per_token"]) == (
+        2000,
+        8192,
+        4.096,
+    )
+    assert panel["loss"] == []  # no signer reported a loss
+    accepted = get(server, "/api/verification")[1]["accepted"]
+    assert accepted == 4 and [(p["version"], p["reward"], p["rollouts"]) for p in panel["reward"]] == [
+        (3, 0.5, 4)
+    ]
+    trainers = {
+        run.peers[n].peer_id: (run.peers[n].key, loss) for n, loss in (("trainer-a", 2.0), ("trainer-b", 3.0))
+    }
+    before = data.version()["receipts"]
+    assert data.ledger.add_many(training_round(trainers, step=6)).added == 2
+    assert wait_until(
+        lambda: data.version()["receipts"] == before + 2, timeout_s=10
+    )  # counted every count_ttl_s
+    _, panel = get(server, "/api/training")
+    assert panel["outer_steps"] == 2 and [(p["step"], p["loss"]) for p in panel["loss"]] == [(6, 2.5)]
+    status, behind = get(server, panel["loss"][0]["receipts_url"])
+    assert status == 200 and behind["matched"] == 2
+    assert {(r["kind"], r["step"]) for r in behind["receipts"]} == {("training", 6)}
+    status, rewards = get(server, panel["reward"][0]["receipts_url"])
+    assert status == 200 and rewards["matched"] == panel["reward"][0]["rollouts"]
+    assert {(r["kind"], r["step"], r["accepted"]) for r in rewards["receipts"]} == {("rollout", 3, True)}
 
 
 def test_the_page_and_its_assets_are_served(served: Any) -> None:

@@ -28,6 +28,7 @@ from node.ledger import Ledger
 from node.swarm import LocalSwarm, wait_until
 from tests.helpers import receipts
 from tests.helpers.dashboard import DashboardRun, build_run
+from tests.helpers.dashboard_training import training_round
 from tests.helpers.receipts import RUN
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,6 +97,8 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
         [
             _verdict(run, "val-a", worker_bytes, 64),
             _verdict(run, "val-b", worker_bytes, 32, reason="sampling"),
+            *_training_round(run, step=6, losses=(3.0, 3.4)),
+            *_training_round(run, step=7, losses=(2.8, 3.0)),
         ]
     )
     swarm = fetch(url + "api/swarm")
@@ -127,12 +130,18 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
     assert reasons == api_reasons == {reason: str(n) for reason, n in ledger_reasons.items()}
     assert reasons["sampling"] == "1"
     assert driver.find_element(By.CSS_SELECTOR, "#history-plot svg rect") is not None
+    check_training(driver, url)
 
     # a new receipt lands in the ledger: the page redraws by itself (server-sent events)
     ledger.add(_verdict(run, "val-a", worker_bytes, 1000))
     total = credit.total + 1000
     wait.until(lambda d: leaderboard_cells(d, worker)[7] == f"{total:,.0f}")
     assert driver.find_element(By.ID, "accepted").text == str(fetch(url + "api/verification")["accepted"])
+    # and so does the training panel when a round's receipts arrive
+    steps = fetch(url + "api/training")["outer_steps"]
+    ledger.add_many(_training_round(run, step=8, losses=(2.5, 2.7)))
+    wait.until(lambda d: d.find_element(By.ID, "outer-steps").text == str(steps + 1))
+    check_training(driver, url)
     screenshot(driver, tmp_path, "dashboard.png")
 
     driver.get(f"{url}node/{worker}")
@@ -145,6 +154,21 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
     )
     assert rejection[1].text == "sampling"
     screenshot(driver, tmp_path, "dashboard-node.png")
+
+
+def check_training(driver: Any, url: str) -> None:
+    """The training panel shows the API's figures, and a linked dot per point of each curve."""
+    panel = fetch(url + "api/training")
+    figures = driver.execute_script(
+        "return ['outer-steps', 'tokens-trained', 'outer-steps-link'].map((id) => document.getElementById(id)"
+        ".textContent || '') .concat([document.getElementById('tokens-link').getAttribute('href')]);"
+    )
+    assert figures[:2] == [f"{panel['outer_steps']:,}", f"{panel['tokens_trained']:,}"], (figures, panel)
+    assert figures[3] == panel["receipts_url"]
+    assert panel["loss"], "the run's trainers reported their losses"
+    for plot, points in (("loss-plot", panel["loss"]), ("reward-plot", panel["reward"])):
+        links = [a.get_dom_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, f"#{plot} svg a")]
+        assert links == [p["receipts_url"] for p in points], (plot, links)
 
 
 def test_the_page_matches_the_api_and_the_ledger_and_updates_live(browser: Any, tmp_path: Path) -> None:
@@ -182,6 +206,13 @@ def test_the_dashboard_command_on_a_local_swarm(browser: Any, tmp_path: Path) ->
 def _verdict(run: DashboardRun, validator: str, worker: bytes, tokens: int, reason: str = "") -> bytes:
     return receipts.verdict(
         run.peers[validator].key, worker, tokens=tokens, accepted=not reason, reason=reason
+    )
+
+
+def _training_round(run: DashboardRun, *, step: int, losses: tuple[float, float]) -> list[bytes]:
+    trainers = [run.peers[name] for name in ("trainer-a", "trainer-b")]
+    return training_round(
+        {p.peer_id: (p.key, loss) for p, loss in zip(trainers, losses, strict=True)}, step=step
     )
 
 

@@ -16,6 +16,7 @@ from protocol.receipts import (
     ReceiptKind,
     open_receipt,
     seal_training_receipt,
+    stored_payload,
 )
 from tests.helpers import receipts as make
 from tests.helpers.receipts import RUN, new_peer
@@ -164,3 +165,34 @@ def test_unknown_domain_kind_filter_and_oversize_are_refused() -> None:
             tokens_trained=1 << 41,
             bytes_exchanged=0,
         )
+
+
+def test_training_receipt_carries_the_signers_loss() -> None:
+    key, _ = new_peer()
+    _, worker = new_peer()
+    data = seal_training_receipt(
+        key, run_id=RUN, contributor=worker, outer_step=3, round_id=b"r", tokens_trained=10, bytes_exchanged=5,
+        signer_loss=2.25,
+    )  # fmt: skip
+    opened = open_receipt(data, run_id=RUN)
+    payload = stored_payload(opened.envelope, receipts_pb2.TrainingReceipt)
+    assert payload is not None and payload.signer_loss == 2.25
+    assert stored_payload(b"\xff" * 8, receipts_pb2.TrainingReceipt) is None
+
+
+@pytest.mark.parametrize("loss", [float("nan"), float("inf"), float("-inf"), -0.5])
+def test_training_receipt_with_a_loss_not_finite_or_negative_is_refused(loss: float) -> None:
+    key, _ = new_peer()
+    _, worker = new_peer()
+    now = time.time()
+    payload = receipts_pb2.TrainingReceipt(
+        contributor=worker, outer_step=1, round_id=b"r", tokens_trained=1, issued_at=now, signer_loss=loss
+    ).SerializeToString()
+    data = seal(key, domain=DOMAIN_TRAINING, run_id=RUN, payload=payload, expires_at=now + 60, seq=0)
+    with pytest.raises(InvalidMessage, match="signer loss"):
+        open_receipt(data)
+    with pytest.raises(InvalidMessage, match="signer loss"):  # and a node never signs one
+        seal_training_receipt(
+            key, run_id=RUN, contributor=worker, outer_step=1, round_id=b"r", tokens_trained=1,
+            bytes_exchanged=0, signer_loss=loss,
+        )  # fmt: skip

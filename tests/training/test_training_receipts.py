@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+from protocol import hivenet_pb2, receipts_pb2
 from protocol.receipts import ReceiptKind, open_receipt
 from tests.helpers.receipts import new_peer
 from training.diloco import OuterStepReport
@@ -38,3 +39,22 @@ def test_no_receipt_without_a_round_or_for_a_group_id_no_receipt_can_hold() -> N
     assert sign_training_receipts(_report(b"", member), key, run_id=RUN, tokens_trained=1) == []
     assert sign_training_receipts(_report(b"g" * 65, member), key, run_id=RUN, tokens_trained=1) == []
     assert sign_training_receipts(_report(b"g" * 20, {}), key, run_id=RUN, tokens_trained=1) == []
+
+
+def _signer_loss(envelope: bytes) -> float:
+    body = hivenet_pb2.EnvelopeBody.FromString(hivenet_pb2.SignedEnvelope.FromString(envelope).body)
+    return float(receipts_pb2.TrainingReceipt.FromString(body.payload).signer_loss)
+
+
+def test_receipts_carry_the_trainers_own_loss_and_zero_when_it_is_not_a_number() -> None:
+    key, _ = new_peer()
+    member = {new_peer()[1]: 4096}
+    report = _report(b"g" * 20, member)
+    report.train_loss = 3.5
+    assert [_signer_loss(e) for e in sign_training_receipts(report, key, run_id=RUN, tokens_trained=1)] == [
+        3.5
+    ]
+    report.train_loss = float("nan")  # a diverged step: the receipt is still signed, the loss not reported
+    assert [_signer_loss(e) for e in sign_training_receipts(report, key, run_id=RUN, tokens_trained=1)] == [
+        0.0
+    ]

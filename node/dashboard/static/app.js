@@ -67,46 +67,83 @@ function peerLink(peer) {
   return a;
 }
 
+const PLOT = { width: 600, height: 160, pad: 28 };
+
+function svgNode(tag, attrs, text) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs || {})) { node.setAttribute(key, value); }
+  if (text !== undefined) { node.textContent = text; }
+  return node;
+}
+
+function plotFrame() {
+  return svgNode("svg", { viewBox: `0 0 ${PLOT.width} ${PLOT.height}`, role: "img" });
+}
+
+function captions(svg, labels) {
+  for (const [x, y, text, color] of labels) {
+    svg.appendChild(svgNode("text", { x: x, y: y, "font-size": "11", fill: color }, text));
+  }
+}
+
+// The y of `value` on a scale from `low` to `high` inside the plot's padding.
+function scaleY(value, low, high) {
+  const span = Math.max(1e-9, high - low);
+  return PLOT.height - PLOT.pad - ((value - low) / span) * (PLOT.height - 2 * PLOT.pad);
+}
+
 // A bar plot of `bars` with an optional line of `line` on its own scale, under `edges` in time.
 function plot(container, edges, bars, barLabel, line, lineLabel) {
-  const width = 600, height = 160, pad = 28;
-  const svg = document.createElementNS(SVG, "svg");
-  svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
-  svg.setAttribute("role", "img");
+  const { width, height, pad } = PLOT;
+  const svg = plotFrame();
   const maxBar = Math.max(1e-9, ...bars);
   const step = (width - 2 * pad) / Math.max(1, bars.length);
   bars.forEach((value, i) => {
     const h = (value / maxBar) * (height - 2 * pad);
-    const rect = document.createElementNS(SVG, "rect");
-    rect.setAttribute("x", pad + i * step + 1);
-    rect.setAttribute("y", height - pad - h);
-    rect.setAttribute("width", Math.max(1, step - 2));
-    rect.setAttribute("height", h);
-    rect.setAttribute("fill", "#3b6fd4");
-    const title = document.createElementNS(SVG, "title");
-    title.textContent = `${barLabel} ${fmt(value)} until ${when(edges[i + 1])}`;
-    rect.appendChild(title);
+    const rect = svgNode("rect", { x: pad + i * step + 1, y: height - pad - h, width: Math.max(1, step - 2), height: h, fill: "#3b6fd4" });
+    rect.appendChild(svgNode("title", {}, `${barLabel} ${fmt(value)} until ${when(edges[i + 1])}`));
     svg.appendChild(rect);
   });
   if (line) {
     const maxLine = Math.max(1e-9, ...line);
-    const points = line.map((value, i) => `${pad + (i + 0.5) * step},${height - pad - (value / maxLine) * (height - 2 * pad)}`);
-    const path = document.createElementNS(SVG, "polyline");
-    path.setAttribute("points", points.join(" "));
-    path.setAttribute("fill", "none");
-    path.setAttribute("stroke", "#b42318");
-    path.setAttribute("stroke-width", "2");
-    svg.appendChild(path);
+    const points = line.map((value, i) => `${pad + (i + 0.5) * step},${scaleY(value, 0, maxLine)}`);
+    svg.appendChild(svgNode("polyline", { points: points.join(" "), fill: "none", stroke: "#b42318", "stroke-width": "2" }));
   }
   const labels = [[pad, 14, `${barLabel} (max ${fmt(maxBar)})`, "#3b6fd4"]];
   if (line) { labels.push([width / 2, 14, `${lineLabel} (max ${fmt(Math.max(0, ...line), 0)})`, "#b42318"]); }
   labels.push([pad, height - 8, when(edges[0]), "#5b6475"], [width - pad - 130, height - 8, when(edges[edges.length - 1]), "#5b6475"]);
-  for (const [x, y, text, color] of labels) {
-    const t = document.createElementNS(SVG, "text");
-    t.setAttribute("x", x); t.setAttribute("y", y); t.setAttribute("font-size", "11"); t.setAttribute("fill", color);
-    t.textContent = text;
-    svg.appendChild(t);
+  captions(svg, labels);
+  container.replaceChildren(svg);
+}
+
+// A curve of `points` ({x, y, href, title}) against x (an outer step, a policy version); each
+// point links to the receipts behind it.
+function curve(container, points, label, xLabel) {
+  const { width, height, pad } = PLOT;
+  if (!points.length) {
+    container.replaceChildren(el("p", `no ${label} in the receipts yet`, { class: "note" }));
+    return;
   }
+  const svg = plotFrame();
+  const xs = points.map((p) => p.x), ys = points.map((p) => p.y);
+  const [lowX, highX] = [Math.min(...xs), Math.max(...xs)];
+  const [lowY, highY] = [Math.min(...ys), Math.max(...ys)];
+  const bottom = lowY === highY ? lowY - 1 : lowY, top = lowY === highY ? highY + 1 : highY;
+  const at = (p) => [highX === lowX ? width / 2 : pad + ((p.x - lowX) / (highX - lowX)) * (width - 2 * pad), scaleY(p.y, bottom, top)];
+  svg.appendChild(svgNode("polyline", { points: points.map((p) => at(p).join(",")).join(" "), fill: "none", stroke: "#3b6fd4", "stroke-width": "2" }));
+  for (const p of points) {
+    const [x, y] = at(p);
+    const a = svgNode("a", { href: p.href });
+    const dot = svgNode("circle", { cx: x, cy: y, r: 4, fill: "#3b6fd4" });
+    dot.appendChild(svgNode("title", {}, p.title));
+    a.appendChild(dot);
+    svg.appendChild(a);
+  }
+  captions(svg, [
+    [pad, 14, `${label} (${fmt(lowY, 3)} to ${fmt(highY, 3)})`, "#3b6fd4"],
+    [pad, height - 8, `${xLabel} ${lowX}`, "#5b6475"],
+    [width - pad - 90, height - 8, `${xLabel} ${highX}`, "#5b6475"],
+  ]);
   container.replaceChildren(svg);
 }
 
@@ -155,8 +192,24 @@ async function drawCredit() {
     (c.trusted.length ? "" : " No trusted signer was given (--trusted): every receipt counts zero.");
 }
 
+async function drawTraining() {
+  const t = await api("/api/training");
+  $("outer-steps").textContent = fmt(t.outer_steps, 0);
+  $("tokens-trained").textContent = fmt(t.tokens_trained, 0);
+  $("bytes-exchanged").textContent = bytes(t.bytes_exchanged);
+  $("bytes-per-token").textContent = t.bytes_per_token === null ? "-" : fmt(t.bytes_per_token, 2);
+  for (const id of ["outer-steps-link", "tokens-link", "bytes-link", "per-token-link"]) { $(id).href = t.receipts_url; }
+  curve($("loss-plot"), t.loss.map((p) => ({
+    x: p.step, y: p.loss, href: p.receipts_url, title: `outer step ${p.step}: loss ${fmt(p.loss, 4)}, median of ${p.signers} signer(s)`,
+  })), "loss", "outer step");
+  curve($("reward-plot"), t.reward.map((p) => ({
+    x: p.version, y: p.reward, href: p.receipts_url, title: `policy version ${p.version}: mean reward ${fmt(p.reward, 3)} over ${p.rollouts} accepted rollout(s)`,
+  })), "mean reward", "version");
+  $("training-note").textContent = t.left_out ? `${t.left_out} receipt(s) from signers the run neither trusts nor vouches for are left out.` : "";
+}
+
 async function drawOverview() {
-  await Promise.all([drawSwarm(), drawLeaderboard(), drawVerification(), drawWeights(), drawCredit()]);
+  await Promise.all([drawSwarm(), drawLeaderboard(), drawVerification(), drawTraining(), drawWeights(), drawCredit()]);
 }
 
 function amount(r) {
