@@ -194,6 +194,22 @@ class Ledger:
         self._peer_ids = dict(self._db.execute("SELECT peer_id, id FROM peers"))
         self._peers = {index: peer for peer, index in self._peer_ids.items()}
 
+    # Another connection (a node's process while a dashboard or a CLI reads the same file) may have
+    # stored receipts of peers this one has not loaded yet: look them up again before giving up.
+    def _peer_of(self, index: int) -> bytes:
+        peer = self._peers.get(index)
+        if peer is None:
+            with self._lock:
+                self._load_peers()
+            peer = self._peers[index]
+        return peer
+
+    def _peer_index(self, peer_id: bytes) -> int | None:
+        if peer_id not in self._peer_ids:
+            with self._lock:
+                self._load_peers()
+        return self._peer_ids.get(peer_id)
+
     def _stored_ids(self, ids: list[bytes]) -> set[bytes]:
         found: set[bytes] = set()
         for start in range(0, len(ids), _LOOKUP_BATCH):
@@ -242,9 +258,10 @@ class Ledger:
         where = ""
         args: tuple[object, ...] = ()
         if contributor is not None:
-            if contributor not in self._peer_ids:
+            index = self._peer_index(contributor)
+            if index is None:
                 return
-            where, args = "AND contributor = ?", (self._peer_ids[contributor],)
+            where, args = "AND contributor = ?", (index,)
         query = f"SELECT seq, {columns} FROM receipts WHERE seq > ? {where} ORDER BY seq LIMIT {_READ_BATCH}"
         for row in self._batches(query, args):
             yield self._receipt(row[1:])
@@ -347,8 +364,8 @@ class Ledger:
         return Receipt(
             receipt_id=bytes(rid),
             kind=_KIND_OF_CODE[kind],
-            signer=self._peers[signer],
-            contributor=self._peers[contributor],
+            signer=self._peer_of(signer),
+            contributor=self._peer_of(contributor),
             run_id=self.run_id,
             evidence=bytes(evidence),
             issued_at=issued,

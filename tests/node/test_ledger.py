@@ -12,6 +12,7 @@ import pytest
 
 from node.ledger import Ledger, audit_export, write_export
 from protocol.errors import ConfigError, InvalidMessage
+from protocol.peer_keys import peer_id_from_private_key
 from protocol.receipts import ReceiptKind, receipt_id
 from tests.helpers import receipts as make
 from tests.helpers.receipts import RUN, new_peer
@@ -157,3 +158,17 @@ def test_concurrent_batches_of_the_same_receipts_store_each_once(tmp_path: Path)
         assert sum(r.added for r in results) == 200
         assert sum(r.duplicates for r in results) == 600
         assert len(ledger) == 200
+
+
+def test_a_reader_sees_receipts_of_peers_another_connection_stored_since_it_opened(tmp_path: Path) -> None:
+    """A dashboard or CLI reads the ledger a node's process keeps writing (failed with KeyError)."""
+    path = tmp_path / "shared.db"
+    key, _ = new_peer()
+    _, worker = new_peer()
+    with Ledger(path, RUN) as reader:
+        with Ledger(path) as writer:
+            writer.add(fresh := make.verdict(key, worker))
+        assert [r.contributor for r in reader.receipts()] == [worker]
+        assert [r.signer for r in reader.receipts(contributor=worker)] == [peer_id_from_private_key(key)]
+        got = reader.get(receipt_id(fresh))
+        assert got is not None and got.contributor == worker
