@@ -21,6 +21,7 @@ from urllib.parse import urlencode
 
 from hivemind.p2p import PeerID
 
+from node.dashboard.bans_view import bans_json
 from node.dashboard.ledger_view import LedgerView
 from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, bucket_of, time_edges
 from node.dashboard.training_view import training_json
@@ -180,8 +181,7 @@ class DashboardData:
                 }
                 for peer, reasons in peers[:MAX_LIST]
             ],
-            "banned": None,
-            "banned_note": "bans are local to each node and are not recorded in receipts",
+            "banned": bans_json(snap.bans, now=snap.report.now, peer=self._peer, receipts_url=receipts_url),
             "history": self._history(snap),
         }
 

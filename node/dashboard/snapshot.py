@@ -13,6 +13,7 @@ from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from node.dashboard.bans_view import BanTally, WorkerBans
 from node.dashboard.training_view import TrainingFigures, TrainingTally
 from node.ledger import CreditRates, CreditReport, compute_credit
 from protocol.receipts import Receipt, ReceiptKind
@@ -74,6 +75,8 @@ class LedgerSnapshot:
     rejection_history: list[int]
     training: TrainingFigures
     """The training panel's figures (`node.dashboard.training_view`)."""
+    bans: list[WorkerBans]
+    """Workers the run's trusted validators banned, latest ban first (`node.dashboard.bans_view`)."""
 
     def behind(self, figure: str, value: str) -> list[Receipt]:
         """The newest receipts (newest first) behind a figure, at most `RECENT_PER_FIGURE`."""
@@ -91,8 +94,10 @@ def take_snapshot(
 ) -> LedgerSnapshot:
     """Read `receipts` once (the ledger's `count` of them) and derive everything the panels show.
 
-    The training panel's loss and reward are read from the envelopes: read `receipts` with them.
+    The training panel's loss and reward, and the bans on record, are read from the envelopes:
+    read `receipts` with them.
     """
+    trusted = frozenset(trusted)
     kinds: Counter[str] = Counter()
     rejected: Counter[str] = Counter()
     rejected_peers: dict[bytes, Counter[str]] = defaultdict(Counter)
@@ -105,6 +110,7 @@ def take_snapshot(
     latest: deque[Receipt] = deque(maxlen=LATEST_KEPT)
     timeline: list[tuple[float, bytes, bool]] = []
     training = TrainingTally()
+    bans = BanTally(trusted)
 
     def note(receipt: Receipt) -> Receipt:
         nonlocal accepted, tokens_accepted, first_at, last_at
@@ -121,6 +127,7 @@ def take_snapshot(
                 rejected[receipt.reason] += 1
                 rejected_peers[receipt.contributor][receipt.reason] += 1
                 recent[("reason", receipt.reason)].append(receipt)
+                bans.note(receipt)
         elif receipt.kind is ReceiptKind.TRANSFER:
             spread = versions.get(receipt.step)
             if spread is None:
@@ -157,6 +164,7 @@ def take_snapshot(
         credit_history=credit_history,
         rejection_history=rejection_history,
         training=training.finish(report),
+        bans=bans.ranked(),
     )
 
 

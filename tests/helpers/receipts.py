@@ -31,7 +31,10 @@ def verdict(
     rollout_hash: bytes | None = None,
     issued_at: float | None = None,
     run_id: str = RUN,
+    ban_s: float = 0.0,
 ) -> bytes:
+    """A validator's verdict; `ban_s` > 0: a rejection that banned the worker for that long."""
+    issued_at = time.time() if issued_at is None else issued_at
     message = rollouts_pb2.RolloutVerdict(
         worker=worker,
         rollout_hash=rollout_hash or os.urandom(32),
@@ -42,7 +45,8 @@ def verdict(
         accepted=accepted,
         reason=reason,
         reward=0.5 if accepted else 0.0,
-        issued_at=time.time() if issued_at is None else issued_at,
+        issued_at=issued_at,
+        banned_until=issued_at + ban_s if ban_s else 0.0,
     )
     return seal_verdict(validator, run_id=run_id, verdict=message)
 

@@ -313,3 +313,28 @@ def test_node_page_shows_the_validators_detail_of_a_rejection(served: Any) -> No
     [rejection] = page["rejections"]["latest"]
     assert rejection["reason"] == "toploc_mantissa" and rejection["detail"] == "mantissa mismatch in chunk 2"
     assert rejection["signer"] == peer_text(run.peers["val-b"].peer_id)
+
+
+def test_banned_peers_are_read_from_the_trusted_validators_verdicts(served: Any) -> None:
+    run, data, server = served
+    _, cheater = receipts.new_peer()
+    _, slandered = receipts.new_peer()
+    now = time.time()
+
+    def banning(validator: Any, worker: bytes, until: float) -> bytes:
+        verdict = rollouts_pb2.RolloutVerdict(
+            worker=worker, rollout_hash=os.urandom(32), policy_version=3, tokens=64, accepted=False,
+            reason="sampling", detail="token 5 was not sampled", issued_at=now, banned_until=until,
+        )  # fmt: skip
+        return seal_verdict(validator, run_id=RUN, verdict=verdict)
+
+    sybil, _ = receipts.new_peer()  # a "validator" the run does not trust
+    data.ledger.add(banning(run.peers["val-a"].key, cheater, now + 600))
+    data.ledger.add(banning(sybil, slandered, now + 600))
+    _, verification = get(server, "/api/verification")
+    [row] = verification["banned"]
+    assert row["peer_id"] == peer_text(cheater) and row["bans"] == 1 and row["active"] is True
+    assert row["banned_until"] == pytest.approx(now + 600) and row["validators"] == 1
+    [reason] = row["reasons"]
+    _, listed = get(server, reason["receipts_url"])  # the figure links to the verdict behind it
+    assert [(r["contributor"], r["reason"]) for r in listed["receipts"]] == [(peer_text(cheater), "sampling")]

@@ -96,7 +96,7 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
     ledger.add_many(
         [
             _verdict(run, "val-a", worker_bytes, 64),
-            _verdict(run, "val-b", worker_bytes, 32, reason="sampling"),
+            _verdict(run, "val-b", worker_bytes, 32, reason="sampling", ban_s=600),
             *_training_round(run, step=6, losses=(3.0, 3.4)),
             *_training_round(run, step=7, losses=(2.8, 3.0)),
         ]
@@ -129,6 +129,17 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
     ledger_reasons = Counter(r.reason for r in ledger.receipts() if r.reason)
     assert reasons == api_reasons == {reason: str(n) for reason, n in ledger_reasons.items()}
     assert reasons["sampling"] == "1"
+    # the ban that rejection caused is on record, and listed with a link to the verdict behind it
+    [banned] = fetch(url + "api/verification")["banned"]
+    row = [c.text for c in driver.find_elements(By.CSS_SELECTOR, "#banned tbody tr td")]
+    assert (
+        banned["peer_id"] == worker
+        and row[2] == "1"
+        and row[4] == "sampling 1"
+        and row[3].startswith("until")
+    )
+    link = driver.find_element(By.CSS_SELECTOR, "#banned tbody tr td a[href^='/api/receipts']")
+    assert link.get_attribute("href").endswith(banned["reasons"][0]["receipts_url"])
     assert driver.find_element(By.CSS_SELECTOR, "#history-plot svg rect") is not None
     check_training(driver, url)
 
@@ -203,9 +214,11 @@ def test_the_dashboard_command_on_a_local_swarm(browser: Any, tmp_path: Path) ->
     ledger.close()
 
 
-def _verdict(run: DashboardRun, validator: str, worker: bytes, tokens: int, reason: str = "") -> bytes:
+def _verdict(
+    run: DashboardRun, validator: str, worker: bytes, tokens: int, reason: str = "", ban_s: float = 0.0
+) -> bytes:
     return receipts.verdict(
-        run.peers[validator].key, worker, tokens=tokens, accepted=not reason, reason=reason
+        run.peers[validator].key, worker, tokens=tokens, accepted=not reason, reason=reason, ban_s=ban_s
     )
 
 

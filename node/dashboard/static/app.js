@@ -166,6 +166,15 @@ async function drawLeaderboard() {
   ]));
 }
 
+function reasonLinks(reasons) {
+  const span = el("span");
+  reasons.forEach((r, i) => {
+    if (i) { span.appendChild(document.createTextNode(", ")); }
+    span.appendChild(link(`${r.reason} ${r.count}`, r.receipts_url));
+  });
+  return span;
+}
+
 async function drawVerification() {
   const v = await api("/api/verification");
   $("accepted").textContent = v.accepted;
@@ -175,7 +184,8 @@ async function drawVerification() {
   $("rejected-link").href = v.rejected_receipts_url;
   fillRows("reasons", v.by_reason.map((r) => [el("span", r.reason, { class: "rejected" }), link(r.count, r.receipts_url)]));
   fillRows("rejected-peers", v.rejected_peers.map((p) => [p.name, peerLink(p.peer_id), p.rejected, Object.entries(p.reasons).map(([k, n]) => `${k} ${n}`).join(", ")]));
-  $("banned-note").textContent = "Banned peers: " + v.banned_note + ".";
+  const banState = (b) => (b.active ? el("span", "until " + new Date(b.banned_until * 1000).toLocaleTimeString(), { class: "rejected" }) : "over");
+  fillRows("banned", v.banned.map((b) => [b.name, peerLink(b.peer_id), b.bans, banState(b), reasonLinks(b.reasons), b.validators]));
   plot($("history-plot"), v.history.edges, v.history.credit, "credit counted", v.history.rejections, "rollouts rejected");
 }
 
