@@ -86,9 +86,9 @@ def _upload_slots(swarm: SquatSwarm) -> bool:
 
 
 def _print_squats(outcomes: list[SquatOutcome]) -> None:
-    print(f"\n{'squatted key':<18}{'kept':>5}  {'honest op':<10}detail")
+    print(f"\n{'squatted key':<21}{'kept':>5}  {'honest op':<10}detail")
     for o in outcomes:
-        print(f"{o.attack:<18}{o.squats_kept:>5}  {'ok' if o.honest_ok else 'BROKEN':<10}{o.detail}")
+        print(f"{o.attack:<21}{o.squats_kept:>5}  {'ok' if o.honest_ok else 'BROKEN':<10}{o.detail}")
 
 
 def _poisoning() -> dict[str, str]:
