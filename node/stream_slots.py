@@ -9,7 +9,10 @@ newcomer, one of that peer's streams is preempted and the newcomer takes its slo
 
 Rules (`StreamSlots.admit`):
 
-- a peer at its own cap (`max_per_peer`) is refused: its extra streams are its own business;
+- a peer at its own cap (`max_per_peer`) gives up its own stream idle the longest: a client
+  that hung up opens its next stream before the service has seen the last one close, so
+  refusing would fail an honest client's sequential requests at random. It is refused only
+  while every stream it holds is writing a response;
 - under the total cap every stream is admitted;
 - at the total cap, the peer holding the most streams (if it holds at least two more than the
   newcomer) loses one: preferably one that is not in the middle of a response, the one idle the
@@ -101,7 +104,11 @@ class StreamSlots:
         (see the module's rules); or, if refused, why (a short text for the peer)."""
         own = self.of(peer)
         if own >= self.max_per_peer:
-            return f"at most {self.max_per_peer} streams per peer"
+            idle = [s for s in self._by_peer[peer] if s.responding_now == 0]
+            if not idle:
+                return f"at most {self.max_per_peer} streams per peer"
+            self.preempt(min(idle, key=lambda s: s.idle_since))
+            own -= 1
         if self.total >= self.max_total:
             victim = self._victim(own)
             if victim is None:

@@ -28,7 +28,6 @@ def test_caps_count_per_peer_and_release_frees_a_slot_once() -> None:
     slots = StreamSlots(max_total=3, max_per_peer=2, clock=FakeClock())
     a1, _, b1 = admitted(slots, b"a"), admitted(slots, b"a"), admitted(slots, b"b")
     assert (slots.total, slots.of(b"a"), slots.of(b"b"), slots.of(b"c"), slots.peers) == (3, 2, 1, 0, 2)
-    assert slots.admit(b"a") == "at most 2 streams per peer"
     slots.release(a1)
     slots.release(a1)  # a second release changes nothing
     assert (slots.total, slots.of(b"a")) == (2, 1)
@@ -36,6 +35,18 @@ def test_caps_count_per_peer_and_release_frees_a_slot_once() -> None:
     assert (slots.total, slots.peers) == (1, 1)
     with pytest.raises(ValueError):
         StreamSlots(max_total=0, max_per_peer=1)
+
+
+def test_a_peer_at_its_cap_gives_up_its_own_longest_idle_stream_never_one_mid_response() -> None:
+    """Its client hung up and opened the next stream before the service saw the last one close."""
+    slots = StreamSlots(max_total=4, max_per_peer=2, clock=FakeClock())
+    a1, a2, b1 = admitted(slots, b"a"), admitted(slots, b"a"), admitted(slots, b"b")
+    a3 = admitted(slots, b"a")
+    assert a1.preempted and not a2.preempted and not b1.preempted
+    assert (slots.of(b"a"), slots.total, slots.preemptions) == (2, 3, 1)
+    with a2.responding(), a3.responding():  # every stream it holds is writing a response
+        assert slots.admit(b"a") == "at most 2 streams per peer"
+    assert (slots.of(b"a"), slots.total) == (2, 3)
 
 
 def test_a_full_budget_refuses_when_no_peer_holds_two_more_than_the_newcomer() -> None:
