@@ -249,7 +249,7 @@ def test_refusal_handler_timeout_and_forged_receipts(swarm: Swarm) -> None:
     asyncio.run(main())
 
 
-def test_streams_per_peer_are_capped(swarm: Swarm) -> None:
+def test_streams_per_peer_are_capped_a_new_one_replacing_an_idle_one(swarm: Swarm) -> None:
     worker, validator, _ = _ids(swarm)
 
     async def main() -> None:
@@ -257,22 +257,16 @@ def test_streams_per_peer_are_capped(swarm: Swarm) -> None:
             intake_on(validator, StubValidator(validator.identity), max_streams_per_peer=1) as intake,
             client_of(worker) as p2p,
         ):
-            _, _, idle = await p2p.call_binary_stream_handler(validator.identity.peer_id, PROTO_SUBMIT)
+            _, reader, idle = await p2p.call_binary_stream_handler(validator.identity.peer_id, PROTO_SUBMIT)
             await async_wait_until(lambda: intake.open_streams == 1, timeout_s=10)
-            with pytest.raises(SubmissionRefused, match="at most 1 streams per peer"):
-                await submit_group(
-                    p2p, validator.identity.peer_id, _sealed(worker)[1], run_id=RUN, timeout_s=20
-                )
+            # its next stream is served; the idle one it replaces is told so and closed
+            verdicts = await submit_group(
+                p2p, validator.identity.peer_id, _sealed(worker)[1], run_id=RUN, timeout_s=20
+            )
+            assert len(verdicts) == 4
+            assert b"preempted" in await asyncio.wait_for(reader.read(), timeout=10)
             idle.close()
             await async_wait_until(lambda: intake.open_streams == 0, timeout_s=10)
-            assert (
-                len(
-                    await submit_group(
-                        p2p, validator.identity.peer_id, _sealed(worker)[1], run_id=RUN, timeout_s=20
-                    )
-                )
-                == 4
-            )
 
     asyncio.run(main())
 
