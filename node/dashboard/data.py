@@ -284,6 +284,8 @@ class DashboardData:
         """One node's page: its record if live, its credit, its receipts and why any work was rejected."""
         snap = self.snapshot()
         mine = self.view.read(lambda ledger: list(ledger.receipts(contributor=peer, with_envelopes=True)))
+        if any(r.receipt_id not in snap.report.standing for r in mine):  # stored since: credit them too
+            snap = self.view.snapshot(fresh=True)
         live = next((n for n in self._live or [] if n.record.peer_id == peer), None)
         credit = snap.report.contributors.get(peer)
         if not mine and live is None and credit is None:

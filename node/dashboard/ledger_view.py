@@ -57,10 +57,11 @@ class LedgerView:
             self._counted, self._counted_at = len(self.ledger), now
         return self._counted
 
-    def snapshot(self) -> LedgerSnapshot:
-        """The current snapshot, recomputed if the ledger grew or it is older than `max_age_s`."""
+    def snapshot(self, *, fresh: bool = False) -> LedgerSnapshot:
+        """The current snapshot, recomputed if the ledger grew or it is older than `max_age_s`
+        (`fresh`: the ledger is counted now, not at most `count_ttl_s` ago)."""
         current = self._snapshot
-        count = self.count()
+        count = self.count(fresh=fresh)
         if (
             current is not None
             and current.count == count

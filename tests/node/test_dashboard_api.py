@@ -338,3 +338,17 @@ def test_banned_peers_are_read_from_the_trusted_validators_verdicts(served: Any)
     [reason] = row["reasons"]
     _, listed = get(server, reason["receipts_url"])  # the figure links to the verdict behind it
     assert [(r["contributor"], r["reason"]) for r in listed["receipts"]] == [(peer_text(cheater), "sampling")]
+
+
+def test_a_node_page_credits_receipts_stored_since_the_last_snapshot(tmp_path: Path) -> None:
+    """The page lists a node's receipts from the ledger and its credit from the snapshot: a receipt
+    stored in between was listed with no credit (0 instead of 77) until the ledger was counted again."""
+    run, ledger = build_run(tmp_path / "ledger.db")
+    data = DashboardData(ledger, trusted=run.trusted, count_ttl_s=3600.0)
+    _, newcomer = receipts.new_peer()
+    data.snapshot()
+    with Ledger(ledger.path) as writer:  # another process, as a node filling the ledger would be
+        writer.add(receipts.verdict(run.peers["val-a"].key, newcomer, tokens=77))
+    page = data.node(newcomer)
+    assert page is not None and page["credit"]["total"] == 77
+    ledger.close()
