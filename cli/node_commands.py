@@ -120,6 +120,11 @@ def identity(identity_path: Path | None, create: bool, as_json: bool) -> None:
     help="With --role trainer: start training once this many trainers (this one included) are ready in the run.",
 )  # fmt: skip
 @click.option(
+    "--reachability-check", "reachability_check", type=click.Choice(["auto", "on", "off"]),
+    help="Once joined, ask the seeds to dial this node back and print whether peers can reach it "
+    "[default: auto, unless every seed is on loopback].",
+)  # fmt: skip
+@click.option(
     "--new-swarm", is_flag=True,
     help="Start a new swarm when no --initial-peers are given (otherwise that is an error).",
 )  # fmt: skip

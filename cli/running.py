@@ -4,6 +4,7 @@ contribution once a minute and at exit, and a clean leave on Ctrl-C or SIGTERM."
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from training.trainer_thread import TrainerThread
 
 CONTRIBUTION_EVERY_S = 60.0
+REACHABILITY_TIMEOUT_S = 60.0
 
 
 def run_until_interrupted(
@@ -43,6 +45,8 @@ def run_until_interrupted(
         for address in node.multiaddrs():
             click.echo(address)
         sys.stdout.flush()
+        if label == "node":
+            _check_reachability_in_background(node, console)
         if trainer_config is not None and _wait_for_trainers(node, wait_for_trainers, stop, console):
             from training.trainer_node import start_trainer
 
@@ -82,6 +86,35 @@ def run_until_interrupted(
             trainer.stop()
         node.stop()
     console.print("left.")
+
+
+def _check_reachability_in_background(node: HivenetNode, console: Any) -> None:
+    """Ask the seeds for a dial-back (when the config wants one) and print the outcome, without
+    holding up the node or its Ctrl-C: the seed that reached this node earns a receipt."""
+    from node.reachability import wants_dial_back
+
+    if not wants_dial_back(node.config.reachability_check, node.config.initial_peers):
+        return
+
+    def check() -> None:
+        try:
+            outcome = node.check_reachability(timeout_s=REACHABILITY_TIMEOUT_S)
+        except Exception as exc:  # the node stopped meanwhile, or no seed answered in time
+            if node.state == "running":
+                console.print(f"[yellow]reachability check failed:[/] {exc!r}", highlight=False)
+            return
+        if outcome.reachable:
+            console.print(f"[green]reachable:[/] {outcome.detail}", highlight=False, soft_wrap=True)
+        else:
+            console.print(
+                f"[yellow]not reachable from outside:[/] {outcome.detail}. Peers cannot dial this node: open or "
+                "forward its TCP port (--port), announce your public address with --announce, or run "
+                "`hivenet doctor` for details",
+                highlight=False,
+                soft_wrap=True,
+            )
+
+    threading.Thread(target=check, name="reachability-check", daemon=True).start()
 
 
 def _contribution(node: HivenetNode, rl: Any) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import platformdirs
 from multiaddr import Multiaddr
@@ -116,6 +116,10 @@ class NodeConfig(BaseModel):
     ledger_path: Path | None = None
     """If set, the node keeps its receipts in this ledger (SQLite), serves it to peers and pulls theirs
     into it (`node.receipts`); `hivenet join` sets it (`default_ledger_path`) unless given."""
+    reachability_check: Literal["auto", "on", "off"] = "auto"
+    """Whether `hivenet join` asks its seeds to dial it back once it has joined, and prints whether peers
+    can reach it (the seed that did earns a receipt); auto: unless every initial peer is on loopback,
+    where a dial-back proves nothing."""
 
     @field_validator("initial_peers")
     @classmethod

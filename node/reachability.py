@@ -1,4 +1,5 @@
-"""Dial-back: can peers reach this node? Seeds serve the check, `hivenet doctor` asks for it.
+"""Dial-back: can peers reach this node? Seeds serve the check; `hivenet doctor` asks for it, and
+so does `hivenet join` once it has joined a swarm whose seeds are not all on loopback.
 
 The requester names the TCP ports it listens on; the seed dials them **only at the IP address
 it observes the request coming from**, so the service cannot be aimed at a third party. The
@@ -58,6 +59,20 @@ def observed_ip(addr: Multiaddr) -> str | None:
         if name in names:
             return str(addr.value_for_protocol(name))
     return None
+
+
+def all_loopback(addresses: list[Multiaddr]) -> bool:
+    """Whether there are addresses and every one is an IP on loopback (a swarm on one machine)."""
+    ips = [observed_ip(address) for address in addresses]
+    return bool(ips) and all(ip is not None and ipaddress.ip_address(ip).is_loopback for ip in ips)
+
+
+def wants_dial_back(mode: str, initial_peers: list[str]) -> bool:
+    """Whether a joining node asks its seeds for a dial-back: `mode` "on"/"off", or "auto": unless
+    every initial peer is on loopback, where being reached back proves nothing."""
+    if mode != "auto":
+        return mode == "on"
+    return bool(initial_peers) and not all_loopback([Multiaddr(peer) for peer in initial_peers])
 
 
 def is_public_ip(ip: str) -> bool:
@@ -211,9 +226,7 @@ class DialBackService:
 async def serve_dial_back(_dht: hivemind.DHT, node: DHTNode) -> None:
     """Register the dial-back service on a running DHT's p2pd (run via `node.runtime.in_dht`)."""
     maddrs = await node.p2p.get_visible_maddrs()
-    ips = [observed_ip(Multiaddr(str(addr))) for addr in maddrs]
-    local_swarm = bool(ips) and all(ip is not None and ipaddress.ip_address(ip).is_loopback for ip in ips)
-    service = DialBackService(allow_private=local_swarm)
+    service = DialBackService(allow_private=all_loopback([Multiaddr(str(addr)) for addr in maddrs]))
     await node.p2p.add_binary_stream_handler(DIAL_BACK_PROTOCOL, service.handle_stream)
 
 

@@ -303,3 +303,49 @@ def test_ctrl_c_while_dialling_seeds_stops_at_once(tmp_path: Path) -> None:
     assert process.stderr is not None
     stderr = process.stderr.read()
     assert process.returncode != 0 and "Traceback" not in stderr, stderr
+
+
+def test_join_checks_that_peers_can_reach_it_and_signs_the_seed_a_dial_back_receipt(
+    swarm: LocalSwarm, tmp_path: Path
+) -> None:
+    """`--reachability-check on` (auto skips a loopback swarm): the joined node asks the seed to dial it
+    back, prints the outcome, and its ledger keeps the receipt it signed for the seed."""
+    import signal
+    import threading
+
+    from node.ledger import Ledger
+    from node.receipts.seeds import seed_peer_id
+    from protocol import receipts_pb2
+    from protocol.receipts import ReceiptKind
+
+    ledger_path = tmp_path / "ledger.db"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "cli.main", "join", "--initial-peers", swarm.seed_multiaddr, "--identity",
+         str(tmp_path / "k"), "--host", "127.0.0.1", "--run", RUN, "--ledger", str(ledger_path),
+         "--reachability-check", "on"],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    stderr = process.stderr
+    assert stderr is not None
+    reader = threading.Thread(target=lambda: lines.extend(iter(stderr.readline, "")), daemon=True)
+    reader.start()
+    try:
+        assert wait_until(lambda: any("reachable:" in line for line in lines), timeout_s=120), "".join(lines)
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    reader.join(timeout=10)
+    output = "".join(lines)
+    assert "[green]" not in output and "reachable: seed" in output and "not reachable" not in output, output
+    assert process.returncode == 0 and "Traceback" not in output, output
+    with Ledger(ledger_path, RUN) as ledger:
+        dial_backs = [
+            receipt
+            for receipt in ledger.receipts()
+            if receipt.kind == ReceiptKind.SEED and receipt.step == receipts_pb2.SEED_SERVICE_DIAL_BACK
+        ]
+    assert [receipt.contributor for receipt in dial_backs] == [seed_peer_id(swarm.seed_multiaddr)]

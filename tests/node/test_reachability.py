@@ -8,7 +8,13 @@ from __future__ import annotations
 import pytest
 from multiaddr import Multiaddr
 
-from node.reachability import MAX_DIAL_BACK_ADDRESSES, dial_targets, is_public_ip, observed_ip
+from node.reachability import (
+    MAX_DIAL_BACK_ADDRESSES,
+    dial_targets,
+    is_public_ip,
+    observed_ip,
+    wants_dial_back,
+)
 
 
 def test_dials_the_requested_ports_at_the_observed_ip() -> None:
@@ -56,3 +62,25 @@ def test_observed_ip_of_direct_and_relayed_streams() -> None:
     assert observed_ip(Multiaddr("/ip6/2606:4700::1111/tcp/5555")) == "2606:4700::1111"
     relayed = "/ip4/198.51.100.1/tcp/1/p2p/12D3KooWJWoaqZhDaoEFshF7Rh1bpY9ohihFhzcW6d69Lr2NASuq/p2p-circuit"
     assert observed_ip(Multiaddr(relayed)) is None
+
+
+SEED_ID = "12D3KooWJWoaqZhDaoEFshF7Rh1bpY9ohihFhzcW6d69Lr2NASuq"
+
+
+@pytest.mark.parametrize(
+    ("mode", "seeds", "wanted"),
+    [
+        ("auto", [f"/ip4/203.0.113.5/tcp/31337/p2p/{SEED_ID}"], True),
+        ("auto", [f"/dns4/seed.example.org/tcp/31337/p2p/{SEED_ID}"], True),
+        # one public seed among loopback ones: this node may be reached from outside
+        ("auto", [f"/ip4/127.0.0.1/tcp/1/p2p/{SEED_ID}", f"/ip4/203.0.113.5/tcp/2/p2p/{SEED_ID}"], True),
+        ("auto", [f"/ip4/127.0.0.1/tcp/1/p2p/{SEED_ID}", f"/ip6/::1/tcp/2/p2p/{SEED_ID}"], False),
+        ("auto", [], False),  # a new swarm: nobody to ask
+        ("on", [f"/ip4/127.0.0.1/tcp/1/p2p/{SEED_ID}"], True),
+        ("off", [f"/ip4/203.0.113.5/tcp/31337/p2p/{SEED_ID}"], False),
+    ],
+)
+def test_a_joiner_asks_for_a_dial_back_unless_its_swarm_is_on_loopback_or_told_not_to(
+    mode: str, seeds: list[str], wanted: bool
+) -> None:
+    assert wants_dial_back(mode, seeds) is wanted
