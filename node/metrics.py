@@ -13,7 +13,10 @@ process in tests and simulations) and defines every metric a node exports:
   (the reason labels rejections; it is empty otherwise);
 - `hivenet_verification_seconds`: time to judge one rollout (histogram);
 - `hivenet_bans_total{reason}`: peers banned, by the category of the offence;
-- `hivenet_live_peers{role}`: live nodes of the run this node discovers, by role.
+- `hivenet_live_peers{role}`: live nodes of the run this node discovers, by role;
+- `hivenet_receipts_pulled_total{outcome}`: receipts pulled from peers, by what became of them
+  (`stored`, `duplicate`, `expired`: genuine but too old or from ahead of this clock, `deferred`:
+  over their signer's quota, asked for again later).
 
 Components take the narrow piece they need (`TransferMetrics` for the weight broadcast, a
 `(reason) -> None` callback for a `BanList`), so that a component built without a node uses
@@ -119,6 +122,8 @@ class MetricsFigures(BaseModel):
     """Bans by reason."""
     live_peers: dict[str, int] = Field(default_factory=dict)
     """Live nodes of the run by role."""
+    receipts_pulled: dict[str, int] = Field(default_factory=dict)
+    """Receipts pulled from peers, by outcome (stored, duplicate, expired, deferred)."""
 
 
 class NodeMetrics:
@@ -167,6 +172,10 @@ class NodeMetrics:
             registry=registry,
         )  # fmt: skip
         self._live_roles: set[str] = set()
+        self._receipts_pulled = Counter(
+            "hivenet_receipts_pulled", "Receipts pulled from peers, by outcome (stored, duplicate, expired, deferred).",
+            ["outcome"], registry=registry,
+        )  # fmt: skip
 
     # ---- training --------------------------------------------------------------------
 
@@ -239,6 +248,15 @@ class NodeMetrics:
             self._live_peers.labels(role=role).set(count)
         self._live_roles |= counts.keys()
 
+    # ---- receipts exchange -------------------------------------------------------------
+
+    def receipts_pulled(self, *, stored: int, duplicate: int, expired: int, deferred: int) -> None:
+        """What one pull from a peer did with the receipts it received."""
+        counts = {"stored": stored, "duplicate": duplicate, "expired": expired, "deferred": deferred}
+        for outcome, count in counts.items():
+            if count > 0:
+                self._receipts_pulled.labels(outcome=outcome).inc(count)
+
     # ---- reading -----------------------------------------------------------------------
 
     def exposition(self) -> bytes:
@@ -275,6 +293,8 @@ class NodeMetrics:
                     figures.bans[labels["reason"]] = int(value)
                 elif name == "hivenet_live_peers":
                     figures.live_peers[labels["role"]] = int(value)
+                elif name == "hivenet_receipts_pulled_total":
+                    figures.receipts_pulled[labels["outcome"]] = int(value)
         if not figures.outer_steps:
             figures.train_loss = None  # the gauge reads 0 before any loss was reported
         return figures

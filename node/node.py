@@ -34,6 +34,7 @@ from node.membership import LiveNode, Membership, discover
 from node.metrics import NodeMetrics
 from node.reachability import DialBackOutcome, request_dial_back, serve_dial_back
 from node.receipts import ReceiptExchange, ReceiptsConfig
+from node.receipts.client import PullResult
 from node.receipts.seeds import bootstrap_receipts, dial_back_receipt
 from node.runtime import NodeRuntime, Service, in_dht
 from node.status import NodeStatusSnapshot, StatusServer, write_status_file
@@ -170,8 +171,18 @@ class HivenetNode:
         )
         self.receipts = self.add_service(
             ReceiptExchange(
-                dht=self.dht, identity=self.identity, ledger=self.ledger, config=config, bans=bans
+                dht=self.dht,
+                identity=self.identity,
+                ledger=self.ledger,
+                config=config,
+                bans=bans,
+                on_pulled=self._count_pulled_receipts,
             )
+        )
+
+    def _count_pulled_receipts(self, pulled: PullResult) -> None:
+        self.metrics.receipts_pulled(
+            stored=pulled.added, duplicate=pulled.duplicates, expired=pulled.skipped, deferred=pulled.capped
         )
 
     def _sign_bootstrap_receipts(self) -> None:

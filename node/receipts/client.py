@@ -5,8 +5,8 @@ filled from the peer's signed node record, never from a message), asks for the r
 cursor and stores every page through `Ledger.add_many`, which re-verifies each envelope. What one
 pull may cost is bounded: at most `max_receipts` receipts, pages of at most `page_size`, response
 frames capped at `MAX_RECEIPTS_RESPONSE_BYTES` on their declared length (before buffering) and one
-overall timeout; with a `SignerQuota`, new receipts of a signer past its quota are dropped
-unverified and counted (`node.receipts.quota`).
+overall timeout; with a `SignerQuota`, new receipts of a signer past its quota are left unverified
+and counted, and the pull resumes at their page next time (`node.receipts.quota`).
 
 A server that breaks the protocol is banned: an oversized or malformed response, a page larger
 than asked, a cursor that does not move forward, or a receipt that is not genuinely signed for
@@ -60,7 +60,9 @@ class PullResult:
     banned: bool = False
     """The peer broke the protocol or served an invalid receipt, and was banned."""
     capped: int = 0
-    """New receipts dropped unverified because their signer had used its quota (`SignerQuota`)."""
+    """New receipts left unverified because their signer had used its quota (`SignerQuota`): the
+    pull stopped at their page and the next one resumes there, so they wait for the signer's next
+    window instead of being skipped."""
 
 
 def check_page(response: xpb.ReceiptsResponse, cursor: int, limit: int) -> None:
@@ -126,7 +128,8 @@ async def pull_receipts(
 ) -> PullResult:
     """Pull at most `max_receipts` of `peer`'s receipts stored after its position `after` into `ledger`.
 
-    `quota`: new receipts of a signer past its quota are dropped unverified (`PullResult.capped`).
+    `quota`: new receipts of a signer past its quota are left unverified (`PullResult.capped`), and
+    the pull stops before their page so that the next one asks for it again.
     Never raises for what the peer does: the result says what was stored, where to resume, and why
     the pull stopped early (a banned peer is not contacted at all).
     """
@@ -182,8 +185,13 @@ async def _pull_pages(
         check_page(response, result.cursor, limit)
         receipts = list(response.receipts)
         result.received += len(receipts)
+        capped_before = result.capped
         if receipts:
             await offload(_store_page, ledger, receipts, result, quota)
+        if result.capped > capped_before:
+            # the cursor stays before this page: its surplus is asked for again, not skipped for good
+            result.failure = f"{result.capped - capped_before} receipts wait for their signers' quota"
+            return
         result.cursor = response.next
         result.pages += 1
         if not response.more:

@@ -41,6 +41,6 @@ class ReceiptsConfig(StreamServiceConfig):
     forgotten peer is re-read from the start, which only costs duplicates)."""
     max_pulled_per_signer: int = Field(default=10_000, ge=1)
     """Most new receipts of any one signer stored from pulls per `signer_window_s` (all peers
-    together); the surplus is dropped and counted (`node.receipts.quota.SignerQuota`)."""
+    together); the surplus waits for a later window (`node.receipts.quota.SignerQuota`)."""
     signer_window_s: float = Field(default=3600.0, gt=0)
     """The window of `max_pulled_per_signer`."""

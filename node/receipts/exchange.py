@@ -14,7 +14,8 @@ A runtime service (`name`, `async start()`, `async stop()`) that owns nothing bu
   `max_receipts_per_pull` receipts after the cursor it reached last time
   (`node.receipts.client.pull_receipts`), one peer after another, and at most
   `max_pulled_per_signer` new receipts of any one signer per `signer_window_s` over all pulls
-  (`node.receipts.quota.SignerQuota`; the surplus is dropped, logged and counted in `capped`).
+  (`node.receipts.quota.SignerQuota`; the surplus is logged, counted in `capped` and asked for
+  again in a later pull, which resumes at its page).
   Peers that served bad data are banned and skipped. The cursors of at most `max_cursors` peers
   are kept in the ledger too (`Ledger.save_pull_cursor`), so a restarted node resumes where it
   was instead of re-reading every peer; no cycle runs while the ledger holds
@@ -74,8 +75,10 @@ class ReceiptExchange:
         find_peers: FindPeers | None = None,
         p2p: P2P | None = None,
         bans: BanList | None = None,
+        on_pulled: Callable[[PullResult], None] | None = None,
     ) -> None:
-        """`find_peers`: the live nodes to pull from (default: discovery of the ledger's run)."""
+        """`find_peers`: the live nodes to pull from (default: discovery of the ledger's run);
+        `on_pulled`: told what every pull did (a node counts it in its metrics)."""
         self.dht = dht
         self.identity = identity
         self.ledger = ledger
@@ -87,6 +90,7 @@ class ReceiptExchange:
             else BanList(self.config.ban_base_s, self.config.ban_max_s, owner=self.owner)
         )
         self.find_peers: FindPeers = find_peers if find_peers is not None else self._discover
+        self.on_pulled = on_pulled
         self._given_p2p = p2p
         self._p2p: P2P | None = None
         self._server: ReceiptServer | None = None
@@ -103,7 +107,7 @@ class ReceiptExchange:
         """Receipts of this node's own stored through `record` or `store`."""
         self.quota = SignerQuota(self.config.max_pulled_per_signer, self.config.signer_window_s)
         self.capped = 0
-        """Pulled receipts dropped because their signer had used its quota (every pull so far)."""
+        """Pulled receipts held back because their signer had used its quota (every pull so far)."""
 
     @property
     def p2p(self) -> P2P:
@@ -234,10 +238,13 @@ class ReceiptExchange:
             timeout_s=max(1.0, self.config.pull_timeout_s - (time.monotonic() - started)),
             quota=self.quota,
         )
+        if self.on_pulled is not None:
+            self.on_pulled(result)
         if result.capped:
             self.capped += result.capped
             logger.warning(
-                "[%s] dropped %d receipts pulled from %s: their signers had stored %d in the last %g s",
+                "[%s] held back %d receipts pulled from %s until a later pull: their signers had stored %d "
+                "in the last %g s",
                 self.owner,
                 result.capped,
                 member.short_id,

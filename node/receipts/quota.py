@@ -3,8 +3,9 @@
 Signing a receipt is free, so a peer could serve a flood of genuine receipts from identities it
 minted, or from one prolific signer, and fill a puller's ledger. Besides the per-peer bound of a
 pull (`ReceiptsConfig.max_receipts_per_pull`), `SignerQuota` admits at most `per_window` new
-receipts of any one signer per `window_s` from pulls; the surplus is dropped unverified (the
-cursor moves past it, so it is not asked for again from that peer) and counted. Receipts the
+receipts of any one signer per `window_s` from pulls; the surplus is left unverified and counted,
+and the pull stops before its page (`node.receipts.client`), so it is asked for again and stored
+in a later window: a prolific honest signer's receipts are delayed, never lost. Receipts the
 ledger already holds do not count, nor do the node's own receipts (they are not pulled).
 
 Signers are read from the envelope before it is verified: a receipt that claims a signer it was
@@ -50,7 +51,7 @@ class SignerQuota:
         self._counts: OrderedDict[bytes, int] = OrderedDict()
         self._lock = threading.Lock()  # pulls store their pages on worker threads
         self.dropped = 0
-        """Receipts refused by the quota since the start (every window)."""
+        """Receipts held back by the quota since the start (every window; one asked for again counts again)."""
 
     def _roll(self, now: float) -> None:
         if now - self._window_start >= self.window_s:

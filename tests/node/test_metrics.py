@@ -43,6 +43,7 @@ def test_every_metric_is_exported_with_its_conventional_name() -> None:
         "hivenet_verification_seconds": "histogram",
         "hivenet_bans": "counter",
         "hivenet_live_peers": "gauge",
+        "hivenet_receipts_pulled": "counter",
     }
 
 
@@ -61,6 +62,7 @@ def test_counters_move_with_the_events_and_the_figures_agree() -> None:
     metrics.rollout_judged("rejected", "toploc mismatch", seconds=0.1)
     metrics.peer_banned("bad chunk: hash mismatch at 3")
     metrics.set_live_peers([["trainer"], ["trainer", "validator"], ["seed"]])
+    metrics.receipts_pulled(stored=5, duplicate=2, expired=0, deferred=3)
 
     assert value(metrics, "hivenet_outer_steps_total") == 2
     assert value(metrics, "hivenet_train_loss") == 2.25
@@ -79,6 +81,7 @@ def test_counters_move_with_the_events_and_the_figures_agree() -> None:
     assert value(metrics, "hivenet_bans_total", reason="bad chunk") == 1
     assert value(metrics, "hivenet_live_peers", role="trainer") == 2
     assert value(metrics, "hivenet_live_peers", role="validator") == 1
+    assert value(metrics, "hivenet_receipts_pulled_total", outcome="deferred") == 3
 
     figures = metrics.figures()
     assert figures.outer_steps == 2 and figures.train_loss == 2.25
@@ -89,6 +92,7 @@ def test_counters_move_with_the_events_and_the_figures_agree() -> None:
     assert figures.verifications == 3 and figures.verification_seconds == pytest.approx(0.7)
     assert figures.bans == {"bad chunk": 1}
     assert figures.live_peers == {"trainer": 2, "validator": 1, "seed": 1}
+    assert figures.receipts_pulled == {"stored": 5, "duplicate": 2, "deferred": 3}
 
     metrics.set_live_peers([["trainer"]])  # the others left: their roles drop to zero, not stay stale
     assert metrics.figures().live_peers == {"trainer": 1, "validator": 0, "seed": 0}

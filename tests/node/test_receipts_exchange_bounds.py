@@ -3,8 +3,9 @@
 - A puller keeps each peer's cursor in its ledger: restarted on the same ledger file, it asks a
   peer only for what that peer stored since, instead of re-reading everything.
 - A peer that serves many receipts of one prolific signer gets at most `max_pulled_per_signer` of
-  them stored per window; the surplus is dropped and counted, while the other signers' receipts
-  are kept, and receipts already held do not use up a signer's quota.
+  them stored per window; the surplus is counted and asked for again in later windows (never
+  skipped), while the other signers' receipts are kept, and receipts already held do not use up
+  a signer's quota.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from hivemind.p2p import PeerID
 
 from node.ledger import Ledger
 from node.membership import LiveNode
+from node.metrics import NodeMetrics
 from node.receipts import ReceiptExchange, ReceiptsConfig, ReceiptServer, SignerQuota, parse_receipts_request
+from node.receipts.client import PullResult
 from protocol.node_record import Capabilities, NodeRecord, Role
 from protocol.receipts import receipt_id
 from tests.helpers import receipts as make
@@ -57,13 +60,16 @@ async def serving(node: SwarmNode, ledger: Ledger) -> AsyncIterator[RecordingSer
 
 
 @asynccontextmanager
-async def puller(node: SwarmNode, ledger: Ledger, **config: Any) -> AsyncIterator[ReceiptExchange]:
+async def puller(
+    node: SwarmNode, ledger: Ledger, on_pulled: Any = None, **config: Any
+) -> AsyncIterator[ReceiptExchange]:
     """A pull-only exchange whose cycles are driven by the test (`pull_from`)."""
     exchange = ReceiptExchange(
         dht=node.dht,
         identity=node.identity,
         ledger=ledger,
         config=ReceiptsConfig(serve=False, peers_per_cycle=0, **config),
+        on_pulled=on_pulled,
     )
     await exchange.start()
     try:
@@ -131,7 +137,7 @@ def test_the_ledger_keeps_the_cursors_of_the_most_recently_pulled_peers_only(tmp
         assert ledger.pull_cursors() == [(peers[2], 12), (peers[3], 13), (peers[1], 50)]
 
 
-def test_a_prolific_signers_surplus_is_dropped_while_other_signers_are_kept(
+def test_a_prolific_signers_surplus_waits_for_its_next_window_while_other_signers_are_kept(
     swarm: Swarm, tmp_path: Path
 ) -> None:
     server_node, puller_node = swarm.nodes
@@ -141,6 +147,12 @@ def test_a_prolific_signers_surplus_is_dropped_while_other_signers_are_kept(
     # the other signers' receipts come after the flood, so a cap per pull would cut them off
     page = flood[:5] + others[:1] + flood[5:] + others[1:]
     member = _member(server_node)
+    metrics = NodeMetrics()
+
+    def count(pulled: PullResult) -> None:
+        metrics.receipts_pulled(
+            stored=pulled.added, duplicate=pulled.duplicates, expired=pulled.skipped, deferred=pulled.capped
+        )
 
     def stored_from(ledger: Ledger, signer: bytes) -> int:
         return sum(receipt.signer == signer for receipt in ledger.receipts())
@@ -150,31 +162,39 @@ def test_a_prolific_signers_surplus_is_dropped_while_other_signers_are_kept(
             served.add_many(page)
             async with (
                 serving(server_node, served),
-                puller(puller_node, pulled, max_pulled_per_signer=4) as exchange,
+                puller(puller_node, pulled, max_pulled_per_signer=4, on_pulled=count) as exchange,
             ):
                 result = await exchange.pull_from(member)
                 assert (result.received, result.added, result.capped, result.banned) == (13, 7, 6, False)
                 assert stored_from(pulled, prolific_id) == 4
                 assert all(pulled.get(receipt_id(receipt)) is not None for receipt in others)
+                # the surplus is not skipped: the cursor stays before its page
+                assert (result.cursor, result.complete, exchange.cursors[result.peer]) == (0, False, 0)
                 assert exchange.capped == 6
 
-                # the window goes on: more of the prolific signer is dropped, a newcomer is kept
+                # the window goes on: the same page is asked for again, its held receipts are
+                # duplicates, the prolific signer still waits and a newcomer is kept
                 more, newcomer = [make.transfer(prolific, new_peer()[1]) for _ in range(2)], _receipts(1)
                 served.add_many(more + newcomer)
                 result = await exchange.pull_from(member)
-                assert (result.added, result.capped) == (1, 2)
-                assert stored_from(pulled, prolific_id) == 4 and exchange.capped == 8
+                assert (result.received, result.duplicates, result.added, result.capped) == (16, 7, 1, 8)
+                assert stored_from(pulled, prolific_id) == 4 and exchange.capped == 14 and result.cursor == 0
 
-            # receipts already held are duplicates, not a use of the quota: a fresh quota (a new
-            # window) re-reading the peer from the start stores 4 more of the prolific signer
-            async with (
-                serving(server_node, served),
-                puller(puller_node, pulled, max_pulled_per_signer=4) as exchange,
-            ):
-                exchange.cursors.clear()
-                again = await exchange.pull_from(member)
-                assert (again.received, again.duplicates, again.added, again.capped) == (16, 8, 4, 4)
-                assert stored_from(pulled, prolific_id) == 8
+            # receipts already held are duplicates, not a use of the quota: each new window (a
+            # fresh quota; the cursor kept in the ledger) stores 4 more of the prolific signer,
+            # until none is left and the cursor moves on
+            for stored, capped in ((8, 4), (12, 0)):
+                async with (
+                    serving(server_node, served),
+                    puller(puller_node, pulled, max_pulled_per_signer=4, on_pulled=count) as exchange,
+                ):
+                    again = await exchange.pull_from(member)
+                    assert (again.received, again.added, again.capped) == (16, 4, capped)
+                    assert stored_from(pulled, prolific_id) == stored
+            assert (again.cursor, again.complete) == (16, True)
+            assert set(pulled.envelopes()) == set(page + more + newcomer)
+        figures = metrics.figures().receipts_pulled
+        assert figures == {"stored": 7 + 1 + 4 + 4, "duplicate": 7 + 8 + 12, "deferred": 6 + 8 + 4}
 
     asyncio.run(main())
 
