@@ -35,6 +35,7 @@ class TrainerOptions(BaseModel):
     batch_size: int | None = None
     target_group_size: int | None = None
     matchmaking_time_s: float | None = None
+    admitted_trainers: list[str] | None = None
 
 
 TRAINER_OPTION_NAMES = tuple(TrainerOptions.model_fields)
@@ -80,6 +81,11 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="Seconds an outer step waits to gather peers before averaging (default 2).",
         ),
         click.option("--batch-size", type=int, help="Sequences per inner step."),
+        click.option(
+            "--admitted-trainer", "admitted_trainers", multiple=True,
+            help="PeerID of one of the run's trainers, when the run names them (repeatable): average only with "
+            "these, and take steps and state only from them. Default: an open run, anyone may train.",
+        ),
     ]  # fmt: skip
     for option in reversed(options):
         func = option(func)
@@ -111,9 +117,10 @@ def build_trainer_config(run_id: str, **options: Any) -> Any:
         "target_group_size",
         "matchmaking_time_s",
         "authorized_publishers",
+        "admitted_trainers",
     ):
         if options.get(key) is not None:
-            top[key] = options[key]
+            top[key] = list(options[key]) if key == "admitted_trainers" else options[key]
     try:
         return TrainerConfig(diloco=DiLoCoConfig(**diloco), data=DataConfig(**data), **top)
     except ValidationError as exc:

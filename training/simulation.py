@@ -66,12 +66,18 @@ def simulate_diloco(
         own = [start_loopback_dht(peers) for _ in range(num_trainers)]
         dhts += own
         # One operator started every trainer: each is an authorised publisher for the others, so a
-        # trainer that a round leaves out of sync can take another's state even when no third agrees.
+        # trainer that a round leaves out of sync can take another's state even when no third agrees,
+        # and the run names its trainers, so nobody else can join their groups.
         ids = [dht.peer_id.to_base58() for dht in own]
         for i, dht in enumerate(own):
             publishers = [*config.authorized_publishers, *(p for j, p in enumerate(ids) if j != i)]
             cfg = config.model_copy(
-                update={"shard_index": i, "num_shards": num_trainers, "authorized_publishers": publishers}
+                update={
+                    "shard_index": i,
+                    "num_shards": num_trainers,
+                    "authorized_publishers": publishers,
+                    "admitted_trainers": [*config.admitted_trainers, *ids],
+                }
             )
             runtime = TrainerRuntime(cfg, dht, f"trainer{i}")
             trainers.append(TrainerThread(runtime, stop_event=stop, on_progress=report))

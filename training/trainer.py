@@ -139,7 +139,12 @@ class TrainerConfig(BaseModel):
     alone, while anyone else's needs a second source that agrees. A run of two trainers needs
     them named to recover from a diverged round."""
 
-    @field_validator("authorized_publishers")
+    admitted_trainers: list[str] = Field(default_factory=list)
+    """Base58 PeerIDs of the run's trainers, when the run names them: this trainer then averages
+    only with them and takes steps and state only from them, so identities minted by anyone
+    cannot crowd its matchmaking or outvote the run's step. Empty: an open run, anyone trains."""
+
+    @field_validator("authorized_publishers", "admitted_trainers")
     @classmethod
     def _peer_ids(cls, value: list[str]) -> list[str]:
         return check_base58_peer_ids(value)
@@ -208,6 +213,7 @@ class TrainerRuntime:
             name=name,
             aggregation=config.aggregation,
             trusted_state_sources=[PeerID.from_base58(p) for p in config.authorized_publishers],
+            admitted_trainers=[PeerID.from_base58(p) for p in config.admitted_trainers],
         )
         logger.info(
             "%s: trainer ready (run %s, shard %d of %d)", name, config.run_id, shard, config.num_shards

@@ -9,6 +9,10 @@ and `StateSource` (through `StateSharing`); this module holds its core:
   `node.averaging.robust`), copied into the buffers; there is no second state-averaging round.
 * **Equal weights, whatever peers claim.** Each round runs a `RobustAllReduceRunner` with
   equal shares for every peer that accepts connections (claimed bandwidths are ignored).
+* **Admission.** A run may name its trainers (`admitted_trainers`): then only they are
+  looked for in matchmaking, let into our groups, and counted as sources of steps and state, so
+  identities minted by anyone cannot crowd the matchmaking or outvote the run's step. An open
+  run (the default) names none.
 * **Bans.** A sender whose part the runner refused is banned in this averager's process
   (`node.bans.BanList`: `ban_base_s`, doubling with every offence, capped at
   `ban_base_s * 2**10`): it cannot join our groups, its parts are refused while the ban
@@ -94,12 +98,15 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         name: str = "trainer",
         aggregation: AggregationRule = DEFAULT_RULE,
         trusted_state_sources: Sequence[PeerID] = (),
+        admitted_trainers: Sequence[PeerID] = (),
         signing_key: Ed25519PrivateKey | None = None,
     ) -> None:
         """`trusted_state_sources`: the run's authorised publishers, whose verified outer state a
-        resync takes without a second source (see `node.averaging.state_sync`). `signing_key`:
-        the private key of the DHT's PeerID, which signs our DHT declarations (default: the key
-        `node.dht_node` started the DHT with)."""
+        resync takes without a second source (see `node.averaging.state_sync`).
+        `admitted_trainers`: when given, the only other trainers this one averages with, takes
+        step advertisements from and downloads a state from (a run that names its trainers);
+        empty: an open run. `signing_key`: the private key of the DHT's PeerID, which signs our
+        DHT declarations (default: the key `node.dht_node` started the DHT with)."""
         signing_key = signing_key or signing_key_of(dht)
         if signing_key is None:
             raise ValueError(
@@ -119,7 +126,12 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         # Lives in the averager process (copied there when hivemind starts it).
         self.bans = BanList(ban_base_s, ban_base_s * 2**MAX_BAN_DOUBLINGS, owner=name)
         self._matchmaking_time_s = matchmaking_time_s
-        self._init_state_sharing(signing_key, trusted_state_sources)
+        admitted = (
+            frozenset([dht.peer_id.to_bytes(), *(p.to_bytes() for p in admitted_trainers)])
+            if admitted_trainers
+            else None
+        )
+        self._init_state_sharing(signing_key, trusted_state_sources, admitted)
         self._init_rounds()
         tensors = [torch.zeros(shape, dtype=torch.float32) for shape in shapes]
         super().__init__(
@@ -155,7 +167,7 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
 
         count_sent_bytes(count)  # for the whole life of the averager process
         install_hivemind_codecs()
-        install_signed_matchmaking(self._signing_key)
+        install_signed_matchmaking(self._signing_key, self._admitted)
         super().run()
 
     async def add_p2p_handlers(self, p2p: P2P, wrapper: Any = None, **kwargs: Any) -> None:
@@ -179,10 +191,16 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         if self.bans.is_banned(context.remote_id):
             yield averaging_pb2.MessageFromLeader(code=averaging_pb2.PROTOCOL_VIOLATION)
             return
+        if not self.admits(context.remote_id.to_bytes()):
+            yield averaging_pb2.MessageFromLeader(code=averaging_pb2.NOT_LOOKING_FOR_GROUP)
+            return
         async for response in super().rpc_join_group(request, context):
             yield response
 
     async def _aggregate_with_group(self, group_info: GroupInfo, min_vector_size: int, **kwargs: Any) -> Any:
+        outsiders = [peer for peer in group_info.peer_ids if not self.admits(peer.to_bytes())]
+        if outsiders:  # a leader that let in a trainer this run does not name
+            raise MatchmakingException(f"the group holds trainers this run does not admit: {outsiders}")
         try:
             _, mode_ids, user_gathered_bytes = zip(
                 *map(self.serializer.loads, group_info.gathered), strict=True

@@ -125,9 +125,13 @@ def read_declarations(found: Any, key: str, now: float | None = None) -> list[De
 class SignedGroupKeyManager(GroupKeyManager):
     """hivemind's matchmaking keys, with every declaration signed by the averager that makes it."""
 
-    def __init__(self, base: GroupKeyManager, declarer: Declarer) -> None:
+    def __init__(
+        self, base: GroupKeyManager, declarer: Declarer, admitted: frozenset[bytes] | None = None
+    ) -> None:
+        """`admitted`: the PeerIDs of the only trainers whose declarations count (None: anyone's)."""
         super().__init__(base.dht, base.prefix, base.group_bits, base.target_group_size)
         self.declarer = declarer
+        self.admitted = admitted
 
     async def declare_averager(
         self, group_key: GroupKey, peer_id: PeerID, expiration_time: float, looking_for_group: bool = True
@@ -149,12 +153,15 @@ class SignedGroupKeyManager(GroupKeyManager):
         return [
             (PeerID(d.peer), d.expires_at)
             for d in read_declarations(found, group_key)
-            if d.looking_for_group or not only_active
+            if (d.looking_for_group or not only_active) and (self.admitted is None or d.peer in self.admitted)
         ]
 
 
-def install_signed_matchmaking(private_key: Ed25519PrivateKey) -> None:
-    """Make every matchmaking hivemind builds in this process declare itself signed with `private_key`.
+def install_signed_matchmaking(
+    private_key: Ed25519PrivateKey, admitted: frozenset[bytes] | None = None
+) -> None:
+    """Make every matchmaking hivemind builds in this process declare itself signed with `private_key`
+    (and, with `admitted`, look for groups among those trainers only).
 
     Call in the averager's own process before hivemind starts it: hivemind builds its
     `Matchmaking` there, by name, from its averager module, and the process serves this one
@@ -165,6 +172,6 @@ def install_signed_matchmaking(private_key: Ed25519PrivateKey) -> None:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             base: GroupKeyManager = self.group_key_manager  # type: ignore[has-type]
-            self.group_key_manager = SignedGroupKeyManager(base, Declarer(base.dht, private_key))
+            self.group_key_manager = SignedGroupKeyManager(base, Declarer(base.dht, private_key), admitted)
 
     hivemind_averager.Matchmaking = SignedMatchmaking  # type: ignore[misc]

@@ -83,15 +83,20 @@ class StateSharing(_AveragerBase):
     averaging_timeout_s: float
 
     def _init_state_sharing(
-        self, signing_key: Ed25519PrivateKey, trusted_sources: Sequence[PeerID] = ()
+        self,
+        signing_key: Ed25519PrivateKey,
+        trusted_sources: Sequence[PeerID] = (),
+        admitted: frozenset[bytes] | None = None,
     ) -> None:
         """Set up this mixin's fields; called before hivemind starts the averager process.
 
         `signing_key` (the key of the DHT's PeerID) signs our step advertisements. A verified
         state served by one of `trusted_sources` (the run's authorised publishers) is taken
-        without a second source.
+        without a second source. `admitted`: the only trainers whose step advertisements count
+        and who may serve a state (None: every trainer's).
         """
         self._signing_key = signing_key
+        self._admitted = admitted
         self._state_provider: Callable[[], OuterState] | None = None
         # Our last round left us out of sync (see `Rounds`): our state is one nobody else holds, and
         # serving it could lead another out-of-sync peer astray. Cleared by a resync or an in-sync round.
@@ -295,8 +300,12 @@ class StateSharing(_AveragerBase):
         return {
             d.peer: d.state_priority
             for d in read_declarations(self.dht.get(key, latest=True), key)
-            if d.shares_state and d.peer != me
+            if d.shares_state and d.peer != me and self.admits(d.peer)
         }
+
+    def admits(self, peer: bytes) -> bool:
+        """Whether `peer` may average with us and serve us a state (every peer, in an open run)."""
+        return self._admitted is None or peer in self._admitted
 
     def has_peers(self) -> bool:
         """Whether any other trainer of the run is alive (cached for a few seconds: one DHT read).

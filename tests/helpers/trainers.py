@@ -98,14 +98,16 @@ def averager_swarm(
     classes: Sequence[type[DiLoCoAverager]],
     *,
     trust_each_other: bool = False,
+    admit: Sequence[int] = (),
     **kwargs: Any,
 ) -> Iterator[list[DiLoCoAverager]]:
     """One averager of each class (named peer0, peer1, ...), each with its own DHT, on 127.0.0.1.
 
     With `trust_each_other`, every averager names all the others as the run's authorised
-    publishers (`trusted_state_sources`). Yields once every averager sees all the others through
-    the DHT: a round begun while the swarm is still forming can fail to find a group on a loaded
-    machine.
+    publishers (`trusted_state_sources`). `admit`: the indices of averagers that name each other
+    as the run's only trainers (`admitted_trainers`); the others admit anyone. Yields once every
+    averager sees all the others it admits through the DHT: a round begun while the swarm is
+    still forming can fail to find a group on a loaded machine.
     """
     dhts: list[DHT] = []
     averagers: list[DiLoCoAverager] = []
@@ -113,15 +115,19 @@ def averager_swarm(
         dhts.append(start_loopback_dht())
         peers = [str(a) for a in dhts[0].get_visible_maddrs()]
         dhts += [start_loopback_dht(peers) for _ in classes]
+        members = [dhts[j + 1].peer_id for j in admit]
         for i, cls in enumerate(classes):
             own = dhts[i + 1]
             if trust_each_other:
                 kwargs["trusted_state_sources"] = [d.peer_id for d in dhts[1:] if d is not own]
+            kwargs["admitted_trainers"] = members if i in admit else []
             averagers.append(cls(shapes, own, name=f"peer{i}", **kwargs))
         for a in averagers:
             a.publish_step(0)
-        others = len(averagers) - 1
-        if not wait_until(lambda: all(len(a.peer_steps()) == others for a in averagers), timeout_s=60):
+        seen = [len(admit) - 1 if i in admit else len(averagers) - 1 for i in range(len(averagers))]
+        if not wait_until(
+            lambda: all(len(a.peer_steps()) == n for a, n in zip(averagers, seen, strict=True)), timeout_s=60
+        ):
             raise HivenetError("the averagers did not find each other through the DHT within 60 s")
         yield averagers
     finally:
