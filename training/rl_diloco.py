@@ -273,12 +273,14 @@ def diloco_updates(
     *,
     name: str,
     authorized_publishers: Sequence[str] = (),
+    admitted_trainers: Sequence[str] = (),
     on_round: Callable[[OuterStepReport], None] | None = None,
 ) -> Callable[[TinyGPT, GRPOConfig, int], DiLoCoUpdates]:
     """An `RLTrainer` updates factory: GRPO with `config`'s DiLoCo, averaging over `dht` with `run_id`'s trainers.
 
     A resync takes the verified outer state of one of `authorized_publishers` (base58 PeerIDs,
-    the run's other trainers) on its own; anyone else's needs a second source that agrees.
+    the run's other trainers) on its own; anyone else's needs a second source that agrees. With
+    `admitted_trainers` (base58 PeerIDs), only those trainers are averaged with.
     `on_round` is handed each outer step's report (see `DiLoCoUpdates`).
 
     Call the factory in the thread that owns the process (the averager forks a process).
@@ -300,6 +302,7 @@ def diloco_updates(
             min_norm_per_value=config.min_norm_per_value or grpo.lr * config.inner_steps,
             name=name,
             trusted_state_sources=[PeerID.from_base58(p) for p in authorized_publishers],
+            admitted_trainers=[PeerID.from_base58(p) for p in admitted_trainers],
         )
 
         def shutdown() -> None:
@@ -351,5 +354,6 @@ def node_diloco_updates(
         config.diloco,
         name=node.short_id,
         authorized_publishers=config.authorized_publishers,
+        admitted_trainers=config.admitted_trainers,
         on_round=sign_receipts,
     )

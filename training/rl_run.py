@@ -99,6 +99,9 @@ class RLRunConfig(BaseModel):
     trusted_validators: list[str] = Field(default_factory=list)
     """Base58 PeerIDs of the standalone validators whose forwarded rollouts a trainer learns from
     (a trainer always learns from its own validator)."""
+    admitted_trainers: list[str] = Field(default_factory=list)
+    """With `diloco`, base58 PeerIDs of the run's only trainers, when the run names them: a trainer
+    averages only with them and takes steps and state only from them (empty: anyone may train)."""
     max_trainer_steps: int | None = Field(default=None, ge=1)
     """The trainer stops after this many GRPO steps (None: until stopped); with `diloco`, a multiple
     of its `inner_steps`, so that no trainer leaves the others waiting in a round it never joins."""
@@ -108,7 +111,7 @@ class RLRunConfig(BaseModel):
     """Several trainers training together (policy version = outer step); None: one trainer whose
     every GRPO step is a policy version."""
 
-    @field_validator("authorized_publishers", "trusted_validators")
+    @field_validator("authorized_publishers", "trusted_validators", "admitted_trainers")
     @classmethod
     def _peer_ids(cls, value: list[str]) -> list[str]:
         return check_base58_peer_ids(value)

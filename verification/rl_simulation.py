@@ -159,7 +159,11 @@ def simulate_rl(
             peers = seed.multiaddrs()
             names = ["trainer"] if trainers == 1 else [f"trainer{i}" for i in range(trainers)]
             publishers = [create_identity(root / f"{name}.key").peer_id.to_base58() for name in names]
-            config = config.model_copy(update={"authorized_publishers": publishers})
+            # one operator started every trainer: they publish the policy and, together, are the run's trainers
+            admitted = publishers if config.diloco is not None else []
+            config = config.model_copy(
+                update={"authorized_publishers": publishers, "admitted_trainers": admitted}
+            )
             for name in names:
                 trainer_node = _node(root, name, config.run_id, [Role.TRAINER, Role.VALIDATOR], peers)
                 nodes.append(trainer_node)

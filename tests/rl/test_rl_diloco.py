@@ -244,6 +244,7 @@ def test_two_rl_trainers_train_one_policy_with_diloco(tmp_path: Path) -> None:
 
     def fetch_from_each(peers: list[str], run: RLRunConfig) -> None:
         assert len(run.authorized_publishers) == 2  # every trainer of the run may publish
+        assert run.admitted_trainers == run.authorized_publishers  # and the run names them as its trainers
         for publisher in run.authorized_publishers:
             fetched[publisher] = fetch_published(peers, tmp_path, run.run_id, 2, publisher)
 
