@@ -8,7 +8,7 @@ Map of the package:
 - `ledger_view.LedgerView`: the current snapshot of a ledger another process keeps filling, and a
   reader that knows every peer stored so far.
 - `training_view`: the training panel (loss and reward curves, tokens, outer steps, bytes per
-  token) from training receipts and verdicts of the signers credit counts.
+  token), computed out of the training receipts and verdicts of the signers credit counts.
 - `snapshot`: `take_snapshot` -> `LedgerSnapshot`, one pass over the ledger (credit report and
   the panels' aggregates), shared read-only between the server's threads.
 - `server.DashboardServer`: the standard library HTTP server: the page, its assets in

@@ -24,7 +24,7 @@ from hivemind.p2p import PeerID
 from node.dashboard.bans_view import bans_json
 from node.dashboard.ledger_view import LedgerView
 from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, bucket_of, time_edges
-from node.dashboard.training_view import training_json
+from node.dashboard.training_view import panel_json
 from node.ledger import DEFAULT_HALF_LIFE_S, Ledger, Standing
 from node.membership import LiveNode
 from protocol import rollouts_pb2
@@ -267,7 +267,7 @@ class DashboardData:
 
     def training(self) -> Json:
         """Loss and reward curves, outer steps, tokens trained and bytes per token (see `training_view`)."""
-        return self._memo(("training",), lambda snap: training_json(snap.training, receipts_url))
+        return self._memo(("training",), lambda snap: panel_json(snap.training, receipts_url))
 
     def _history(self, snap: LedgerSnapshot) -> Json:
         return {

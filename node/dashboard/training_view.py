@@ -16,7 +16,7 @@ thousand cannot draw the curves.
   signer received from each member of its rounds. Bytes per token: the one over the other.
 
 `TrainingTally` is fed each receipt of the snapshot pass (`node.dashboard.snapshot`), with its
-envelope, and finished with that pass's credit report into `TrainingFigures`; `training_json`
+envelope, and finished with that pass's credit report into `TrainingFigures`; `panel_json`
 turns those into the panel's JSON. A curve has at most `MAX_POINTS` points, spread evenly over
 the run (first and last included); each point keeps the ids of the newest `IDS_PER_POINT`
 receipts behind it, so a person can go from a point to the signed receipts.
@@ -201,7 +201,7 @@ def _payload_field(envelope: bytes, message: Any, name: str) -> float:
     return 0.0 if decoded is None else float(getattr(decoded, name))
 
 
-def training_json(figures: TrainingFigures, receipts_url: Callable[..., str]) -> dict[str, Any]:
+def panel_json(figures: TrainingFigures, receipts_url: Callable[..., str]) -> dict[str, Any]:
     """The training panel's JSON; every figure and point names the receipts behind it."""
     training_url = receipts_url(kind=ReceiptKind.TRAINING.value)
     per_token = figures.bytes_per_token
