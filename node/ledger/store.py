@@ -221,8 +221,10 @@ class Ledger:
     def _peer(self, peer_id: bytes) -> int:
         index = self._peer_ids.get(peer_id)
         if index is None:
-            cursor = self._db.execute("INSERT INTO peers (peer_id) VALUES (?)", (peer_id,))
-            index = self._peer_ids[peer_id] = int(cursor.lastrowid or 0)
+            # another connection to the same file may have stored this peer since we loaded ours
+            self._db.execute("INSERT OR IGNORE INTO peers (peer_id) VALUES (?)", (peer_id,))
+            (index,) = self._db.execute("SELECT id FROM peers WHERE peer_id = ?", (peer_id,)).fetchone()
+            self._peer_ids[peer_id] = index
             self._peers[index] = peer_id
         return index
 

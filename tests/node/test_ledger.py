@@ -172,3 +172,19 @@ def test_a_reader_sees_receipts_of_peers_another_connection_stored_since_it_open
         assert [r.signer for r in reader.receipts(contributor=worker)] == [peer_id_from_private_key(key)]
         got = reader.get(receipt_id(fresh))
         assert got is not None and got.contributor == worker
+
+
+def test_two_connections_can_both_store_receipts_of_the_same_new_peer(tmp_path: Path) -> None:
+    """A node's process and a dashboard write one file: each may meet a peer the other just stored.
+
+    Failed with `IntegrityError: UNIQUE constraint failed: peers.peer_id` (CI, the dashboard test).
+    """
+    path = tmp_path / "shared.db"
+    key, _ = new_peer()
+    _, worker = new_peer()
+    with Ledger(path, RUN) as first, Ledger(path) as second:
+        assert first.add(make.verdict(key, worker))
+        assert second.add(make.verdict(key, worker))
+        assert len(first) == len(second) == 2
+        assert {r.contributor for r in first.receipts()} == {worker}
+        assert {r.contributor for r in second.receipts(contributor=worker)} == {worker}
