@@ -31,14 +31,16 @@ from pathlib import Path
 
 from tests.helpers.averager_streams import OversizedOutcome, stream_oversized_message
 from tests.helpers.poisoning import POISONING_VARIANTS, fetch_as_joiner, poison_accepted, poisoned_run
-from tests.helpers.squatting import (
+from tests.helpers.squat_swarm import (
     LARGE_VALUE_BYTES,
     LARGE_VALUES,
-    SQUAT_ATTACKS,
     SquatOutcome,
     SquatSwarm,
-    attack_with_large_values,
     open_squat_swarm,
+)
+from tests.helpers.squatting import (
+    SQUAT_ATTACKS,
+    attack_with_large_values,
     run_squat_attack,
 )
 from tests.helpers.upload_slots import squat_upload_slots

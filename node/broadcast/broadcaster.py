@@ -24,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +43,14 @@ from node.broadcast.records import BroadcastRecords, HolderInfo
 from node.broadcast.service import BroadcastService
 from node.broadcast.store import ChunkStore, VersionEntry
 from node.broadcast.transfer_receipts import sign_transfer_receipts
+from node.broadcast.version_status import VersionStatus, version_statuses
 from node.identity import Identity
 from node.metrics import NO_TRANSFER_METRICS, NodeMetrics, TransferMetrics
 from node.runtime import in_dht, offload
 from node.signed_records import SignedRecords
 from protocol.dht_keys import validate_run_id
 from protocol.errors import ConfigError, HivenetError
-from protocol.manifest import Manifest, WeightsPointer
+from protocol.manifest import Manifest
 
 logger = logging.getLogger(__name__)
 
@@ -58,20 +59,6 @@ _NEWEST_ATTEMPTS = 3
 
 class BroadcastNotStarted(HivenetError):
     """The weight broadcast was used before `start()` (or after `stop()`)."""
-
-
-@dataclass
-class VersionStatus:
-    """What is known about one version of a run."""
-
-    version: int
-    content_id: bytes
-    publisher: PeerID
-    total_bytes: int
-    num_chunks: int
-    local_chunks: int
-    """Chunks of this version held (verified) by this node."""
-    holders: list[HolderInfo] = field(default_factory=list)
 
 
 @dataclass
@@ -429,36 +416,7 @@ class WeightBroadcast:
 
     async def status(self, run_id: str) -> list[VersionStatus]:
         """Versions of `run_id` known here (held locally or newest announced), with holders and completeness."""
-        pointers: dict[int, WeightsPointer] = {}
-        latest = await self.records.find_pointer(run_id)
-        if latest is not None:
-            pointers[latest.version] = latest
-        for version in self.store.versions(run_id):
-            if version not in pointers:
-                entry = self.store.get(run_id, version)
-                if entry is not None:
-                    pointers[version] = entry.manifest.pointer()
-        statuses = []
-        for version in sorted(pointers):
-            pointer = pointers[version]
-            entry = self.store.get(run_id, version)
-            local = (
-                entry.chunks_held
-                if entry is not None and entry.manifest.content_id == pointer.content_id
-                else 0
-            )
-            statuses.append(
-                VersionStatus(
-                    version=version,
-                    content_id=pointer.content_id,
-                    publisher=PeerID(pointer.publisher),
-                    total_bytes=pointer.total_bytes,
-                    num_chunks=pointer.num_chunks,
-                    local_chunks=local,
-                    holders=await self.records.find_holders(run_id, version, pointer.content_id),
-                )
-            )
-        return statuses
+        return await version_statuses(self.store, self.records, run_id)
 
 
 __all__ = ["HolderInfo", "VersionStatus", "WeightBroadcast"]

@@ -17,7 +17,8 @@ Every chunk is checked against the manifest before it is written (`VersionEntry.
 and only then announced and served. A source that sends a bad chunk or breaks the protocol
 is banned (growing period) and its chunks are fetched elsewhere; a source that vanishes or
 times out costs only its in-flight chunks and is retried later. The requests themselves (one
-chunk, one bitmap stream) are `node.broadcast.requests`.
+chunk, one bitmap stream) are `node.broadcast.requests`; the per-chunk counts of holders and
+hints, `node.broadcast.availability`.
 """
 
 from __future__ import annotations
@@ -29,17 +30,17 @@ import random
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 from hivemind.p2p import P2P, PeerID
 
 from node.bans import BanList
+from node.broadcast.availability import Availability, Source
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.dialing import sample_holders
 from node.broadcast.errors import DiskFull, FetchStalled, StoreError
 from node.broadcast.fetch_progress import FetchProgress, ProgressMeter
 from node.broadcast.records import HolderInfo
-from node.broadcast.requests import NotHeld, Stream, open_watch, read_have_update, request_chunk
+from node.broadcast.requests import NotHeld, open_watch, read_have_update, request_chunk
 from node.broadcast.store import VersionEntry
 from node.metrics import NO_TRANSFER_METRICS, TransferMetrics
 from node.runtime import offload
@@ -49,26 +50,8 @@ from protocol.errors import InvalidMessage
 
 logger = logging.getLogger(__name__)
 
-_MAX_FETCHING_HINTS = 64
 _MIN_WATCH_S = 1.0
 """A source whose watch streams end sooner than this is dropped (retried later) rather than re-watched."""
-
-
-@dataclass
-class _Source:
-    info: HolderInfo
-    bitmap: bytearray | None = None
-    inflight: dict[int, asyncio.Task[None]] = field(default_factory=dict)
-    idle_streams: list[Stream] = field(default_factory=list)
-    rate_bytes_per_s: float | None = None
-    last_delivery: float = 0.0
-    watch_task: asyncio.Task[None] | None = None
-    fetching: dict[int, None] = field(default_factory=dict)
-    """Chunks the source said it is fetching (a hint, oldest first, bounded)."""
-
-    @property
-    def peer_id(self) -> PeerID:
-        return self.info.peer_id
 
 
 class VersionFetch:
@@ -105,10 +88,8 @@ class VersionFetch:
         self.progress = progress
         self.owner = owner
         self.metrics = metrics
-        self.sources: dict[bytes, _Source] = {}
-        self.availability = [0] * self.manifest.num_chunks
-        self.fetching_elsewhere = [0] * self.manifest.num_chunks
-        """How many sources hinted that they are fetching each chunk (it will soon be less rare)."""
+        self.sources: dict[bytes, Source] = {}
+        self.chunks = Availability(self.manifest.num_chunks)
         self.requested: dict[int, set[bytes]] = {}
         self.retry_at: dict[bytes, float] = {}
         self.bytes_downloaded = 0
@@ -146,11 +127,11 @@ class VersionFetch:
     def _add_source(self, holder: HolderInfo) -> None:
         if self._unusable(holder) or len(self.sources) >= self.config.max_sources:
             return
-        source = _Source(info=holder)
+        source = Source(info=holder)
         self.sources[holder.peer_id.to_bytes()] = source
         source.watch_task = asyncio.create_task(self._watch(source))
 
-    def _drop_source(self, source: _Source, *, reason: str, ban: bool = False) -> None:
+    def _drop_source(self, source: Source, *, reason: str, ban: bool = False) -> None:
         key = source.peer_id.to_bytes()
         if self.sources.get(key) is not source:
             return
@@ -160,13 +141,7 @@ class VersionFetch:
         else:
             logger.info("[%s] dropped source %s: %s", self.owner, source.peer_id.to_base58()[-8:], reason)
             self.retry_at[key] = time.monotonic() + self.config.retry_after_failure_s
-        if source.bitmap is not None:
-            for index in range(self.manifest.num_chunks):
-                if bitmap_get(source.bitmap, index):
-                    self.availability[index] -= 1
-        for index in source.fetching:
-            self.fetching_elsewhere[index] -= 1
-        source.fetching.clear()
+        self.chunks.forget(source)
         for task in list(source.inflight.values()):
             if task is not asyncio.current_task():
                 task.cancel()
@@ -177,31 +152,7 @@ class VersionFetch:
         source.idle_streams.clear()
         self._wake.set()
 
-    def _mark_fetching(self, source: _Source, index: int) -> None:
-        if index in source.fetching or (source.bitmap is not None and bitmap_get(source.bitmap, index)):
-            return
-        if len(source.fetching) >= _MAX_FETCHING_HINTS:
-            oldest = next(iter(source.fetching))
-            del source.fetching[oldest]
-            self.fetching_elsewhere[oldest] -= 1
-        source.fetching[index] = None
-        self.fetching_elsewhere[index] += 1
-
-    def _mark_has(self, source: _Source, index: int) -> None:
-        assert source.bitmap is not None
-        if index in source.fetching:
-            del source.fetching[index]
-            self.fetching_elsewhere[index] -= 1
-        if not bitmap_get(source.bitmap, index):
-            source.bitmap[index >> 3] |= 1 << (index & 7)
-            self.availability[index] += 1
-
-    def _mark_lacks(self, source: _Source, index: int) -> None:
-        if source.bitmap is not None and bitmap_get(source.bitmap, index):
-            source.bitmap[index >> 3] &= ~(1 << (index & 7)) & 0xFF
-            self.availability[index] -= 1
-
-    async def _watch(self, source: _Source) -> None:
+    async def _watch(self, source: Source) -> None:
         """Follow a source's chunk bitmap until the watch fails; one the source closes after a while (the
         end of its lifetime, or a busy source evicting it) is opened again."""
         try:
@@ -218,7 +169,7 @@ class VersionFetch:
         except Exception as exc:
             self._drop_source(source, reason=f"bitmap stream ended: {exc!r}")
 
-    async def _follow_one_watch(self, source: _Source) -> None:
+    async def _follow_one_watch(self, source: Source) -> None:
         """One watch stream: its full bitmap, then have/fetching updates; returns when the source closes it."""
         num_chunks = self.manifest.num_chunks
         reader, writer = await asyncio.wait_for(
@@ -231,7 +182,7 @@ class VersionFetch:
                 source.bitmap = bytearray(len(claimed))
             for index in range(num_chunks):
                 if bitmap_get(claimed, index):
-                    self._mark_has(source, index)
+                    self.chunks.mark_has(source, index)
             while True:
                 self._apply_update(source, update)
                 try:
@@ -243,11 +194,11 @@ class VersionFetch:
         finally:
             writer.close()
 
-    def _apply_update(self, source: _Source, update: bpb.HaveUpdate) -> None:
+    def _apply_update(self, source: Source, update: bpb.HaveUpdate) -> None:
         for index in update.new_chunks:
-            self._mark_has(source, index)
+            self.chunks.mark_has(source, index)
         for index in update.fetching:
-            self._mark_fetching(source, index)
+            self.chunks.mark_fetching(source, index)
         self._wake.set()
 
     async def _refresh_sources(self) -> None:
@@ -270,7 +221,7 @@ class VersionFetch:
 
     # ---- requests ------------------------------------------------------------------------
 
-    async def _fetch_chunk(self, source: _Source, index: int) -> None:
+    async def _fetch_chunk(self, source: Source, index: int) -> None:
         key = source.peer_id.to_bytes()
         started = time.monotonic()
         try:
@@ -280,7 +231,7 @@ class VersionFetch:
                     self.config.request_timeout_s,
                 )
             except NotHeld:
-                self._mark_lacks(source, index)
+                self.chunks.mark_lacks(source, index)
                 return
             except InvalidMessage as exc:
                 self._drop_source(source, reason=f"protocol violation: {exc}", ban=True)
@@ -307,7 +258,7 @@ class VersionFetch:
                     del self.requested[index]
             self._wake.set()
 
-    async def _store(self, source: _Source, index: int, data: bytes, elapsed_s: float) -> None:
+    async def _store(self, source: Source, index: int, data: bytes, elapsed_s: float) -> None:
         key = source.peer_id.to_bytes()
         try:
             written = await offload(self.entry.write_chunk, index, data)
@@ -337,13 +288,13 @@ class VersionFetch:
 
     # ---- scheduling ----------------------------------------------------------------------
 
-    def _slots(self, source: _Source, best_rate: float) -> int:
+    def _slots(self, source: Source, best_rate: float) -> int:
         limit = self.config.max_inflight_per_peer
         if source.rate_bytes_per_s is not None and source.rate_bytes_per_s < 0.5 * best_rate:
             limit = max(1, limit // 2)
         return limit - len(source.inflight)
 
-    def _start(self, source: _Source, index: int) -> None:
+    def _start(self, source: Source, index: int) -> None:
         first = index not in self.requested
         source.inflight[index] = asyncio.create_task(self._fetch_chunk(source, index))
         self.requested.setdefault(index, set()).add(source.peer_id.to_bytes())
@@ -353,8 +304,8 @@ class VersionFetch:
     def _schedule(self) -> None:
         missing = self.entry.missing()
         unassigned = sorted(
-            (i for i in missing if i not in self.requested and self.availability[i] > 0),
-            key=lambda i: (self.availability[i] + self.fetching_elsewhere[i], self._tiebreak[i]),
+            (i for i in missing if i not in self.requested and self.chunks.holders[i] > 0),
+            key=lambda i: (self.chunks.rarity(i), self._tiebreak[i]),
         )
         taken: set[int] = set()
         ready = [s for s in self.sources.values() if s.bitmap is not None]
@@ -379,7 +330,7 @@ class VersionFetch:
                     break
                 if index in taken or not bitmap_get(bitmap, index):
                     continue
-                if spare_publisher and (self.availability[index] > 1 or self.fetching_elsewhere[index] > 0):
+                if spare_publisher and (self.chunks.holders[index] > 1 or self.chunks.fetching[index] > 0):
                     continue
                 taken.add(index)
                 self._start(source, index)

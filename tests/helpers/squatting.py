@@ -9,7 +9,7 @@ plain `hivemind.DHT` without any record validator: it keeps the squats itself an
 Each attack (`attack_*`) squats one key of a live run and then does the honest operation that the
 squat used to break; its `SquatOutcome` counts the squats any honest node kept (in its storage or
 cache) or returned from a lookup, and says whether the honest operation still worked. The swarm
-(`SquatSwarm`) has two honest nodes with the production validator and DHT guard, a publisher and a
+(`SquatSwarm`, `tests.helpers.squat_swarm`) has two honest nodes with the production validator and DHT guard, a publisher and a
 follower, each also hosting one averager; every attack brings a fresh attacker (the DHT guard bans
 the sender of the 1 MiB value, which would make its next squats look refused for another reason).
 `attack_with_large_values` is the "64 values of 1 MiB" attack on one node, with that node's RSS.
@@ -19,23 +19,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
 from typing import Any
 
-import hivemind
 import psutil
 import torch
 from hivemind import DHT
 from hivemind.dht.routing import DHTID
-from hivemind.dht.storage import DictionaryDHTValue
 from hivemind.utils import get_dht_time
 from hivemind.utils.serializer import MSGPackSerializer
 
-from node.averaging.averager import DiLoCoAverager
 from node.broadcast.broadcaster import WeightBroadcast
 from node.identity import Identity
 from node.membership import Membership, discover
@@ -47,167 +42,30 @@ from protocol.dht_keys import (
     weights_holders_key,
     weights_pointer_key,
 )
-from protocol.errors import HivenetError, InvalidMessage
+from protocol.errors import InvalidMessage
 from protocol.limits import MAX_WEIGHTS_POINTER_TTL_S
 from protocol.manifest import WEIGHTS_POINTER_DOMAIN, WeightsPointer
 from protocol.node_record import Role
 from protocol.version import PROTOCOL_VERSION
 from tests.helpers.broadcast import (
-    Swarm,
     SwarmNode,
     assert_state_dicts_equal,
     make_state_dict,
     start_broadcast,
 )
-from tests.helpers.trainers import round_test_settings, run_round
+from tests.helpers.squat_swarm import (
+    AVERAGER_SHAPES,
+    LARGE_VALUE_BYTES,
+    LARGE_VALUES,
+    SQUAT_TTL_S,
+    SquatOutcome,
+    SquatSwarm,
+    squat,
+    squats_kept,
+)
+from tests.helpers.trainers import run_round
 
-SQUAT_TTL_S = 31 * 365 * 86400.0
-SQUAT_MARKER = b"squatted"
-HUGE_SQUAT_BYTES = 1 << 20
-LARGE_VALUES, LARGE_VALUE_BYTES = 64, 1 << 20
-AVERAGER_SHAPES = [torch.Size([64]), torch.Size([4, 4])]
-AVERAGER_PREFIX = "squattest"
 _STATE_FLOATS = 20_000
-
-
-@dataclass
-class SquatOutcome:
-    """What one squatting attack achieved."""
-
-    attack: str
-    squats_kept: int
-    """Squatted values that an honest node kept (storage or cache) or returned from a lookup."""
-    honest_ok: bool
-    """Whether the honest operation the squat targets still worked afterwards."""
-    detail: str
-
-    @property
-    def survived(self) -> bool:
-        return self.squats_kept == 0 and self.honest_ok
-
-
-# ---- the squat itself and what honest nodes kept of it ---------------------------------------
-
-
-async def _store_in_dht(_dht: Any, node: Any, key: str, value: bytes | int, expiration: float) -> bool:
-    """`dht.store(key, value)` inside the DHT process: hivemind's pipe to it breaks on values over 64 KiB,
-    so a huge value (given as its size) is built there."""
-    if isinstance(value, int):
-        value = SQUAT_MARKER * (value // len(SQUAT_MARKER))
-    return bool(await node.store(key, value, expiration))
-
-
-async def squat(attacker: DHT, key: str, honest_subkey: Any) -> None:
-    """The three squats of `key` (plain value, an honest peer's subkey, 1 MiB), 31 years each."""
-    expires = get_dht_time() + SQUAT_TTL_S
-    await attacker.store(key, SQUAT_MARKER, expires, return_future=True)
-    await attacker.store(key, SQUAT_MARKER, expires, subkey=honest_subkey, return_future=True)
-    huge = partial(_store_in_dht, key=key, value=HUGE_SQUAT_BYTES, expiration=expires)
-    await attacker.run_coroutine(huge, return_future=True)
-
-
-def _holds_marker(value: Any) -> bool:
-    return isinstance(value, bytes) and SQUAT_MARKER in value
-
-
-async def _squats_held_locally(_dht: Any, node: Any, key: str) -> int:
-    """Squatted values in this DHT node's storage and cache (run in its DHT process)."""
-    key_id = DHTID.generate(source=key)
-    held = 0
-    for local in (node.protocol.storage, node.protocol.cache):
-        found = local.get(key_id)
-        if found is None:
-            continue
-        if isinstance(found.value, DictionaryDHTValue):
-            held += sum(_holds_marker(item.value) for _, item in found.value.items())
-        else:
-            held += _holds_marker(found.value)
-    return held
-
-
-async def squats_kept(honest: Sequence[DHT], key: str) -> int:
-    """Squatted values under `key` that honest nodes hold locally or return from a lookup."""
-    kept = 0
-    for dht in honest:
-        kept += await dht.run_coroutine(partial(_squats_held_locally, key=key), return_future=True)
-        found = await dht.get(key, latest=True, return_future=True)
-        if found is None:
-            continue
-        if isinstance(found.value, dict):
-            kept += sum(_holds_marker(item.value) for item in found.value.values())
-        else:
-            kept += _holds_marker(found.value)
-    return kept
-
-
-# ---- the swarm -------------------------------------------------------------------------------
-
-
-class SquatSwarm:
-    """Two honest nodes on 127.0.0.1 (publisher and follower), their averagers, fresh attackers."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.swarm = Swarm(root)
-        self.averagers: list[DiLoCoAverager] = []
-        self._serial = itertools.count()
-        try:
-            self.publisher = self.swarm.add()
-            self.follower = self.swarm.add()
-        except BaseException:
-            self.close()
-            raise
-
-    @property
-    def honest(self) -> list[DHT]:
-        return [self.publisher.dht, self.follower.dht]
-
-    def fresh_name(self, what: str) -> str:
-        """A run id (or directory name) no earlier attack used."""
-        return f"{what}-{next(self._serial)}"
-
-    @contextlib.contextmanager
-    def attacker(self) -> Iterator[DHT]:
-        """A plain hivemind DHT (no record validator) that joined the swarm; shut down afterwards."""
-        maddrs = [str(a) for a in self.publisher.dht.get_visible_maddrs()]
-        dht = hivemind.DHT(start=True, host_maddrs=["/ip4/127.0.0.1/tcp/0"], initial_peers=maddrs)
-        try:
-            yield dht
-        finally:
-            dht.shutdown()
-
-    def start_averagers(self) -> list[DiLoCoAverager]:
-        """One averager on each honest node (started once), once they see each other."""
-        if not self.averagers:
-            for index, node in enumerate((self.publisher, self.follower)):
-                self.averagers.append(
-                    DiLoCoAverager(
-                        AVERAGER_SHAPES,
-                        node.dht,
-                        name=f"peer{index}",
-                        **round_test_settings(AVERAGER_PREFIX, 2),
-                    )
-                )
-            for averager in self.averagers:
-                averager.publish_step(0)
-            if not wait_until(lambda: all(len(a.peer_steps()) == 1 for a in self.averagers), timeout_s=60):
-                raise HivenetError("the averagers did not find each other through the DHT within 60 s")
-        return self.averagers
-
-    def close(self) -> None:
-        for averager in self.averagers:
-            with contextlib.suppress(Exception):
-                averager.shutdown()
-        self.swarm.close()
-
-
-@contextlib.contextmanager
-def open_squat_swarm(root: Path) -> Iterator[SquatSwarm]:
-    swarm = SquatSwarm(root)
-    try:
-        yield swarm
-    finally:
-        swarm.close()
 
 
 def _subkey_of(node: SwarmNode) -> str:

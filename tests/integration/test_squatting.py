@@ -14,13 +14,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.helpers.squatting import (
+from tests.helpers.squat_swarm import (
     LARGE_VALUE_BYTES,
     LARGE_VALUES,
     SquatOutcome,
     SquatSwarm,
-    attack_with_large_values,
     open_squat_swarm,
+)
+from tests.helpers.squatting import (
+    attack_with_large_values,
     run_squat_attack,
 )
 
