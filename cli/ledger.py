@@ -43,13 +43,13 @@ def _peer_ids(texts: Iterable[str]) -> list[bytes]:
     from hivemind.p2p import PeerID
 
     from protocol.errors import InvalidMessage
-    from protocol.peer_keys import public_key_from_peer_id
+    from protocol.peer_keys import check_ed25519_peer_id
 
     peers = []
     for text in texts:
         try:
             peer = PeerID.from_base58(text).to_bytes()
-            public_key_from_peer_id(peer)
+            check_ed25519_peer_id(peer)
         except (ValueError, InvalidMessage) as exc:
             raise click.BadParameter(
                 f"{text!r} is not an Ed25519 PeerID ({exc})", param_hint="--trusted"

@@ -11,13 +11,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from protocol import hivenet_pb2 as pb
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_CLOCK_SKEW_S, MAX_ENVELOPE_BYTES
-from protocol.peer_keys import peer_id_from_private_key, public_key_from_peer_id
+from protocol.peer_keys import peer_id_from_private_key, signature_verifies
 from protocol.untrusted import capped_bytes, parse_untrusted
 from protocol.version import PROTOCOL_VERSION
 
@@ -113,11 +112,8 @@ def open_envelope(
     if signer is not None and body.signer != signer:
         raise InvalidMessage("envelope is signed by another peer than the one it claims to describe")
 
-    public_key = public_key_from_peer_id(body.signer)
-    try:
-        public_key.verify(envelope.signature, SIGNATURE_CONTEXT + envelope.body)
-    except InvalidSignature:
-        raise InvalidMessage("envelope signature does not verify") from None
+    if not signature_verifies(body.signer, envelope.signature, SIGNATURE_CONTEXT + envelope.body):
+        raise InvalidMessage("envelope signature does not verify")
 
     now = time.time() if now is None else now
     # written as `not (in range)` so that a NaN expiry, for which every comparison is False, is refused

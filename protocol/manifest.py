@@ -24,7 +24,6 @@ import struct
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from multiaddr import Multiaddr
 
@@ -44,7 +43,7 @@ from protocol.limits import (
     MAX_WEIGHTS_POINTER_TTL_S,
     MIN_CHUNK_BYTES,
 )
-from protocol.peer_keys import peer_id_from_private_key, public_key_from_peer_id
+from protocol.peer_keys import peer_id_from_private_key, signature_verifies
 from protocol.untrusted import capped_bytes, parse_untrusted
 from protocol.version import PROTOCOL_VERSION
 
@@ -253,11 +252,8 @@ def parse_manifest(
     data = capped_bytes(data, MAX_MANIFEST_BYTES, "manifest")
     signed = parse_untrusted(bpb.SignedManifest, data, "manifest")
     body = parse_untrusted(bpb.ManifestBody, signed.body, "manifest body")
-    try:
-        public_key = public_key_from_peer_id(body.publisher)
-        public_key.verify(signed.signature, MANIFEST_CONTEXT + signed.body)
-    except InvalidSignature:
-        raise InvalidMessage("manifest signature does not verify") from None
+    if not signature_verifies(body.publisher, signed.signature, MANIFEST_CONTEXT + signed.body):
+        raise InvalidMessage("manifest signature does not verify")
     if body.protocol_version != PROTOCOL_VERSION:
         raise InvalidMessage(
             f"manifest uses protocol v{body.protocol_version}, this node speaks v{PROTOCOL_VERSION}"

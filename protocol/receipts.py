@@ -21,7 +21,6 @@ a `Receipt` does not carry: a verdict's reward or detail, a training receipt's s
 from __future__ import annotations
 
 import enum
-import functools
 import hashlib
 import math
 import time
@@ -36,7 +35,7 @@ from protocol import receipts_pb2 as pb
 from protocol.envelope import open_envelope, seal
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_CLOCK_SKEW_S, MAX_RECEIPT_ENVELOPE_BYTES, RECEIPT_TTL_S
-from protocol.peer_keys import peer_id_from_private_key, public_key_from_peer_id
+from protocol.peer_keys import check_ed25519_peer_id, peer_id_from_private_key
 from protocol.rollout_messages import DOMAIN_VERDICT, check_verdict
 from protocol.untrusted import capped_bytes, parse_untrusted
 
@@ -227,17 +226,10 @@ def seal_seed_receipt(
 # --- opening ---
 
 
-@functools.lru_cache(maxsize=65536)
-def _signing_peer(peer_id: bytes) -> bool:
-    """Whether `peer_id` is an Ed25519 PeerID (raises InvalidMessage if not); cached: ledgers see the same peers."""
-    public_key_from_peer_id(peer_id)
-    return True
-
-
 def _check_peer_id(value: bytes, what: str) -> bytes:
     if not 0 < len(value) <= MAX_PEER_ID_BYTES:
         raise InvalidMessage(f"receipt {what} is {len(value)} bytes, expected a PeerID")
-    _signing_peer(value)  # only Ed25519 PeerIDs name a peer that can sign
+    check_ed25519_peer_id(value)  # only Ed25519 PeerIDs name a peer that can sign
     return value
 
 

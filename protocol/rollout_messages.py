@@ -46,7 +46,7 @@ from protocol.limits import (
     ROLLOUT_FORWARD_TTL_S,
     ROLLOUT_GROUP_TTL_S,
 )
-from protocol.peer_keys import public_key_from_peer_id
+from protocol.peer_keys import check_ed25519_peer_id
 from protocol.toploc import CHUNK_TOKENS, num_chunks
 from protocol.untrusted import capped_bytes, parse_untrusted
 
@@ -200,7 +200,7 @@ def open_group(
 
 def check_verdict(verdict: rpb.RolloutVerdict) -> None:
     """InvalidMessage unless every field of a decoded verdict is in range (see `open_verdict`)."""
-    public_key_from_peer_id(verdict.worker)  # InvalidMessage unless an Ed25519 PeerID
+    check_ed25519_peer_id(verdict.worker)
     if len(verdict.rollout_hash) != _SHA256_BYTES:
         raise InvalidMessage(
             f"verdict rollout_hash is {len(verdict.rollout_hash)} bytes, expected {_SHA256_BYTES}"
