@@ -69,15 +69,21 @@ def seal(
     return data
 
 
-def _parse(data: object, max_bytes: int = MAX_ENVELOPE_BYTES) -> tuple[pb.SignedEnvelope, pb.EnvelopeBody]:
-    data = capped_bytes(data, max_bytes, "envelope")
-    envelope = parse_untrusted(pb.SignedEnvelope, data, "envelope")
-    return envelope, parse_untrusted(pb.EnvelopeBody, envelope.body, "envelope body")
+def parse_envelope(
+    data: object, max_bytes: int = MAX_ENVELOPE_BYTES, what: str = "envelope"
+) -> tuple[pb.SignedEnvelope, pb.EnvelopeBody]:
+    """Decode an untrusted envelope and its body, unverified (size-capped; InvalidMessage if malformed).
+
+    Only for choosing how to verify it (`peek_domain`) or for verifying it next with `open_parsed`.
+    """
+    data = capped_bytes(data, max_bytes, what)
+    envelope = parse_untrusted(pb.SignedEnvelope, data, what)
+    return envelope, parse_untrusted(pb.EnvelopeBody, envelope.body, f"{what} body")
 
 
 def peek_domain(data: object) -> str:
     """The domain an untrusted envelope claims, unverified: only for choosing how to verify it."""
-    return _parse(data)[1].domain
+    return parse_envelope(data)[1].domain
 
 
 def open_envelope(
@@ -98,7 +104,31 @@ def open_envelope(
     protocol version, run or DHT key, signed by someone other than `signer`, badly
     signed, expired, or valid for longer than `max_ttl_s`.
     """
-    envelope, body = _parse(data, max_bytes)
+    envelope, body = parse_envelope(data, max_bytes)
+    return open_parsed(
+        envelope,
+        body,
+        domain=domain,
+        run_id=run_id,
+        dht_key=dht_key,
+        signer=signer,
+        max_ttl_s=max_ttl_s,
+        now=now,
+    )
+
+
+def open_parsed(
+    envelope: pb.SignedEnvelope,
+    body: pb.EnvelopeBody,
+    *,
+    domain: str,
+    run_id: str | None = None,
+    dht_key: str | None = None,
+    signer: bytes | None = None,
+    max_ttl_s: float | None = None,
+    now: float | None = None,
+) -> Envelope:
+    """`open_envelope` for an envelope already decoded by `parse_envelope` (checks and signature)."""
     if body.domain != domain:
         raise InvalidMessage(f"envelope is a {body.domain!r} message, expected {domain!r}")
     if body.protocol_version != PROTOCOL_VERSION:

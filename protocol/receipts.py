@@ -32,7 +32,7 @@ from google.protobuf.message import Message
 
 from protocol import hivenet_pb2, rollouts_pb2
 from protocol import receipts_pb2 as pb
-from protocol.envelope import open_envelope, seal
+from protocol.envelope import open_parsed, parse_envelope, seal
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_CLOCK_SKEW_S, MAX_RECEIPT_ENVELOPE_BYTES, RECEIPT_TTL_S
 from protocol.peer_keys import check_ed25519_peer_id, peer_id_from_private_key
@@ -334,10 +334,9 @@ def open_receipt(
     `audit`) expired or issued in the future at `now`.
     """
     data = capped_bytes(data, MAX_RECEIPT_BYTES, "receipt")
-    outer = parse_untrusted(hivenet_pb2.SignedEnvelope, data, "receipt envelope")
+    outer, body = parse_envelope(data, MAX_RECEIPT_BYTES, "receipt envelope")
     if hivenet_pb2.SignedEnvelope(body=outer.body, signature=outer.signature).SerializeToString() != data:
         raise InvalidMessage("receipt envelope is not canonically encoded")
-    body = parse_untrusted(hivenet_pb2.EnvelopeBody, outer.body, "receipt envelope body")
     kind = KIND_OF_DOMAIN.get(body.domain)
     if kind is None:
         raise InvalidMessage(f"{body.domain!r} is not a receipt")
@@ -346,8 +345,9 @@ def open_receipt(
 
     clock = time.time() if now is None else now
     # an audit checks the receipt as of its own expiry: every signature and context check, no clock
-    envelope = open_envelope(
-        data,
+    envelope = open_parsed(
+        outer,
+        body,
         domain=body.domain,
         run_id=run_id,
         now=body.expires_at if audit else clock,

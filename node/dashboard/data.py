@@ -283,22 +283,21 @@ class DashboardData:
     def node(self, peer: bytes) -> Json | None:
         """One node's page: its record if live, its credit, its receipts and why any work was rejected."""
         snap = self.snapshot()
-        mine = self.view.read(lambda ledger: list(ledger.receipts(contributor=peer, with_envelopes=True)))
-        if any(r.receipt_id not in snap.report.standing for r in mine):  # stored since: credit them too
+        mine = self.view.read(lambda ledger: ledger.contributor_receipts(peer, newest=MAX_DETAILS))
+        if any(rid not in snap.report.standing for rid, _ in mine.issued):  # stored since: credit them too
             snap = self.view.snapshot(fresh=True)
         live = next((n for n in self._live or [] if n.record.peer_id == peer), None)
         credit = snap.report.contributors.get(peer)
-        if not mine and live is None and credit is None:
+        if not mine.issued and live is None and credit is None:
             return None
         text = self._text(peer)
-        rejected = [r for r in mine if r.kind is ReceiptKind.ROLLOUT and not r.accepted]
-        reasons: dict[str, int] = {}
-        for receipt in rejected:
-            reasons[receipt.reason] = reasons.get(receipt.reason, 0) + 1
-        edges = time_edges(min((r.issued_at for r in mine), default=snap.report.now - 3600), snap.report.now)
+        edges = time_edges(
+            min((at for _, at in mine.issued), default=snap.report.now - 3600), snap.report.now
+        )
         earned = [0.0] * (len(edges) - 1)
-        for receipt in mine:
-            earned[bucket_of(edges, receipt.issued_at)] += snap.report.counted.get(receipt.receipt_id, 0.0)
+        counted = snap.report.counted
+        for rid, issued_at in mine.issued:
+            earned[bucket_of(edges, issued_at)] += counted.get(rid, 0.0)
         cumulative, total = [], 0.0
         for points in earned:
             total += points
@@ -317,21 +316,21 @@ class DashboardData:
             },
             "vouching_budget": snap.report.vouchers.get(peer),
             "trusted_signer": peer in snap.report.trusted,
-            "receipts": len(mine),
+            "receipts": len(mine.issued),
             "receipts_url": receipts_url(contributor=text),
             "rejections": {
-                "count": len(rejected),
+                "count": sum(mine.rejections.values()),
                 "by_reason": [
                     {
                         "reason": reason,
                         "count": n,
                         "receipts_url": receipts_url(contributor=text, reason=reason),
                     }
-                    for reason, n in sorted(reasons.items(), key=lambda item: -item[1])
+                    for reason, n in sorted(mine.rejections.items(), key=lambda item: -item[1])
                 ],
-                "latest": [self._receipt_json(r, snap, detail=True) for r in rejected[::-1][:MAX_DETAILS]],
+                "latest": [self._receipt_json(r, snap, detail=True) for r in mine.newest_rejected],
             },
-            "latest": [self._receipt_json(r, snap) for r in mine[::-1][:MAX_DETAILS]],
+            "latest": [self._receipt_json(r, snap) for r in mine.newest],
             "history": {"edges": edges, "cumulative_credit": cumulative},
         }
 

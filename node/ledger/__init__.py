@@ -4,6 +4,7 @@ Map of the package:
 
 - `store.Ledger`: one run's receipts in a SQLite file (WAL); every receipt re-verified before it is
   stored; `add`, `add_many` (one transaction per batch; `AddResult`), `receipts`, `get`,
+  `contributor_receipts` (one contributor's receipts at a glance, `ContributorReceipts`),
   `envelopes`, `page` (receipts after a position, as `StoredEnvelope`s: the exchange's cursor),
   `export` (a consistent snapshot while receipts arrive), `credit`.
 - `credit`: `compute_credit` -> `CreditReport` (per contributor and role: total, recent average
@@ -25,13 +26,14 @@ from node.ledger.credit import (
     compute_credit,
 )
 from node.ledger.export import AuditReport, audit_export, export_envelopes, export_run, write_export
-from node.ledger.store import AddResult, Ledger, StoredEnvelope
+from node.ledger.store import AddResult, ContributorReceipts, Ledger, StoredEnvelope
 
 __all__ = [
     "DEFAULT_HALF_LIFE_S",
     "AddResult",
     "AuditReport",
     "ContributorCredit",
+    "ContributorReceipts",
     "CreditRates",
     "CreditReport",
     "Ledger",

@@ -29,45 +29,18 @@ from typing import Any
 
 from node.ledger.credit import DEFAULT_HALF_LIFE_S, CreditRates, CreditReport, compute_credit
 from node.ledger.export import write_export
+from node.ledger.schema import COLUMNS, KIND_CODES, KIND_OF_CODE, SCHEMA, SCHEMA_VERSION
 from protocol.errors import ConfigError, InvalidMessage
 from protocol.receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptKind, open_receipt, receipt_id
 
-SCHEMA_VERSION = 1
-_KIND_CODES = {ReceiptKind.ROLLOUT: 1, ReceiptKind.TRAINING: 2, ReceiptKind.TRANSFER: 3, ReceiptKind.SEED: 4}
-_KIND_OF_CODE = {code: kind for kind, code in _KIND_CODES.items()}
 _READ_BATCH = 10_000
 """Rows read per query when iterating over the ledger (the lock is released between batches)."""
 _LOOKUP_BATCH = 500
 """Ids per `IN (...)` query when looking up which receipts of a batch are already stored."""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS peers (id INTEGER PRIMARY KEY, peer_id BLOB NOT NULL UNIQUE);
-CREATE TABLE IF NOT EXISTS receipts (
-    seq INTEGER PRIMARY KEY,
-    receipt_id BLOB NOT NULL UNIQUE,
-    kind INTEGER NOT NULL,
-    signer INTEGER NOT NULL REFERENCES peers(id),
-    contributor INTEGER NOT NULL REFERENCES peers(id),
-    evidence BLOB NOT NULL,
-    issued_at REAL NOT NULL,
-    step INTEGER NOT NULL,
-    tokens INTEGER NOT NULL,
-    byte_count INTEGER NOT NULL,
-    chunks INTEGER NOT NULL,
-    count INTEGER NOT NULL,
-    accepted INTEGER NOT NULL,
-    reason TEXT NOT NULL,
-    envelope BLOB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS receipts_by_contributor ON receipts (contributor);
-CREATE TABLE IF NOT EXISTS pull_cursors (peer BLOB PRIMARY KEY, cursor INTEGER NOT NULL, updated_at REAL NOT NULL);
-"""
-
-_COLUMNS = (
-    "receipt_id, kind, signer, contributor, evidence, issued_at, step, tokens, byte_count, chunks, count, "
-    "accepted, reason"
-)
+_CACHE_KIB = 64 * 1024
+"""SQLite page cache of a ledger connection (the default is 2 MiB)."""
+_CHECKPOINT_PAGES = 10_000
+"""WAL pages (4 KiB each) between automatic checkpoints (the default is 1,000)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +50,20 @@ class StoredEnvelope:
     seq: int
     issued_at: float
     envelope: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ContributorReceipts:
+    """One contributor's receipts at a glance, read without decoding them all (a dashboard's node page)."""
+
+    issued: list[tuple[bytes, float]]
+    """(receipt id, issue time) of every receipt naming it, in the order stored."""
+    rejections: dict[str, int]
+    """Its rejected rollouts by reason."""
+    newest: list[Receipt]
+    """Its newest receipts, newest first."""
+    newest_rejected: list[Receipt]
+    """Its newest rejected rollouts, newest first, with their envelopes."""
 
 
 @dataclass
@@ -101,7 +88,11 @@ class Ledger:
             self._db.execute(
                 "PRAGMA synchronous=NORMAL"
             )  # durable at each checkpoint; WAL keeps it consistent
-            self._db.executescript(_SCHEMA)
+            # Receipt ids are random, so every batch dirties index pages all over a large ledger: a
+            # bigger page cache and less frequent checkpoints write each such page fewer times.
+            self._db.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
+            self._db.execute(f"PRAGMA wal_autocheckpoint={_CHECKPOINT_PAGES}")
+            self._db.executescript(SCHEMA)
             self.run_id = self._bind_run(run_id)
         except (sqlite3.DatabaseError, ConfigError) as exc:
             self._db.close()
@@ -180,7 +171,7 @@ class Ledger:
             rows = [self._row(receipt) for receipt in receipts]
             before = self._db.total_changes
             self._db.executemany(
-                f"INSERT OR IGNORE INTO receipts ({_COLUMNS}, envelope) VALUES ({', '.join('?' * 14)})", rows
+                f"INSERT OR IGNORE INTO receipts ({COLUMNS}, envelope) VALUES ({', '.join('?' * 14)})", rows
             )
             added = self._db.total_changes - before
             self._db.execute("COMMIT")
@@ -231,7 +222,7 @@ class Ledger:
     def _row(self, receipt: Receipt) -> tuple[object, ...]:
         return (
             receipt.receipt_id,
-            _KIND_CODES[receipt.kind],
+            KIND_CODES[receipt.kind],
             self._peer(receipt.signer),
             self._peer(receipt.contributor),
             receipt.evidence,
@@ -256,7 +247,7 @@ class Ledger:
         self, *, contributor: bytes | None = None, with_envelopes: bool = False
     ) -> Iterator[Receipt]:
         """Stored receipts in the order they were stored (all, or one contributor's), read in batches."""
-        columns = _COLUMNS + (", envelope" if with_envelopes else "")
+        columns = COLUMNS + (", envelope" if with_envelopes else "")
         where = ""
         args: tuple[object, ...] = ()
         if contributor is not None:
@@ -267,6 +258,34 @@ class Ledger:
         query = f"SELECT seq, {columns} FROM receipts WHERE seq > ? {where} ORDER BY seq LIMIT {_READ_BATCH}"
         for row in self._batches(query, args):
             yield self._receipt(row[1:])
+
+    def contributor_receipts(self, contributor: bytes, *, newest: int) -> ContributorReceipts:
+        """What `ContributorReceipts` lists for `contributor`, with at most `newest` receipts in each list."""
+        index = self._peer_index(contributor)
+        if index is None:
+            return ContributorReceipts([], {}, [], [])
+        rejected = f"contributor = ? AND kind = {KIND_CODES[ReceiptKind.ROLLOUT]} AND accepted = 0"
+        with self._lock:
+            issued = self._db.execute(
+                "SELECT receipt_id, issued_at FROM receipts WHERE contributor = ? ORDER BY seq", (index,)
+            ).fetchall()
+            reasons = self._db.execute(
+                f"SELECT reason, COUNT(*) FROM receipts WHERE {rejected} GROUP BY reason", (index,)
+            ).fetchall()
+            newest_rows = self._db.execute(
+                f"SELECT {COLUMNS} FROM receipts WHERE contributor = ? ORDER BY seq DESC LIMIT ?",
+                (index, int(newest)),
+            ).fetchall()
+            rejected_rows = self._db.execute(
+                f"SELECT {COLUMNS}, envelope FROM receipts WHERE {rejected} ORDER BY seq DESC LIMIT ?",
+                (index, int(newest)),
+            ).fetchall()
+        return ContributorReceipts(
+            issued=[(bytes(rid), float(at)) for rid, at in issued],
+            rejections={str(reason): int(n) for reason, n in reasons},
+            newest=[self._receipt(row) for row in newest_rows],
+            newest_rejected=[self._receipt(row) for row in rejected_rows],
+        )
 
     def _batches(self, query: str, args: tuple[object, ...]) -> Iterator[tuple[Any, ...]]:
         """Rows of `query` (whose first column is seq and first parameter a seq bound), batch after batch."""
@@ -282,7 +301,7 @@ class Ledger:
     def get(self, receipt_id: bytes) -> Receipt | None:
         with self._lock:
             row = self._db.execute(
-                f"SELECT {_COLUMNS}, envelope FROM receipts WHERE receipt_id = ?", (receipt_id,)
+                f"SELECT {COLUMNS}, envelope FROM receipts WHERE receipt_id = ?", (receipt_id,)
             ).fetchone()
         return None if row is None else self._receipt(row)
 
@@ -365,7 +384,7 @@ class Ledger:
         ) = row[:13]
         return Receipt(
             receipt_id=bytes(rid),
-            kind=_KIND_OF_CODE[kind],
+            kind=KIND_OF_CODE[kind],
             signer=self._peer_of(signer),
             contributor=self._peer_of(contributor),
             run_id=self.run_id,

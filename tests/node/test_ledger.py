@@ -188,3 +188,26 @@ def test_two_connections_can_both_store_receipts_of_the_same_new_peer(tmp_path: 
         assert len(first) == len(second) == 2
         assert {r.contributor for r in first.receipts()} == {worker}
         assert {r.contributor for r in second.receipts(contributor=worker)} == {worker}
+
+
+def test_a_contributors_receipts_at_a_glance(tmp_path: Path) -> None:
+    """What a node page reads: every (id, issue time), rejections by reason, the newest of each list."""
+    key, _ = new_peer()
+    _, worker = new_peer()
+    _, other = new_peer()
+    reasons = ["stale", "sampling", "stale", "toploc_mantissa", "stale"]
+    with Ledger(tmp_path / "l.db", RUN) as ledger:
+        ledger.add(make.verdict(key, other))
+        stored = [make.verdict(key, worker, issued_at=time.time() - 100 + i) for i in range(3)]
+        stored += [make.verdict(key, worker, accepted=False, reason=reason) for reason in reasons]
+        stored.append(make.transfer(key, worker))
+        for envelope in stored:
+            ledger.add(envelope)
+        glance = ledger.contributor_receipts(worker, newest=2)
+        assert [rid for rid, _ in glance.issued] == [receipt_id(e) for e in stored]
+        assert glance.rejections == {"stale": 3, "sampling": 1, "toploc_mantissa": 1}
+        assert [r.receipt_id for r in glance.newest] == [receipt_id(e) for e in stored[:-3:-1]]
+        assert [r.reason for r in glance.newest_rejected] == ["stale", "toploc_mantissa"]
+        assert all(r.envelope and not r.accepted for r in glance.newest_rejected)
+        nobody = ledger.contributor_receipts(new_peer()[1], newest=2)
+        assert (nobody.issued, nobody.rejections, nobody.newest, nobody.newest_rejected) == ([], {}, [], [])
