@@ -1,9 +1,10 @@
 """Reading a ledger that keeps growing, from many threads: the current snapshot, and a fresh reader.
 
 `LedgerView` is what the dashboard's panels read from. It keeps one `LedgerSnapshot`, recomputed
-when the ledger has grown or the snapshot is older than `max_age_s` (recent averages decay with
+when the ledger has grown or the snapshot is older than `max_age()` (recent averages decay with
 time): on new receipts every caller waits for the snapshot that has them, so no panel stays
-behind the others, while an aged snapshot keeps being served as one thread computes the next.
+behind the others, while an aged snapshot keeps being served, to the caller that noticed its age
+too, as a background thread computes the next.
 
 The node filling the ledger is usually another process, and an open `Ledger` maps only the
 peers it has loaded, so reads go through a reader reopened whenever the ledger has grown. The
@@ -12,6 +13,7 @@ ledger is re-counted at most every `count_ttl_s` (SQLite counts a table by scann
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -21,6 +23,10 @@ from node.dashboard.snapshot import LedgerSnapshot, take_snapshot
 from node.ledger import DEFAULT_HALF_LIFE_S, Ledger
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
+
+AGED_REFRESH_COST_FACTOR = 4.0
+"""An aged snapshot is recomputed after at least this many times its last computing time."""
 
 
 class LedgerView:
@@ -49,6 +55,8 @@ class LedgerView:
         self._counted_at = -float("inf")
         self._snapshot: LedgerSnapshot | None = None
         self._snapshot_lock = threading.Lock()
+        self._compute_s = 0.0
+        """How long the last snapshot took to compute."""
 
     def count(self, *, fresh: bool = False) -> int:
         """Receipts in the ledger, as counted at most `count_ttl_s` ago (`fresh`: now)."""
@@ -58,39 +66,56 @@ class LedgerView:
         return self._counted
 
     def snapshot(self, *, fresh: bool = False) -> LedgerSnapshot:
-        """The current snapshot, recomputed if the ledger grew or it is older than `max_age_s`
+        """The current snapshot: recomputed at once if the ledger grew, in the background if it aged
         (`fresh`: the ledger is counted now, not at most `count_ttl_s` ago)."""
         current = self._snapshot
         count = self.count(fresh=fresh)
-        if (
-            current is not None
-            and current.count == count
-            and self.clock() - current.report.now < self.max_age_s
-        ):
+        if current is not None and current.count >= count:
+            if self.clock() - current.report.now >= self.max_age():
+                self._refresh_in_background()
             return current
-        if not self._snapshot_lock.acquire(blocking=current is None or current.count != count):
-            return current  # type: ignore[return-value]  # aged only: served while another thread computes
-        try:
+        with self._snapshot_lock:  # the ledger grew: every caller waits for the snapshot that has it
             current = self._snapshot
-            if (
-                current is None
-                or current.count < count
-                or self.clock() - current.report.now >= self.max_age_s
-            ):
-                count = self.count(fresh=True)
-                now = self.clock()
-                current = self._snapshot = self.read(
-                    lambda ledger: take_snapshot(
-                        ledger.receipts(with_envelopes=True),
-                        count=count,
-                        trusted=self.trusted,
-                        now=now,
-                        half_life_s=self.half_life_s,
-                    )
-                )
+            if current is None or current.count < count:
+                current = self._compute()
             return current
-        finally:
-            self._snapshot_lock.release()
+
+    def max_age(self) -> float:
+        """How old a snapshot may grow before it is recomputed: `max_age_s`, or more for a ledger so
+        large that computing it takes over 1/`AGED_REFRESH_COST_FACTOR` of that (at a million
+        receipts a snapshot takes seconds of CPU, which the page's requests need too)."""
+        return max(self.max_age_s, AGED_REFRESH_COST_FACTOR * self._compute_s)
+
+    def _refresh_in_background(self) -> None:
+        if not self._snapshot_lock.acquire(blocking=False):
+            return  # being recomputed already
+
+        def refresh() -> None:
+            try:
+                self._compute()
+            except Exception as exc:  # e.g. the ledger closed as the dashboard stopped
+                logger.warning("could not refresh the ledger snapshot: %s", exc)
+            finally:
+                self._snapshot_lock.release()
+
+        threading.Thread(target=refresh, name="ledger-snapshot", daemon=True).start()
+
+    def _compute(self) -> LedgerSnapshot:
+        count = self.count(fresh=True)
+        now = self.clock()
+        started = time.monotonic()
+        snapshot = self.read(
+            lambda ledger: take_snapshot(
+                ledger.receipts(with_envelopes=True),
+                count=count,
+                trusted=self.trusted,
+                now=now,
+                half_life_s=self.half_life_s,
+            )
+        )
+        self._compute_s = time.monotonic() - started
+        self._snapshot = snapshot
+        return snapshot
 
     def read(self, read: Callable[[Ledger], T]) -> T:
         """`read(ledger)` on a reader that knows every peer stored so far (reopened once more if a

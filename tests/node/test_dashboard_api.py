@@ -279,10 +279,29 @@ def test_snapshot_is_recomputed_when_it_ages(tmp_path: Path) -> None:
     clock[0] += 10
     assert data.snapshot() is first
     clock[0] += 25
+    assert data.snapshot() is first  # served at once while the next one is computed in the background
+    assert wait_until(lambda: data.snapshot() is not first, timeout_s=30)
     later = data.snapshot()
-    assert later is not first and later.report.now == clock[0]
+    assert later.report.now == clock[0]
     alice = run.peers["alice"].peer_id
     assert later.report.contributors[alice].recent < first.report.contributors[alice].recent
+    ledger.close()
+
+
+def test_a_snapshot_that_takes_long_to_compute_ages_longer(tmp_path: Path) -> None:
+    """At a million receipts a snapshot takes tens of seconds of CPU: it is not recomputed every `max_age_s`."""
+    run, ledger = build_run(tmp_path / "ledger.db")
+    clock = [time.time()]
+    data = DashboardData(ledger, trusted=run.trusted, max_age_s=30.0, clock=lambda: clock[0])
+    first = data.snapshot()
+    data.view._compute_s = 20.0  # what the last computation took
+    assert data.view.max_age() == 80.0
+    clock[0] += 35
+    assert data.snapshot() is first
+    assert not data.view._snapshot_lock.locked()  # no refresh was started
+    clock[0] += 50
+    assert data.snapshot() is first
+    assert wait_until(lambda: data.snapshot() is not first, timeout_s=30)
     ledger.close()
 
 
