@@ -22,6 +22,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,25 +265,26 @@ class Ledger:
         index = self._peer_index(contributor)
         if index is None:
             return ContributorReceipts([], {}, [], [])
-        rejected = f"contributor = ? AND kind = {KIND_CODES[ReceiptKind.ROLLOUT]} AND accepted = 0"
+        rollout = KIND_CODES[ReceiptKind.ROLLOUT]
         with self._lock:
-            issued = self._db.execute(
-                "SELECT receipt_id, issued_at FROM receipts WHERE contributor = ? ORDER BY seq", (index,)
-            ).fetchall()
-            reasons = self._db.execute(
-                f"SELECT reason, COUNT(*) FROM receipts WHERE {rejected} GROUP BY reason", (index,)
+            rows = self._db.execute(
+                "SELECT receipt_id, issued_at, kind = ? AND accepted = 0, reason FROM receipts "
+                "WHERE contributor = ? ORDER BY seq",
+                (rollout, index),
             ).fetchall()
             newest_rows = self._db.execute(
                 f"SELECT {COLUMNS} FROM receipts WHERE contributor = ? ORDER BY seq DESC LIMIT ?",
                 (index, int(newest)),
             ).fetchall()
             rejected_rows = self._db.execute(
-                f"SELECT {COLUMNS}, envelope FROM receipts WHERE {rejected} ORDER BY seq DESC LIMIT ?",
-                (index, int(newest)),
+                f"SELECT {COLUMNS}, envelope FROM receipts WHERE contributor = ? AND kind = ? AND accepted = 0 "
+                "ORDER BY seq DESC LIMIT ?",
+                (index, rollout, int(newest)),
             ).fetchall()
+        rejections = Counter(str(reason) for _, _, rejected, reason in rows if rejected)
         return ContributorReceipts(
-            issued=[(bytes(rid), float(at)) for rid, at in issued],
-            rejections={str(reason): int(n) for reason, n in reasons},
+            issued=[(bytes(rid), float(at)) for rid, at, _, _ in rows],
+            rejections=dict(rejections.most_common()),
             newest=[self._receipt(row) for row in newest_rows],
             newest_rejected=[self._receipt(row) for row in rejected_rows],
         )
