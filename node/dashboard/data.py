@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlencode
@@ -23,7 +24,7 @@ from hivemind.p2p import PeerID
 
 from node.dashboard.bans_view import bans_json
 from node.dashboard.ledger_view import LedgerView
-from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, bucket_of, time_edges
+from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, time_edges
 from node.dashboard.training_view import panel_json
 from node.ledger import DEFAULT_HALF_LIFE_S, Ledger, Standing
 from node.membership import LiveNode
@@ -284,24 +285,21 @@ class DashboardData:
         """One node's page: its record if live, its credit, its receipts and why any work was rejected."""
         snap = self.snapshot()
         mine = self.view.read(lambda ledger: ledger.contributor_receipts(peer, newest=MAX_DETAILS))
-        if any(rid not in snap.report.standing for rid, _ in mine.issued):  # stored since: credit them too
+        if any(
+            r.receipt_id not in snap.report.standing for r in mine.newest
+        ):  # stored since: credit them too
             snap = self.view.snapshot(fresh=True)
         live = next((n for n in self._live or [] if n.record.peer_id == peer), None)
         credit = snap.report.contributors.get(peer)
-        if not mine.issued and live is None and credit is None:
+        timeline = snap.timelines.get(peer)
+        if timeline is None and not mine.newest and live is None and credit is None:
             return None
         text = self._text(peer)
-        edges = time_edges(
-            min((at for _, at in mine.issued), default=snap.report.now - 3600), snap.report.now
-        )
-        earned = [0.0] * (len(edges) - 1)
-        counted = snap.report.counted
-        for rid, issued_at in mine.issued:
-            earned[bucket_of(edges, issued_at)] += counted.get(rid, 0.0)
-        cumulative, total = [], 0.0
-        for points in earned:
-            total += points
-            cumulative.append(round(total, 3))
+        start = timeline.issued[0] if timeline else snap.report.now - 3600
+        edges = time_edges(start, snap.report.now)
+        earned = timeline.cumulative_at(edges) if timeline else [0.0] * (len(edges) - 1)
+        cumulative = [round(points, 3) for points in earned]
+        rejections = snap.rejected_peers.get(peer, Counter())
         return {
             **self._peer(peer),
             "run_id": self.run_id,
@@ -316,17 +314,17 @@ class DashboardData:
             },
             "vouching_budget": snap.report.vouchers.get(peer),
             "trusted_signer": peer in snap.report.trusted,
-            "receipts": len(mine.issued),
+            "receipts": max(len(timeline) if timeline else 0, len(mine.newest)),
             "receipts_url": receipts_url(contributor=text),
             "rejections": {
-                "count": sum(mine.rejections.values()),
+                "count": sum(rejections.values()),
                 "by_reason": [
                     {
                         "reason": reason,
                         "count": n,
                         "receipts_url": receipts_url(contributor=text, reason=reason),
                     }
-                    for reason, n in sorted(mine.rejections.items(), key=lambda item: -item[1])
+                    for reason, n in rejections.most_common()
                 ],
                 "latest": [self._receipt_json(r, snap, detail=True) for r in mine.newest_rejected],
             },

@@ -2,16 +2,20 @@
 
 A `LedgerSnapshot` is computed from every stored receipt at one instant and then only read, so
 the web server's threads share it without locks. It keeps counts, sums and, for each figure a
-person may click, the newest few receipts behind it (`RECENT_PER_FIGURE`); the full list of one
-contributor's receipts is read from the ledger's index when asked for, not kept here.
+person may click, the newest few receipts behind it (`RECENT_PER_FIGURE`), and for each
+contributor the issue times of its receipts with the credit they earned (`ContributorTimeline`,
+16 bytes a receipt), so that a node page draws its credit history without reading the ledger;
+the receipts themselves are read from the ledger's index when asked for, not kept here.
 """
 
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections import Counter, defaultdict, deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from node.dashboard.bans_view import BanTally, WorkerBans
 from node.dashboard.training_view import TrainingFigures, TrainingTally
@@ -49,6 +53,27 @@ class VersionSpread:
         self.last_at = max(self.last_at, receipt.issued_at)
 
 
+@dataclass(frozen=True)
+class ContributorTimeline:
+    """One contributor's receipts in time: issue times (ascending) and the credit counted up to each."""
+
+    issued: array[float]
+    cumulative: array[float]
+
+    def __len__(self) -> int:
+        return len(self.issued)
+
+    def cumulative_at(self, edges: list[float]) -> list[float]:
+        """Credit earned by receipts of each bucket between `edges` and all before it, as `bucket_of`
+        places them (the first bucket takes what is earlier, the last what is later)."""
+        points = []
+        for end in edges[1:-1]:
+            upto = bisect.bisect_left(self.issued, end)
+            points.append(self.cumulative[upto - 1] if upto else 0.0)
+        points.append(self.cumulative[-1] if self.cumulative else 0.0)
+        return points
+
+
 @dataclass
 class LedgerSnapshot:
     """The credit report of a ledger and what its panels show, taken at `report.now`."""
@@ -77,6 +102,8 @@ class LedgerSnapshot:
     """The training panel's figures (`node.dashboard.training_view`)."""
     bans: list[WorkerBans]
     """Workers the run's trusted validators banned, latest ban first (`node.dashboard.bans_view`)."""
+    timelines: dict[bytes, ContributorTimeline] = field(default_factory=dict)
+    """Each contributor's receipts in time, with the credit they earned."""
 
     def behind(self, figure: str, value: str) -> list[Receipt]:
         """The newest receipts (newest first) behind a figure, at most `RECENT_PER_FIGURE`."""
@@ -108,7 +135,7 @@ def take_snapshot(
     accepted = tokens_accepted = 0
     first_at, last_at = float("inf"), 0.0
     latest: deque[Receipt] = deque(maxlen=LATEST_KEPT)
-    timeline: list[tuple[float, bytes, bool]] = []
+    timeline: list[tuple[float, bytes, bool, bytes]] = []
     training = TrainingTally()
     bans = BanTally(trusted)
 
@@ -137,7 +164,7 @@ def take_snapshot(
         training.add(receipt)
         latest.append(receipt)
         rejection = receipt.kind is ReceiptKind.ROLLOUT and not receipt.accepted
-        timeline.append((receipt.issued_at, receipt.receipt_id, rejection))
+        timeline.append((receipt.issued_at, receipt.receipt_id, rejection, receipt.contributor))
         return receipt
 
     report = compute_credit(
@@ -165,6 +192,7 @@ def take_snapshot(
         rejection_history=rejection_history,
         training=training.finish(report),
         bans=bans.ranked(),
+        timelines=_timelines(timeline, report),
     )
 
 
@@ -179,13 +207,29 @@ def bucket_of(edges: list[float], instant: float) -> int:
     return min(max(bisect.bisect_right(edges, instant) - 1, 0), len(edges) - 2)
 
 
+def _timelines(
+    timeline: list[tuple[float, bytes, bool, bytes]], report: CreditReport
+) -> dict[bytes, ContributorTimeline]:
+    earned: dict[bytes, list[tuple[float, float]]] = defaultdict(list)
+    for issued_at, rid, _, contributor in timeline:
+        earned[contributor].append((issued_at, report.counted.get(rid, 0.0)))
+    timelines = {}
+    for contributor, points in earned.items():
+        points.sort()
+        timelines[contributor] = ContributorTimeline(
+            issued=array("d", (at for at, _ in points)),
+            cumulative=array("d", accumulate(credit for _, credit in points)),
+        )
+    return timelines
+
+
 def _history(
-    timeline: list[tuple[float, bytes, bool]], report: CreditReport, first_at: float, now: float
+    timeline: list[tuple[float, bytes, bool, bytes]], report: CreditReport, first_at: float, now: float
 ) -> tuple[list[float], list[float], list[int]]:
     edges = time_edges(first_at if timeline else now - 3600.0, max(now, first_at))
     credit = [0.0] * (len(edges) - 1)
     rejections = [0] * (len(edges) - 1)
-    for issued_at, rid, rejection in timeline:
+    for issued_at, rid, rejection, _ in timeline:
         bucket = bucket_of(edges, issued_at)
         credit[bucket] += report.counted.get(rid, 0.0)
         rejections[bucket] += rejection

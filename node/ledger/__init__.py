@@ -4,7 +4,7 @@ Map of the package:
 
 - `store.Ledger`: one run's receipts in a SQLite file (WAL); every receipt re-verified before it is
   stored; `add`, `add_many` (one transaction per batch; `AddResult`), `receipts`, `get`,
-  `contributor_receipts` (one contributor's receipts at a glance, `ContributorReceipts`),
+  `contributor_receipts` (one contributor's newest receipts, `ContributorReceipts`),
   `envelopes`, `page` (receipts after a position, as `StoredEnvelope`s: the exchange's cursor),
   `export` (a consistent snapshot while receipts arrive), `credit`.
 - `credit`: `compute_credit` -> `CreditReport` (per contributor and role: total, recent average

@@ -22,7 +22,6 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
-from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,12 +54,8 @@ class StoredEnvelope:
 
 @dataclass(frozen=True, slots=True)
 class ContributorReceipts:
-    """One contributor's receipts at a glance, read without decoding them all (a dashboard's node page)."""
+    """One contributor's newest receipts, read without decoding the others (a dashboard's node page)."""
 
-    issued: list[tuple[bytes, float]]
-    """(receipt id, issue time) of every receipt naming it, in the order stored."""
-    rejections: dict[str, int]
-    """Its rejected rollouts by reason."""
     newest: list[Receipt]
     """Its newest receipts, newest first."""
     newest_rejected: list[Receipt]
@@ -261,17 +256,11 @@ class Ledger:
             yield self._receipt(row[1:])
 
     def contributor_receipts(self, contributor: bytes, *, newest: int) -> ContributorReceipts:
-        """What `ContributorReceipts` lists for `contributor`, with at most `newest` receipts in each list."""
+        """`contributor`'s newest receipts and newest rejected rollouts, at most `newest` of each."""
         index = self._peer_index(contributor)
         if index is None:
-            return ContributorReceipts([], {}, [], [])
-        rollout = KIND_CODES[ReceiptKind.ROLLOUT]
+            return ContributorReceipts([], [])
         with self._lock:
-            rows = self._db.execute(
-                "SELECT receipt_id, issued_at, kind = ? AND accepted = 0, reason FROM receipts "
-                "WHERE contributor = ? ORDER BY seq",
-                (rollout, index),
-            ).fetchall()
             newest_rows = self._db.execute(
                 f"SELECT {COLUMNS} FROM receipts WHERE contributor = ? ORDER BY seq DESC LIMIT ?",
                 (index, int(newest)),
@@ -279,12 +268,9 @@ class Ledger:
             rejected_rows = self._db.execute(
                 f"SELECT {COLUMNS}, envelope FROM receipts WHERE contributor = ? AND kind = ? AND accepted = 0 "
                 "ORDER BY seq DESC LIMIT ?",
-                (index, rollout, int(newest)),
+                (index, KIND_CODES[ReceiptKind.ROLLOUT], int(newest)),
             ).fetchall()
-        rejections = Counter(str(reason) for _, _, rejected, reason in rows if rejected)
         return ContributorReceipts(
-            issued=[(bytes(rid), float(at)) for rid, at, _, _ in rows],
-            rejections=dict(rejections.most_common()),
             newest=[self._receipt(row) for row in newest_rows],
             newest_rejected=[self._receipt(row) for row in rejected_rows],
         )
