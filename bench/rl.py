@@ -16,8 +16,12 @@ Both runs' final policies are scored on the same held-out prompts and sampling s
 `reward_gain_ratio = (R_swarm - R0) / (R_sync - R0)`. CPU figures use thread CPU clocks, so the
 trainer and validator sharing the machine's cores with the worker do not decide them.
 
-    python bench/rl.py --quick   # K = 6 steps (about 3 minutes on 2 cores)
+    python bench/rl.py --quick   # K = 6 steps
     python bench/rl.py           # K = 30 steps
+
+The first run also pretrains the policy and caches it; after that, on 2 cores, `--quick` takes
+about 30 s and the full run about 90 s. With K = 6 the sync loop's gain is small and noisy, so
+`reward_gain_ratio` of a quick run says little; read the full run's.
 
 Ends with one line `RESULT key=value ...`.
 """
