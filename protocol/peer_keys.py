@@ -44,11 +44,6 @@ def peer_id_from_private_key(private_key: Ed25519PrivateKey) -> bytes:
     return peer_id_from_public_key(private_key.public_key())
 
 
-def public_key_from_peer_id(peer_id: bytes) -> Ed25519PublicKey:
-    """Extract the Ed25519 public key inlined in a PeerID; raise InvalidMessage for any other PeerID."""
-    return Ed25519PublicKey.from_public_bytes(_raw_public_key(_checked(peer_id)))
-
-
 def check_ed25519_peer_id(peer_id: bytes) -> bytes:
     """`peer_id` itself if it is an Ed25519 PeerID (a peer that can sign); InvalidMessage otherwise."""
     _raw_public_key(_checked(peer_id))
