@@ -14,6 +14,7 @@ with no I/O; the reference vectors in `tests/data/toploc/golden.json` pin its by
 * `verify_proofs(hidden, proofs)` -> one `ChunkCheck` per chunk with the reference's three
   figures (exponent mismatches, mean and upper-median mantissa error) plus the number of
   sign mismatches, which the reference never checks, and of values that differ at all.
+* `verify_proofs_batch([(hidden, proofs), ...])` -> the same per rollout, evaluated together.
 
 Where the reference is weak this module is stricter: every proof is validated (length,
 modulus, coefficients in the field, number of proofs per chunk, bf16 2-D activations) before
@@ -31,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +50,7 @@ __all__ = [
     "num_chunks",
     "proof_length",
     "verify_proofs",
+    "verify_proofs_batch",
 ]
 
 FIELD_PRIME = 65497
@@ -240,27 +243,34 @@ def _check_hidden(hidden: object, chunk_tokens: int, topk: int) -> torch.Tensor:
     return hidden.detach().cpu().contiguous()
 
 
-def _chunks_topk(hidden: torch.Tensor, chunk_tokens: int, topk: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per chunk of `chunk_tokens` rows: top-k indices of |values| (flattened) and their bf16 bits.
+def _chunks_topk(
+    hiddens: Sequence[torch.Tensor], chunk_tokens: int, topk: int
+) -> list[list[tuple[np.ndarray, np.ndarray]]]:
+    """Per rollout, per chunk of `chunk_tokens` rows: top-k indices of |values| (flattened) and their bf16 bits.
 
-    Tie-breaking is torch CPU's `topk`, as in the reference. The full chunks go through one
-    batched `topk` over rows (same per-row algorithm as the reference's 1-D call, a test holds
-    it to that); a shorter last chunk gets its own call.
+    Tie-breaking is torch CPU's `topk`, as in the reference. Chunks holding as many values,
+    of any rollout, go through one batched `topk` over rows (the same per-row algorithm as the
+    reference's 1-D call on each chunk; a test holds it to that).
     """
-    t, h = hidden.shape
-    full = t // chunk_tokens
-    pieces: list[torch.Tensor] = []
-    if full:
-        rows = hidden[: full * chunk_tokens].reshape(full, chunk_tokens * h)
-        pieces.extend(rows.abs().topk(min(topk, rows.shape[1]), dim=-1).indices)
-    if full * chunk_tokens < t:
-        last = hidden[full * chunk_tokens :].reshape(-1)
-        pieces.append(last.abs().topk(min(topk, last.numel())).indices)
-    out = []
-    for i, idx in enumerate(pieces):
-        flat = hidden[i * chunk_tokens : (i + 1) * chunk_tokens].reshape(-1)
-        bits = flat[idx].view(torch.int16).numpy().astype(_NP_INT) & 0xFFFF
-        out.append((idx.numpy().astype(_NP_INT), bits))
+    chunks = [
+        (r, hidden[start : start + chunk_tokens].reshape(-1))
+        for r, hidden in enumerate(hiddens)
+        for start in range(0, hidden.shape[0], chunk_tokens)
+    ]
+    by_size: dict[int, list[int]] = {}
+    for j, (_, flat) in enumerate(chunks):
+        by_size.setdefault(flat.numel(), []).append(j)
+    found: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    for size, members in by_size.items():
+        values = torch.stack([chunks[j][1] for j in members])
+        idx = values.abs().topk(min(topk, size), dim=-1).indices
+        bits = values.gather(-1, idx).view(torch.int16).numpy().astype(_NP_INT) & 0xFFFF
+        indices = idx.numpy().astype(_NP_INT)
+        for row, j in enumerate(members):
+            found[j] = (indices[row], bits[row])
+    out: list[list[tuple[np.ndarray, np.ndarray]]] = [[] for _ in hiddens]
+    for j, (r, _) in enumerate(chunks):
+        out[r].append(found[j])
     return out
 
 
@@ -273,7 +283,7 @@ def build_proofs(hidden: torch.Tensor, chunk_tokens: int = CHUNK_TOKENS, topk: i
     """
     hidden = _check_hidden(hidden, chunk_tokens, topk)
     proofs = []
-    for idx, bits in _chunks_topk(hidden, chunk_tokens, topk):
+    for idx, bits in _chunks_topk([hidden], chunk_tokens, topk)[0]:
         modulus = _injective_modulus(idx)
         coeffs = _interpolate(idx % modulus, bits)
         out = np.empty(1 + coeffs.shape[0], dtype=">u2")
@@ -315,6 +325,66 @@ def verify_proofs(
     number of proofs is not one per chunk, a proof has the wrong length, a modulus of 0 or
     above 65497 or a coefficient outside the field, or `hidden` is not a 2-D bf16 tensor.
     """
+    result = verify_proofs_batch([(hidden, proofs)], chunk_tokens, topk)[0]
+    if isinstance(result, InvalidProofError):
+        raise result
+    return result
+
+
+def verify_proofs_batch(
+    rollouts: Sequence[tuple[torch.Tensor, list[bytes]]],
+    chunk_tokens: int = CHUNK_TOKENS,
+    topk: int = TOPK,
+) -> list[list[ChunkCheck] | InvalidProofError]:
+    """`verify_proofs` on several `(hidden, proofs)` at once: per rollout, its checks or its error.
+
+    Each result is what `verify_proofs` returns for that rollout alone, or the `InvalidProofError`
+    it raises; one malformed rollout does not stop the others. The proofs of every rollout are
+    evaluated together (chunks with the same k share one batched matrix product), which saves
+    the per-call overhead that dominates for a group of short completions.
+    """
+    parsed: list[tuple[torch.Tensor, list[tuple[int, np.ndarray]]] | InvalidProofError] = []
+    for hidden, proofs in rollouts:
+        try:
+            parsed.append(_parse_rollout(hidden, proofs, chunk_tokens, topk))
+        except InvalidProofError as e:
+            parsed.append(e)
+    well_formed = {r: item for r, item in enumerate(parsed) if not isinstance(item, InvalidProofError)}
+
+    # Recompute the top-k per chunk (the reference's tie-breaking), then evaluate every proof
+    # of every rollout at once: chunks with the same k share one batched matrix product.
+    tops = dict(
+        zip(
+            well_formed,
+            _chunks_topk([hidden for hidden, _ in well_formed.values()], chunk_tokens, topk),
+            strict=True,
+        )
+    )
+    chunks = [
+        (r, c, idx, bits, modulus, coeffs)
+        for r, (_, proofs) in well_formed.items()
+        for c, ((idx, bits), (modulus, coeffs)) in enumerate(zip(tops[r], proofs, strict=True))
+    ]
+    claimed: dict[tuple[int, int], np.ndarray] = {}
+    for k in {idx.shape[0] for _, _, idx, _, _, _ in chunks}:
+        same = [chunk for chunk in chunks if chunk[2].shape[0] == k]
+        coeffs = np.stack([chunk[5] for chunk in same])
+        points = np.stack([chunk[2] % chunk[4] for chunk in same])
+        for chunk, values in zip(same, _evaluate(coeffs, points), strict=True):
+            claimed[chunk[0], chunk[1]] = values
+
+    return [
+        item
+        if isinstance(item, InvalidProofError)
+        else [_chunk_check(idx, bits, claimed[r, c]) for c, (idx, bits) in enumerate(tops[r])]
+        for r, item in enumerate(parsed)
+    ]
+
+
+def _parse_rollout(
+    hidden: torch.Tensor, proofs: list[bytes], chunk_tokens: int, topk: int
+) -> tuple[torch.Tensor, list[tuple[int, np.ndarray]]]:
+    """The checked activations and the parsed proofs, once both are known to be well formed."""
     hidden = _check_hidden(hidden, chunk_tokens, topk)
     if not isinstance(proofs, list | tuple):
         raise InvalidProofError(f"proofs must be a list of bytes, got {type(proofs).__name__}")
@@ -328,35 +398,22 @@ def verify_proofs(
     for i, proof in enumerate(proofs):
         rows = min(chunk_tokens, t - i * chunk_tokens)
         parsed.append(_parse_proof(proof, proof_length(rows * h, topk), i))
+    return hidden, parsed
 
-    # Recompute the top-k per chunk (the reference's tie-breaking), then evaluate
-    # every proof at once: chunks with the same k share one batched matrix product.
-    tops = _chunks_topk(hidden, chunk_tokens, topk)
-    claimed_by_chunk: list[np.ndarray] = [np.empty(0, dtype=_NP_INT)] * expected
-    for k in {idx.shape[0] for idx, _ in tops}:
-        group = [i for i in range(expected) if tops[i][0].shape[0] == k]
-        coeffs = np.stack([parsed[i][1] for i in group])
-        points = np.stack([tops[i][0] % parsed[i][0] for i in group])
-        for i, values in zip(group, _evaluate(coeffs, points), strict=True):
-            claimed_by_chunk[i] = values
 
-    results = []
-    for (idx, bits), claimed in zip(tops, claimed_by_chunk, strict=True):
-        exp_mismatch = ((claimed & 0x7F80) >> 7) != ((bits & 0x7F80) >> 7)
-        errs = np.sort(np.abs((claimed & 0x7F) - (bits & 0x7F))[~exp_mismatch])
-        if errs.shape[0]:
-            mean = float(errs.sum()) / errs.shape[0]
-            median = float(errs[errs.shape[0] // 2])
-        else:
-            mean = median = NO_MATCH_ERROR
-        results.append(
-            ChunkCheck(
-                exp_mismatches=int(np.count_nonzero(exp_mismatch)),
-                mant_err_mean=mean,
-                mant_err_median=median,
-                sign_mismatches=int(np.count_nonzero((claimed >> 15) != (bits >> 15))),
-                value_mismatches=int(np.count_nonzero(claimed != bits)),
-                topk=int(idx.shape[0]),
-            )
-        )
-    return results
+def _chunk_check(idx: np.ndarray, bits: np.ndarray, claimed: np.ndarray) -> ChunkCheck:
+    exp_mismatch = ((claimed & 0x7F80) >> 7) != ((bits & 0x7F80) >> 7)
+    errs = np.sort(np.abs((claimed & 0x7F) - (bits & 0x7F))[~exp_mismatch])
+    if errs.shape[0]:
+        mean = float(errs.sum()) / errs.shape[0]
+        median = float(errs[errs.shape[0] // 2])
+    else:
+        mean = median = NO_MATCH_ERROR
+    return ChunkCheck(
+        exp_mismatches=int(np.count_nonzero(exp_mismatch)),
+        mant_err_mean=mean,
+        mant_err_median=median,
+        sign_mismatches=int(np.count_nonzero((claimed >> 15) != (bits >> 15))),
+        value_mismatches=int(np.count_nonzero(claimed != bits)),
+        topk=int(idx.shape[0]),
+    )

@@ -9,6 +9,8 @@ Two ways to run it, which must agree up to floating-point noise:
 * `forward` / `forward_with_hidden`: one pass over a whole `[B, T]` batch (training, and the
   verifier's prefill).
 * `prefill_cache` + `decode_step`: incremental decoding with a key/value cache (generation).
+* `cache_prefix` + `decode_ragged`: several right-padded sequences after one shared cached
+  prefix, computing only their real rows (the verifier's pass over a group's completions).
 
 The "final hidden state" is the output of the final RMS norm, just before the LM head; it is
 what TOPLOC proves. The model runs in float32, bfloat16 or float16 (`model.to(dtype)`).
@@ -28,6 +30,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -147,6 +151,13 @@ class KVCache:
         k = self.keys[0]
         return 0 if k is None else int(k.shape[2])
 
+    def expanded(self, batch: int) -> KVCache:
+        """This cache (of one sequence) seen as `batch` sequences sharing it, without copying it."""
+        out = KVCache(len(self.keys))
+        out.keys = [None if k is None else k.expand(batch, -1, -1, -1) for k in self.keys]
+        out.values = [None if v is None else v.expand(batch, -1, -1, -1) for v in self.values]
+        return out
+
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add this step's keys/values for `layer` and return the full cached keys/values."""
         old_k, old_v = self.keys[layer], self.values[layer]
@@ -194,6 +205,14 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: i
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
+class _Ragged(NamedTuple):
+    """Where the real rows of a right-padded `[batch, time]` grid are, as indices into its `batch * time` rows."""
+
+    rows: torch.Tensor
+    batch: int
+    time: int
+
+
 class Block(nn.Module):
     """Pre-norm transformer block: causal self-attention then a GELU MLP, both residual."""
 
@@ -208,9 +227,19 @@ class Block(nn.Module):
         self.mlp_in = Linear(cfg.d_model, cfg.mlp_ratio * cfg.d_model)
         self.mlp_out = Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.attn_norm(x)).split(d, dim=-1)
+    def forward(
+        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, ragged: _Ragged | None = None
+    ) -> torch.Tensor:
+        """`x` is `[B, T, d]`, or with `ragged` the `[N, d]` real rows of a padded grid: every
+        row-wise layer then sees only those rows, and attention the grid they are put back in."""
+        d = x.shape[-1]
+        qkv = self.qkv(self.attn_norm(x))
+        if ragged is None:
+            b, t = x.shape[0], x.shape[1]
+        else:
+            b, t = ragged.batch, ragged.time
+            qkv = qkv.new_zeros(b * t, 3 * d).index_copy_(0, ragged.rows, qkv).view(b, t, 3 * d)
+        q, k, v = qkv.split(d, dim=-1)
         q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         k = k.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
         v = v.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
@@ -222,8 +251,15 @@ class Block(nn.Module):
             k, v = cache.append(layer, k, v)
         # Attention accumulated wide (the cache keeps the model's dtype), output rounded once.
         acc = _acc_dtype()
-        att = _causal_attention(q.to(acc), k.to(acc), v.to(acc), past)
-        x = x + self.attn_out(att.to(dtype).transpose(1, 2).reshape(b, t, d))
+        att = (
+            _causal_attention(q.to(acc), k.to(acc), v.to(acc), past)
+            .to(dtype)
+            .transpose(1, 2)
+            .reshape(b, t, d)
+        )
+        if ragged is not None:
+            att = att.reshape(b * t, d).index_select(0, ragged.rows)
+        x = x + self.attn_out(att)
         # GELU is elementwise (no accumulation): float32 is exact enough and row-invariant.
         return x + self.mlp_out(F.gelu(self.mlp_in(self.mlp_norm(x)).float()).to(dtype))
 
@@ -314,6 +350,32 @@ class TinyGPT(nn.Module):
         cache = KVCache(self.config.n_layers)
         logits, hidden = self._run(self._embed(input_ids, 0), cache)
         return logits, hidden, cache
+
+    def cache_prefix(self, input_ids: torch.Tensor) -> KVCache:
+        """Run `input_ids` once for their keys and values only (no logits): a shared prefix to decode after."""
+        cache = KVCache(self.config.n_layers)
+        self._run(self._embed(input_ids, 0), cache, outputs_from=input_ids.shape[1])
+        return cache
+
+    def decode_ragged(
+        self, input_ids: torch.Tensor, lengths: Sequence[int], cache: KVCache
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`decode_step` on right-padded sequences `[B, t]` of `lengths` tokens, computing their real rows only.
+
+        Norms, projections, MLP and head see only the `N = sum(lengths)` real tokens; attention
+        sees the padded grid (a padded key comes after every real query, so none sees it).
+        Returns `(logits [N, V], final_hidden [N, d])`, the rows of sequence 0 first.
+        """
+        b, t = input_ids.shape
+        if len(lengths) != b or not all(0 <= n <= t for n in lengths):
+            raise ValueError(f"lengths {list(lengths)} do not fit input_ids of shape {(b, t)}")
+        rows = torch.cat([torch.arange(row * t, row * t + n) for row, n in enumerate(lengths)])
+        ragged = _Ragged(rows, b, t)
+        x = self._embed(input_ids, cache.length).reshape(b * t, -1).index_select(0, rows)
+        for i, block in enumerate(self.blocks):
+            x = block(x, cache, i, ragged)
+        hidden = self.final_norm(x)
+        return self.lm_head(hidden), hidden
 
     def decode_step(self, input_ids: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed the next token(s) `[B, t]` after the cached positions; return `(logits, final_hidden)`."""

@@ -17,6 +17,8 @@ out). `top_p >= 1` keeps every token.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -53,18 +55,26 @@ def _splitmix64(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def gumbel_noise(seed: int, positions: np.ndarray | list[int], vocab_size: int) -> np.ndarray:
+def gumbel_noise(
+    seed: int | Sequence[int], positions: np.ndarray | Sequence[int], vocab_size: int
+) -> np.ndarray:
     """Standard Gumbel noise `[len(positions), vocab_size]` (float64) for `(seed, position, token)`.
 
-    `seed` is any integer in [0, 2**64); `positions` are completion indices (0 = first
-    generated token). The values are platform-independent.
+    `seed` is any integer in [0, 2**64), or one such seed per position (the rows of several
+    completions at once); `positions` are completion indices (0 = first generated token).
+    The values are platform-independent.
     """
-    if not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be in [0, 2**64), got {seed}")
+    seeds = [seed] if isinstance(seed, int) else list(seed)
+    if not isinstance(seed, int) and len(seeds) != len(positions):
+        raise ValueError(
+            f"{len(seeds)} seeds for {len(positions)} positions: give one seed, or one per position"
+        )
+    if seeds and not (min(seeds) >= 0 and max(seeds) < 2**64):
+        raise ValueError(f"seeds must be in [0, 2**64), got {min(seeds)}..{max(seeds)}")
     pos = np.asarray(positions, dtype=np.uint64).reshape(-1, 1)
     tok = np.arange(vocab_size, dtype=np.uint64).reshape(1, -1)
     with np.errstate(over="ignore"):
-        key = _splitmix64(np.array([seed], dtype=np.uint64))
+        key = _splitmix64(np.array(seeds, dtype=np.uint64)).reshape(-1, 1)
         row = _splitmix64(key ^ _splitmix64(pos))
         bits = _splitmix64(row + tok * _GOLDEN)
     u = ((bits >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)

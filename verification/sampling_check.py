@@ -87,16 +87,14 @@ def check_sampling_batch(
     if not logits:
         return []
     wide = torch.cat([row.detach().to(torch.float64).cpu() for row in logits])
-    noise = np.concatenate(
-        [
-            gumbel_noise(seed, np.arange(row.shape[0]), row.shape[-1])
-            for row, seed in zip(logits, seeds, strict=True)
-        ]
-    )
+    lengths = [row.shape[0] for row in logits]
+    positions = np.concatenate([np.arange(n) for n in lengths])
+    row_seeds = [seed for seed, n in zip(seeds, lengths, strict=True) for _ in range(n)]
+    noise = gumbel_noise(row_seeds, positions, wide.shape[-1])
     scores = wide / params.temperature + torch.from_numpy(noise)
     all_tokens = torch.cat([row.to(torch.long).cpu() for row in tokens])
     stacked = _check_rows(wide, scores, all_tokens, params, abs_tol, rel_tol)
-    bounds = np.cumsum([0] + [row.shape[0] for row in logits])
+    bounds = np.cumsum([0, *lengths])
     return [
         SamplingCheck(gaps=stacked.gaps[a:b], tolerances=stacked.tolerances[a:b])
         for a, b in itertools.pairwise(bounds)

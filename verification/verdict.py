@@ -13,8 +13,9 @@ are proved). Then, in order, the first failing check decides:
 
 `judge` is the pure part (claim + recomputed tensors -> verdict); `verify_rollout` adds the
 prefill, and `RolloutVerifier` keeps one model copy per precision for a policy version.
-`RolloutVerifier.verify_group` judges a group's claims with one batched prefill per precision
-(`recompute_batch`), which recomputes the very rows of one prefill per claim (`recompute`).
+`RolloutVerifier.verify_group` judges a group's claims with one batched pass per precision
+(`recompute_batch`: the shared prompt once, the completions as a batch), which recomputes the
+very rows of one prefill per claim (`recompute`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from dataclasses import dataclass, field
 import torch
 
 from protocol.errors import InvalidProofError
-from protocol.toploc import CHUNK_TOKENS, TOPK, ChunkCheck, verify_proofs
-from training.model import TinyGPT
+from protocol.toploc import CHUNK_TOKENS, TOPK, ChunkCheck, verify_proofs_batch
+from training.model import KVCache, TinyGPT
 from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.rollout import CLAIM_DTYPES, RolloutClaim
 from verification.sampling_check import SamplingCheck, check_sampling, check_sampling_batch
@@ -128,24 +129,26 @@ def judge(
     chunk_tokens: int = CHUNK_TOKENS,
     topk: int = TOPK,
     sampling: SamplingCheck | None = None,
+    toploc: list[ChunkCheck] | InvalidProofError | None = None,
 ) -> Verdict:
     """Verdict on `claim` given the verifier's recomputed completion rows.
 
     `hidden [C, H]` and `logits [C, V]` are the final hidden states and logits at the
     positions that produced the C completion tokens (`prompt_len - 1 ...`), computed in the
-    claimed precision. Proof and TOPLOC checks come first, then the sampling check
-    (`sampling`, when given, is that check already computed on these logits with
-    `check_sampling_batch`).
+    claimed precision. Proof and TOPLOC checks come first, then the sampling check.
+    `toploc` and `sampling`, when given, are those checks already computed on these rows
+    (`verify_proofs_batch`, `check_sampling_batch`).
     """
     n = len(claim.completion_ids)
     if hidden.shape[0] != n or logits.shape[0] != n:
         raise ValueError(
             f"need {n} recomputed rows, got hidden {tuple(hidden.shape)}, logits {tuple(logits.shape)}"
         )
-    try:
-        chunks = tuple(verify_proofs(hidden.to(torch.bfloat16), list(claim.proofs), chunk_tokens, topk))
-    except InvalidProofError as e:
-        return _reject(RejectReason.MALFORMED_PROOF, str(e))
+    if toploc is None:
+        toploc = verify_proofs_batch([(hidden.to(torch.bfloat16), list(claim.proofs))], chunk_tokens, topk)[0]
+    if isinstance(toploc, InvalidProofError):
+        return _reject(RejectReason.MALFORMED_PROOF, str(toploc))
+    chunks = tuple(toploc)
     for i, c in enumerate(chunks):
         failure = _check_chunk(c, policy)
         if failure is not None:
@@ -220,29 +223,43 @@ def recompute(claim: RolloutClaim, model: TinyGPT) -> tuple[torch.Tensor, torch.
 def recompute_batch(
     claims: Sequence[RolloutClaim], model: TinyGPT
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`recompute` for several claims in one prefill: the same `(hidden, logits)` rows per claim.
+    """`recompute` for several claims at once: the same `(hidden, logits)` rows per claim.
 
-    Each `prompt + completion[:-1]` is a row of one batch, right-padded to the longest. The
-    padding changes no real row: under causal attention a position sees only the positions
-    before it, and `TinyGPT`'s inference path (float64 accumulation, one rounding) makes a
-    row's result independent of the other rows computed with it, so each claim's rows are
-    bit for bit those of its own prefill. One batch instead of one prefill per claim saves
-    the per-call overhead of every layer, which dominates for short completions.
+    Claims that answer the same prompt (a group's rollouts all answer its one assigned prompt)
+    share that prompt's pass: its keys and values are computed once, then every completion is
+    decoded after them as one right-padded batch whose padding only attention sees
+    (`TinyGPT.decode_ragged`). Neither the padding nor the sharing changes a real row: under
+    causal attention a position sees only the positions before it, and `TinyGPT`'s inference
+    path (float64 accumulation, one rounding) makes a row's result independent of the other
+    rows computed with it and of whether its prefix was cached, so each claim's rows are bit
+    for bit those of its own prefill. Against one prefill per claim this saves the per-call
+    overhead of every layer and the prompt's repeated rows, which dominate for short completions.
     """
-    if not claims:
-        return []
-    sequences = [list(c.prompt_ids) + list(c.completion_ids[:-1]) for c in claims]
-    width = max(len(s) for s in sequences)
-    ids = torch.tensor([s + [0] * (width - len(s)) for s in sequences], dtype=torch.long)
-    first = min(len(c.prompt_ids) for c in claims) - 1
     model.eval()
-    logits, hidden = model.forward_with_hidden(ids, outputs_from=first)
-    rows = []
-    for row, claim in enumerate(claims):
-        start = len(claim.prompt_ids) - 1 - first
-        end = start + len(claim.completion_ids)
-        rows.append((hidden[row, start:end], logits[row, start:end]))
-    return rows
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, claim in enumerate(claims):
+        by_prompt.setdefault(tuple(claim.prompt_ids), []).append(i)
+    rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for prompt, members in by_prompt.items():
+        completions = [claims[i].completion_ids for i in members]
+        rows.update(zip(members, _completion_rows(model, prompt, completions), strict=True))
+    return [rows[i] for i in range(len(claims))]
+
+
+def _completion_rows(
+    model: TinyGPT, prompt: Sequence[int], completions: Sequence[Sequence[int]]
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The completion rows of `prompt + completion[:-1]` for each completion, sharing the prompt's pass."""
+    if len(prompt) > 1:
+        cache = model.cache_prefix(torch.tensor([list(prompt[:-1])], dtype=torch.long))
+    else:
+        cache = KVCache(model.config.n_layers)
+    tails = [[prompt[-1], *completion[:-1]] for completion in completions]
+    lengths = [len(tail) for tail in tails]
+    width = max(lengths)
+    ids = torch.tensor([tail + [0] * (width - len(tail)) for tail in tails], dtype=torch.long)
+    logits, hidden = model.decode_ragged(ids, lengths, cache.expanded(len(tails)))
+    return list(zip(hidden.split(lengths), logits.split(lengths), strict=True))
 
 
 def verify_rollout(
@@ -318,9 +335,9 @@ class RolloutVerifier:
 
         The same verdicts as `verify` on each claim in turn, stopping at the first rejected
         one (`assigned_seeds[i]` is claim i's seed), but with one batched prefill per
-        claimed precision (`recompute_batch`) and one sampling check per set of sampling
-        parameters (`check_sampling_batch`) for the claims before the first that fails the
-        claim checks.
+        claimed precision (`recompute_batch`), one TOPLOC evaluation (`verify_proofs_batch`)
+        and one sampling check per set of sampling parameters (`check_sampling_batch`) for
+        the claims before the first that fails the claim checks.
         """
         if assigned_seeds is not None and len(assigned_seeds) != len(claims):
             raise ValueError(f"{len(assigned_seeds)} assigned seeds for {len(claims)} claims")
@@ -350,11 +367,15 @@ class RolloutVerifier:
                 rel_tol=self.policy.sampling_rel_tol,
             )
             checks.update(zip(same, batch_checks, strict=True))
+        proofs = verify_proofs_batch(
+            [(rows[i][0].to(torch.bfloat16), list(claims[i].proofs)) for i in prefilled]
+        )
+        toploc = dict(zip(prefilled, proofs, strict=True))
         verdicts = []
         for i, bad in enumerate(early):
             verdict = bad
             if verdict is None:
-                verdict = judge(claims[i], *rows[i], policy=self.policy, sampling=checks[i])
+                verdict = judge(claims[i], *rows[i], policy=self.policy, sampling=checks[i], toploc=toploc[i])
             verdicts.append(verdict)
             if not verdict.accepted:
                 break

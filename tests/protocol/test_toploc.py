@@ -20,6 +20,7 @@ from protocol.toploc import (
     _interpolate,
     build_proofs,
     verify_proofs,
+    verify_proofs_batch,
 )
 
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "toploc" / "golden.json"
@@ -131,13 +132,21 @@ def test_batched_topk_breaks_ties_like_the_references_one_chunk_calls(levels):
     """Proofs pick the top-k of each chunk with one batched call; bf16 activations tie often, and
     the reference calls `topk` on each flattened chunk alone: the indices must be the same."""
     g = torch.Generator().manual_seed(levels)
-    hidden = (torch.randint(-levels, levels + 1, (200, 64), generator=g).float() / levels).to(torch.bfloat16)
-    tops = _chunks_topk(hidden, 32, 128)
-    assert len(tops) == 7  # six full chunks and a short one
-    for i, (idx, bits) in enumerate(tops):
-        flat = hidden[i * 32 : (i + 1) * 32].reshape(-1)
-        assert np.array_equal(idx, flat.abs().topk(128).indices.numpy())
-        assert np.array_equal(bits, flat[idx].view(torch.int16).numpy().astype(np.int64) & 0xFFFF)
+
+    def activations(tokens: int) -> torch.Tensor:
+        return (torch.randint(-levels, levels + 1, (tokens, 64), generator=g).float() / levels).to(
+            torch.bfloat16
+        )
+
+    # Several rollouts at once, their short last chunks of equal and of different sizes.
+    hiddens = [activations(200), activations(8), activations(40), activations(1), activations(8)]
+    all_tops = _chunks_topk(hiddens, 32, 128)
+    assert [len(tops) for tops in all_tops] == [7, 1, 2, 1, 1]  # 200 tokens: six full chunks and a short one
+    for hidden, tops in zip(hiddens, all_tops, strict=True):
+        for i, (idx, bits) in enumerate(tops):
+            flat = hidden[i * 32 : (i + 1) * 32].reshape(-1)
+            assert np.array_equal(idx, flat.abs().topk(min(128, flat.numel())).indices.numpy())
+            assert np.array_equal(bits, flat[idx].view(torch.int16).numpy().astype(np.int64) & 0xFFFF)
 
 
 @pytest.mark.parametrize(("tokens", "hidden"), [(1, 128), (31, 64), (33, 96), (64, 128), (5, 8)])
@@ -241,3 +250,40 @@ def test_small_modulus_does_not_crash(honest):
     act, proofs = honest
     checks = verify_proofs(act, [_with_modulus(p, 1) for p in proofs])
     assert all(c.exp_mismatches > 0 for c in checks)
+
+
+def test_a_batch_gives_each_rollout_what_verifying_it_alone_gives(honest):
+    """Honest, tampered and malformed rollouts of several lengths (so several k) in one batch: each
+    result is that rollout's own checks, or the very error verifying it alone raises."""
+    act, proofs = honest
+    torch.manual_seed(4)
+    short = torch.randn(1, 64).to(torch.bfloat16)  # one chunk of 64 values: k = 64
+    other = torch.randn(70, 128).to(torch.bfloat16)
+    rollouts = [
+        (act, proofs),
+        (short, build_proofs(short)),
+        (-act, proofs),
+        (act, proofs[:-1]),  # malformed: a proof is missing
+        (other, proofs),
+        (act.float(), proofs),  # malformed: not bf16
+        (short, [_with_modulus(build_proofs(short)[0], 1)]),
+    ]
+    results = verify_proofs_batch(rollouts)
+    assert len(results) == len(rollouts)
+    for (hidden, ps), result in zip(rollouts, results, strict=True):
+        try:
+            alone = verify_proofs(hidden, ps)
+        except InvalidProofError as e:
+            assert isinstance(result, InvalidProofError) and str(result) == str(e)
+        else:
+            assert result == alone
+    assert [isinstance(r, InvalidProofError) for r in results] == [
+        False,
+        False,
+        False,
+        True,
+        False,
+        True,
+        False,
+    ]
+    assert verify_proofs_batch([]) == []

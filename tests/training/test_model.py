@@ -104,6 +104,31 @@ def test_incremental_decoding_matches_prefill_bit_for_bit(model, dtype):
         assert torch.equal(h, full_hidden[:, 20:150]) and torch.equal(lg, full_logits[:, 20:150])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_ragged_decoding_computes_each_sequences_own_rows(model, dtype):
+    """Right-padded sequences after one shared cached prefix: only their real rows come back, bit for
+    bit what each sequence gets from a prefill of its own (the padding is never looked at)."""
+    m = _copy_in(model, dtype)
+    g = torch.Generator().manual_seed(5)
+    prefix = torch.randint(0, 256, (1, 12), generator=g)
+    lengths = [3, 1, 70, 0, 9]
+    width = max(lengths)
+    ids = torch.randint(0, 256, (len(lengths), width), generator=g)
+    with torch.inference_mode():
+        _, _, cache = m.prefill_cache(prefix)
+        logits, hidden = m.decode_ragged(ids, lengths, cache.expanded(len(lengths)))
+        assert hidden.shape == (sum(lengths), m.config.d_model) and logits.shape[0] == sum(lengths)
+        for row, (lg, h) in enumerate(zip(logits.split(lengths), hidden.split(lengths), strict=True)):
+            if not lengths[row]:
+                continue
+            alone_logits, alone_hidden = m.forward_with_hidden(
+                torch.cat([prefix, ids[row : row + 1, : lengths[row]]], dim=1), outputs_from=prefix.shape[1]
+            )
+            assert torch.equal(h, alone_hidden[0]) and torch.equal(lg, alone_logits[0])
+    with pytest.raises(ValueError, match="do not fit"):
+        m.decode_ragged(ids, [1, 2], cache)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_is_really_half(model, dtype):
     m = _copy_in(model, dtype)

@@ -102,3 +102,15 @@ def test_sampling_params_are_strict():
         SamplingParams.model_validate({"temperature": "1.0"})
     with pytest.raises(ValueError):
         SamplingParams.model_validate({"temperature": 1.0, "top_k": 5})
+
+
+def test_noise_with_a_seed_per_row_is_each_seeds_own_noise():
+    seeds = [3, 3, 2**64 - 1, 0, 7]
+    positions = [0, 1, 0, 4, 2]
+    rows = gumbel_noise(seeds, positions, 256)
+    for i, (seed, position) in enumerate(zip(seeds, positions, strict=True)):
+        assert np.array_equal(rows[i], gumbel_noise(seed, [position], 256)[0])
+    with pytest.raises(ValueError, match="one per position"):
+        gumbel_noise([1, 2], [0, 1, 2], 256)
+    with pytest.raises(ValueError, match="2\\*\\*64"):
+        gumbel_noise([1, -1], [0, 1], 256)

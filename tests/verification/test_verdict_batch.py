@@ -145,3 +145,34 @@ def test_a_batched_sampling_check_gives_each_completion_its_own_figures(params):
     assert check_sampling_batch([], [], params, [], abs_tol=1e-3, rel_tol=0.0) == []
     with pytest.raises(ValueError, match="seeds"):
         check_sampling_batch(logits, tokens, params, seeds[:-1], abs_tol=1e-3, rel_tol=0.0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+@pytest.mark.parametrize("prompt_len", [1, 2, 30])
+def test_completions_of_one_prompt_share_its_pass_and_keep_their_own_rows(lab, verifier, dtype, prompt_len):
+    """A group's rollouts answer one prompt: the batch computes the prompt once, and each claim's rows
+    are still bit for bit those of its own prefill, whatever the completions' lengths."""
+    rng = np.random.default_rng(prompt_len)
+    vocab = lab.policy.config.vocab_size
+    prompt = rng.integers(0, vocab, prompt_len).tolist()
+    other_prompt = rng.integers(0, vocab, prompt_len + 3).tolist()
+    template = lab.build("honest_fp32", 0).claim
+
+    def claim(prompt_ids: list[int], completion_len: int):
+        return template.model_copy(
+            update={
+                "prompt_ids": prompt_ids,
+                "completion_ids": rng.integers(0, vocab, completion_len).tolist(),
+                "dtype": dtype,
+            }
+        )
+
+    claims = [claim(prompt, n) for n in (1, 7, 40, 3)] + [claim(other_prompt, 5), claim(prompt, 12)]
+    model = verifier.model_for(CLAIM_DTYPES[dtype])
+    batch = recompute_batch(claims, model)
+    assert len(batch) == len(claims)
+    for c, (hidden, logits) in zip(claims, batch, strict=True):
+        alone_hidden, alone_logits = recompute(c, model)
+        assert hidden.shape[0] == len(c.completion_ids)
+        assert torch.equal(hidden, alone_hidden)
+        assert torch.equal(logits, alone_logits)
