@@ -9,8 +9,8 @@ Two ways to run it, which must agree up to floating-point noise:
 * `forward` / `forward_with_hidden`: one pass over a whole `[B, T]` batch (training, and the
   verifier's prefill).
 * `prefill_cache` + `decode_step`: incremental decoding with a key/value cache (generation).
-* `cache_prefix` + `decode_ragged`: several right-padded sequences after one shared cached
-  prefix, computing only their real rows (the verifier's pass over a group's completions).
+* `forward_shared_prefix`: several right-padded sequences after one shared prefix, computing
+  the prefix once and only their real rows (the verifier's pass over a group's completions).
 
 The "final hidden state" is the output of the final RMS norm, just before the LM head; it is
 what TOPLOC proves. The model runs in float32, bfloat16 or float16 (`model.to(dtype)`).
@@ -151,13 +151,6 @@ class KVCache:
         k = self.keys[0]
         return 0 if k is None else int(k.shape[2])
 
-    def expanded(self, batch: int) -> KVCache:
-        """This cache (of one sequence) seen as `batch` sequences sharing it, without copying it."""
-        out = KVCache(len(self.keys))
-        out.keys = [None if k is None else k.expand(batch, -1, -1, -1) for k in self.keys]
-        out.values = [None if v is None else v.expand(batch, -1, -1, -1) for v in self.values]
-        return out
-
     def append(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add this step's keys/values for `layer` and return the full cached keys/values."""
         old_k, old_v = self.keys[layer], self.values[layer]
@@ -206,8 +199,10 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: i
 
 
 class _Ragged(NamedTuple):
-    """Where the real rows of a right-padded `[batch, time]` grid are, as indices into its `batch * time` rows."""
+    """Rows `[prefix + N, d]`: a shared prefix of `prefix` positions, then the `N` real rows of
+    right-padded sequences `[batch, time]` that follow it (`rows`: their indices in the grid)."""
 
+    prefix: int
     rows: torch.Tensor
     batch: int
     time: int
@@ -230,38 +225,52 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, ragged: _Ragged | None = None
     ) -> torch.Tensor:
-        """`x` is `[B, T, d]`, or with `ragged` the `[N, d]` real rows of a padded grid: every
-        row-wise layer then sees only those rows, and attention the grid they are put back in."""
-        d = x.shape[-1]
+        """`x` is `[B, T, d]`, or with `ragged` its rows `[prefix + N, d]`: every row-wise layer
+        then sees only those rows, and attention the prefix and the padded grid after it."""
         qkv = self.qkv(self.attn_norm(x))
-        if ragged is None:
-            b, t = x.shape[0], x.shape[1]
-        else:
-            b, t = ragged.batch, ragged.time
-            qkv = qkv.new_zeros(b * t, 3 * d).index_copy_(0, ragged.rows, qkv).view(b, t, 3 * d)
-        q, k, v = qkv.split(d, dim=-1)
-        q = q.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
-        v = v.view(b, t, self.n_heads, self.head_dim).transpose(1, 2)
+        att = self._attend(qkv, cache, layer) if ragged is None else self._attend_ragged(qkv, ragged)
+        x = x + self.attn_out(att)
+        # GELU is elementwise (no accumulation): float32 is exact enough and row-invariant.
+        return x + self.mlp_out(F.gelu(self.mlp_in(self.mlp_norm(x)).float()).to(x.dtype))
+
+    def _heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`[B, T, 3d]` -> queries, keys and values `[B, heads, T, head_dim]` each."""
+        b, t, _ = qkv.shape
+        q, k, v = qkv.view(b, t, 3, self.n_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k, v
+
+    @staticmethod
+    def _attention(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Causal attention accumulated wide (keys and values are kept in the model's dtype), output
+        rounded once: `[B, T, d]`."""
+        acc = _acc_dtype()
+        b, _, t, _ = q.shape
+        out = _causal_attention(q.to(acc), k.to(acc), v.to(acc), past).to(dtype)
+        return out.transpose(1, 2).reshape(b, t, -1)
+
+    def _attend(self, qkv: torch.Tensor, cache: KVCache | None, layer: int) -> torch.Tensor:
+        q, k, v = self._heads(qkv)
         past = 0
-        dtype = x.dtype
         if cache is not None:
             cached = cache.keys[layer]
             past = 0 if cached is None else int(cached.shape[2])
             k, v = cache.append(layer, k, v)
-        # Attention accumulated wide (the cache keeps the model's dtype), output rounded once.
-        acc = _acc_dtype()
-        att = (
-            _causal_attention(q.to(acc), k.to(acc), v.to(acc), past)
-            .to(dtype)
-            .transpose(1, 2)
-            .reshape(b, t, d)
-        )
-        if ragged is not None:
-            att = att.reshape(b * t, d).index_select(0, ragged.rows)
-        x = x + self.attn_out(att)
-        # GELU is elementwise (no accumulation): float32 is exact enough and row-invariant.
-        return x + self.mlp_out(F.gelu(self.mlp_in(self.mlp_norm(x)).float()).to(dtype))
+        return self._attention(q, k, v, past, qkv.dtype)
+
+    def _attend_ragged(self, qkv: torch.Tensor, ragged: _Ragged) -> torch.Tensor:
+        p, b, t = ragged.prefix, ragged.batch, ragged.time
+        grid = qkv.new_zeros(b * t, qkv.shape[-1]).index_copy_(0, ragged.rows, qkv[p:]).view(b, t, -1)
+        q, k, v = self._heads(grid)
+        if not p:
+            return self._attention(q, k, v, 0, qkv.dtype).reshape(b * t, -1).index_select(0, ragged.rows)
+        hq, hk, hv = self._heads(qkv[:p].unsqueeze(0))
+        head = self._attention(hq, hk, hv, 0, qkv.dtype)[0]
+        k = torch.cat([hk.expand(b, -1, -1, -1), k], dim=2)
+        v = torch.cat([hv.expand(b, -1, -1, -1), v], dim=2)
+        tail = self._attention(q, k, v, p, qkv.dtype).reshape(b * t, -1).index_select(0, ragged.rows)
+        return torch.cat([head, tail])
 
 
 class TinyGPT(nn.Module):
@@ -351,30 +360,32 @@ class TinyGPT(nn.Module):
         logits, hidden = self._run(self._embed(input_ids, 0), cache)
         return logits, hidden, cache
 
-    def cache_prefix(self, input_ids: torch.Tensor) -> KVCache:
-        """Run `input_ids` once for their keys and values only (no logits): a shared prefix to decode after."""
-        cache = KVCache(self.config.n_layers)
-        self._run(self._embed(input_ids, 0), cache, outputs_from=input_ids.shape[1])
-        return cache
-
-    def decode_ragged(
-        self, input_ids: torch.Tensor, lengths: Sequence[int], cache: KVCache
+    def forward_shared_prefix(
+        self, prefix_ids: torch.Tensor, input_ids: torch.Tensor, lengths: Sequence[int]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`decode_step` on right-padded sequences `[B, t]` of `lengths` tokens, computing their real rows only.
+        """Several sequences that share `prefix_ids` `[P]`, each continued by a row of `input_ids`
+        (right-padded `[B, t]`, `lengths` real tokens each), in one pass.
 
-        Norms, projections, MLP and head see only the `N = sum(lengths)` real tokens; attention
-        sees the padded grid (a padded key comes after every real query, so none sees it).
-        Returns `(logits [N, V], final_hidden [N, d])`, the rows of sequence 0 first.
+        Norms, projections, MLP and head see each real token once: the prefix is computed once
+        for all rows and no padding is computed but in attention (a padded key comes after every
+        real query, so none sees it). Returns `(logits [N, V], final_hidden [N, d])` for the
+        `N = sum(lengths)` continuation tokens, the rows of sequence 0 first.
         """
         b, t = input_ids.shape
-        if len(lengths) != b or not all(0 <= n <= t for n in lengths):
-            raise ValueError(f"lengths {list(lengths)} do not fit input_ids of shape {(b, t)}")
+        p = prefix_ids.shape[0]
+        if prefix_ids.dim() != 1 or len(lengths) != b or not all(0 <= n <= t for n in lengths):
+            raise ValueError(
+                f"lengths {list(lengths)} do not fit input_ids of shape {(b, t)} after a prefix of shape "
+                f"{tuple(prefix_ids.shape)}"
+            )
         rows = torch.cat([torch.arange(row * t, row * t + n) for row, n in enumerate(lengths)])
-        ragged = _Ragged(rows, b, t)
-        x = self._embed(input_ids, cache.length).reshape(b * t, -1).index_select(0, rows)
-        for i, block in enumerate(self.blocks):
-            x = block(x, cache, i, ragged)
-        hidden = self.final_norm(x)
+        head = self._embed(prefix_ids.unsqueeze(0), 0)[0]
+        tail = self._embed(input_ids, p).reshape(b * t, -1).index_select(0, rows)
+        x = torch.cat([head, tail])
+        ragged = _Ragged(p, rows, b, t)
+        for block in self.blocks:
+            x = block(x, None, 0, ragged)
+        hidden = self.final_norm(x[p:])
         return self.lm_head(hidden), hidden
 
     def decode_step(self, input_ids: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:

@@ -29,7 +29,7 @@ import torch
 
 from protocol.errors import InvalidProofError
 from protocol.toploc import CHUNK_TOKENS, TOPK, ChunkCheck, verify_proofs_batch
-from training.model import KVCache, TinyGPT
+from training.model import TinyGPT
 from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.rollout import CLAIM_DTYPES, RolloutClaim
 from verification.sampling_check import SamplingCheck, check_sampling, check_sampling_batch
@@ -226,9 +226,8 @@ def recompute_batch(
     """`recompute` for several claims at once: the same `(hidden, logits)` rows per claim.
 
     Claims that answer the same prompt (a group's rollouts all answer its one assigned prompt)
-    share that prompt's pass: its keys and values are computed once, then every completion is
-    decoded after them as one right-padded batch whose padding only attention sees
-    (`TinyGPT.decode_ragged`). Neither the padding nor the sharing changes a real row: under
+    share one pass: the prompt is computed once, and the completions after it as one
+    right-padded batch whose padding only attention sees (`TinyGPT.forward_shared_prefix`). Neither the padding nor the sharing changes a real row: under
     causal attention a position sees only the positions before it, and `TinyGPT`'s inference
     path (float64 accumulation, one rounding) makes a row's result independent of the other
     rows computed with it and of whether its prefix was cached, so each claim's rows are bit
@@ -250,15 +249,12 @@ def _completion_rows(
     model: TinyGPT, prompt: Sequence[int], completions: Sequence[Sequence[int]]
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The completion rows of `prompt + completion[:-1]` for each completion, sharing the prompt's pass."""
-    if len(prompt) > 1:
-        cache = model.cache_prefix(torch.tensor([list(prompt[:-1])], dtype=torch.long))
-    else:
-        cache = KVCache(model.config.n_layers)
     tails = [[prompt[-1], *completion[:-1]] for completion in completions]
     lengths = [len(tail) for tail in tails]
     width = max(lengths)
     ids = torch.tensor([tail + [0] * (width - len(tail)) for tail in tails], dtype=torch.long)
-    logits, hidden = model.decode_ragged(ids, lengths, cache.expanded(len(tails)))
+    prefix = torch.tensor(list(prompt[:-1]), dtype=torch.long)
+    logits, hidden = model.forward_shared_prefix(prefix, ids, lengths)
     return list(zip(hidden.split(lengths), logits.split(lengths), strict=True))
 
 

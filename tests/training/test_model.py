@@ -105,28 +105,28 @@ def test_incremental_decoding_matches_prefill_bit_for_bit(model, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_ragged_decoding_computes_each_sequences_own_rows(model, dtype):
-    """Right-padded sequences after one shared cached prefix: only their real rows come back, bit for
-    bit what each sequence gets from a prefill of its own (the padding is never looked at)."""
+@pytest.mark.parametrize("prefix_len", [0, 1, 12])
+def test_sequences_after_a_shared_prefix_get_their_own_prefills_rows(model, dtype, prefix_len):
+    """Right-padded sequences after one shared prefix, in one pass: only their real rows come back, bit
+    for bit what each sequence gets from a prefill of its own (the padding is never looked at)."""
     m = _copy_in(model, dtype)
     g = torch.Generator().manual_seed(5)
-    prefix = torch.randint(0, 256, (1, 12), generator=g)
+    prefix = torch.randint(0, 256, (prefix_len,), generator=g)
     lengths = [3, 1, 70, 0, 9]
     width = max(lengths)
     ids = torch.randint(0, 256, (len(lengths), width), generator=g)
     with torch.inference_mode():
-        _, _, cache = m.prefill_cache(prefix)
-        logits, hidden = m.decode_ragged(ids, lengths, cache.expanded(len(lengths)))
+        logits, hidden = m.forward_shared_prefix(prefix, ids, lengths)
         assert hidden.shape == (sum(lengths), m.config.d_model) and logits.shape[0] == sum(lengths)
         for row, (lg, h) in enumerate(zip(logits.split(lengths), hidden.split(lengths), strict=True)):
             if not lengths[row]:
                 continue
             alone_logits, alone_hidden = m.forward_with_hidden(
-                torch.cat([prefix, ids[row : row + 1, : lengths[row]]], dim=1), outputs_from=prefix.shape[1]
+                torch.cat([prefix, ids[row, : lengths[row]]]).unsqueeze(0), outputs_from=prefix_len
             )
             assert torch.equal(h, alone_hidden[0]) and torch.equal(lg, alone_logits[0])
-    with pytest.raises(ValueError, match="do not fit"):
-        m.decode_ragged(ids, [1, 2], cache)
+        with pytest.raises(ValueError, match="do not fit"):
+            m.forward_shared_prefix(prefix, ids, [1, 2])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
