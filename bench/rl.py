@@ -51,7 +51,7 @@ from training.rl_worker import CheatMode  # noqa: E402
 from training.tasks import Task, get_task  # noqa: E402
 from verification.rl_simulation import RLSimulation, simulate_rl  # noqa: E402
 
-EVAL_PROMPTS = 48
+EVAL_PROMPTS = 192
 SEED = 1234
 
 
@@ -105,12 +105,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="K = 6 steps (same keys)")
     parser.add_argument("--steps", type=int, help="trainer steps K (default: 30, quick: 6)")
     parser.add_argument("--async-level", type=int, default=2)
+    parser.add_argument(
+        "--lr", type=float, help="GRPO learning rate of both runs (default: the run's default)"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
     steps = args.steps or (6 if args.quick else 30)
     base = RLRunConfig(run_id="bench-rl", max_trainer_steps=steps)
-    grpo = base.grpo.model_copy(update={"async_level": args.async_level})
+    grpo = base.grpo.model_copy(update={"async_level": args.async_level, "lr": args.lr or base.grpo.lr})
     config = base.model_copy(update={"grpo": grpo})
     task = get_task(config.task)
     policy = pretrained_policy(config.model)
@@ -171,6 +174,7 @@ def main() -> None:
         "weight_pickup_s": f"{statistics.median(honest.pickup_s):.2f}" if honest.pickup_s else "nan",
         "steps": steps,
         "async_level": args.async_level,
+        "lr": grpo.lr,
         "reward_initial": f"{r0:.3f}",
         "reward_sync": f"{r_sync:.3f}",
         "reward_swarm": f"{r_swarm:.3f}",
