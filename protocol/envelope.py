@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from protocol import hivenet_pb2 as pb
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_CLOCK_SKEW_S, MAX_ENVELOPE_BYTES
-from protocol.peer_keys import peer_id_from_private_key, signature_verifies
+from protocol.peer_keys import Signer, peer_id_from_private_key, signature_verifies
 from protocol.untrusted import capped_bytes, parse_untrusted
 from protocol.version import PROTOCOL_VERSION
 
@@ -41,7 +41,7 @@ class Envelope:
 
 
 def seal(
-    private_key: Ed25519PrivateKey,
+    private_key: Ed25519PrivateKey | Signer,
     *,
     domain: str,
     run_id: str,
@@ -51,7 +51,11 @@ def seal(
     dht_key: str = "",
     max_bytes: int = MAX_ENVELOPE_BYTES,
 ) -> bytes:
-    """Sign `payload` in context and return the serialized SignedEnvelope (at most `max_bytes`)."""
+    """Sign `payload` in context and return the serialized SignedEnvelope (at most `max_bytes`).
+
+    A `Signer` (the key with its PeerID derived once) makes the same envelope faster, for callers
+    that seal many."""
+    signer = private_key.peer_id if isinstance(private_key, Signer) else peer_id_from_private_key(private_key)
     body = pb.EnvelopeBody(
         domain=domain,
         protocol_version=PROTOCOL_VERSION,
@@ -59,7 +63,7 @@ def seal(
         dht_key=dht_key,
         expires_at=expires_at,
         seq=seq,
-        signer=peer_id_from_private_key(private_key),
+        signer=signer,
         payload=payload,
     ).SerializeToString()
     signature = private_key.sign(SIGNATURE_CONTEXT + body)

@@ -46,7 +46,7 @@ from protocol.limits import (
     ROLLOUT_FORWARD_TTL_S,
     ROLLOUT_GROUP_TTL_S,
 )
-from protocol.peer_keys import check_ed25519_peer_id
+from protocol.peer_keys import Signer, check_ed25519_peer_id
 from protocol.toploc import CHUNK_TOKENS, num_chunks
 from protocol.untrusted import capped_bytes, parse_untrusted
 
@@ -233,7 +233,7 @@ def check_verdict(verdict: rpb.RolloutVerdict) -> None:
 
 
 def seal_verdict(
-    private_key: Ed25519PrivateKey, *, run_id: str, verdict: rpb.RolloutVerdict, seq: int = 0
+    private_key: Ed25519PrivateKey | Signer, *, run_id: str, verdict: rpb.RolloutVerdict, seq: int = 0
 ) -> bytes:
     """The validator's signed receipt for one rollout, valid for RECEIPT_TTL_S from `verdict.issued_at`.
 

@@ -31,6 +31,7 @@ from node.bans import BanList
 from protocol import rollouts_pb2
 from protocol.assignment import derive_assignment
 from protocol.limits import MAX_VERDICT_BAN_S
+from protocol.peer_keys import Signer
 from protocol.rollout_messages import seal_verdict
 from training.model import TinyGPT
 from training.sampling import SamplingParams
@@ -100,7 +101,7 @@ class Validator:
         self.group_size = group_size
         self.sampling = sampling or SamplingParams()
         self.bans = bans or BanList(base_s=60.0, max_s=24 * 3600.0, owner="validator")
-        self._key = private_key
+        self._signer = Signer(private_key)  # a verdict per rollout: derive the signing key once
         self._clock = clock
         self._window = VerifierWindow(async_level, policy)
         self._accounts = WorkerAccounts(late_window)
@@ -234,7 +235,7 @@ class Validator:
             self._seq += len(items)
         return [
             seal_verdict(
-                self._key,
+                self._signer,
                 run_id=self.run_id,
                 verdict=rollouts_pb2.RolloutVerdict(
                     worker=worker,

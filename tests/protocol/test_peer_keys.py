@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol import hivenet_pb2 as pb
-from protocol.envelope import SIGNATURE_CONTEXT, open_envelope
+from protocol.envelope import SIGNATURE_CONTEXT, open_envelope, seal
 from protocol.errors import InvalidMessage
-from protocol.peer_keys import check_ed25519_peer_id, peer_id_from_private_key, signature_verifies
+from protocol.peer_keys import Signer, check_ed25519_peer_id, peer_id_from_private_key, signature_verifies
 from protocol.version import PROTOCOL_VERSION
 
 _KEY = Ed25519PrivateKey.generate()
@@ -75,3 +75,13 @@ def test_a_small_order_key_has_no_signature_that_verifies_every_message() -> Non
     forged = pb.SignedEnvelope(body=body, signature=universal).SerializeToString()
     with pytest.raises(InvalidMessage, match="does not verify"):
         open_envelope(forged, domain="node-record", run_id="r1", dht_key="k")
+
+
+@settings(max_examples=100, deadline=None)
+@given(message=st.binary(max_size=2048))
+def test_a_signer_makes_the_very_signatures_and_envelopes_of_its_private_key(message: bytes) -> None:
+    signer = Signer(_KEY)
+    assert signer.peer_id == _PEER
+    assert signer.sign(message) == _KEY.sign(message)
+    fields = dict(domain="test", run_id="run", payload=message, expires_at=time.time() + 60, seq=7)
+    assert seal(signer, **fields) == seal(_KEY, **fields)
