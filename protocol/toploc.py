@@ -365,18 +365,17 @@ def verify_proofs_batch(
         for r, (_, proofs) in well_formed.items()
         for c, ((idx, bits), (modulus, coeffs)) in enumerate(zip(tops[r], proofs, strict=True))
     ]
-    claimed: dict[tuple[int, int], np.ndarray] = {}
+    checks: dict[tuple[int, int], ChunkCheck] = {}
     for k in {idx.shape[0] for _, _, idx, _, _, _ in chunks}:
         same = [chunk for chunk in chunks if chunk[2].shape[0] == k]
         coeffs = np.stack([chunk[5] for chunk in same])
         points = np.stack([chunk[2] % chunk[4] for chunk in same])
-        for chunk, values in zip(same, _evaluate(coeffs, points), strict=True):
-            claimed[chunk[0], chunk[1]] = values
+        bits = np.stack([chunk[3] for chunk in same])
+        for chunk, check in zip(same, _chunk_checks(bits, _evaluate(coeffs, points)), strict=True):
+            checks[chunk[0], chunk[1]] = check
 
     return [
-        item
-        if isinstance(item, InvalidProofError)
-        else [_chunk_check(idx, bits, claimed[r, c]) for c, (idx, bits) in enumerate(tops[r])]
+        item if isinstance(item, InvalidProofError) else [checks[r, c] for c in range(len(tops[r]))]
         for r, item in enumerate(parsed)
     ]
 
@@ -401,19 +400,32 @@ def _parse_rollout(
     return hidden, parsed
 
 
-def _chunk_check(idx: np.ndarray, bits: np.ndarray, claimed: np.ndarray) -> ChunkCheck:
+def _chunk_checks(bits: np.ndarray, claimed: np.ndarray) -> list[ChunkCheck]:
+    """The figures of each chunk: row i of `bits` (recomputed) and `claimed` (the proof's values), `[n, k]`."""
+    k = bits.shape[1]
     exp_mismatch = ((claimed & 0x7F80) >> 7) != ((bits & 0x7F80) >> 7)
-    errs = np.sort(np.abs((claimed & 0x7F) - (bits & 0x7F))[~exp_mismatch])
-    if errs.shape[0]:
-        mean = float(errs.sum()) / errs.shape[0]
-        median = float(errs[errs.shape[0] // 2])
-    else:
-        mean = median = NO_MATCH_ERROR
-    return ChunkCheck(
-        exp_mismatches=int(np.count_nonzero(exp_mismatch)),
-        mant_err_mean=mean,
-        mant_err_median=median,
-        sign_mismatches=int(np.count_nonzero((claimed >> 15) != (bits >> 15))),
-        value_mismatches=int(np.count_nonzero(claimed != bits)),
-        topk=int(idx.shape[0]),
-    )
+    errors = np.abs((claimed & 0x7F) - (bits & 0x7F))
+    # each row's errors where the exponents match come first, ascending (a mismatch sorts last)
+    ranked = np.sort(np.where(exp_mismatch, np.iinfo(_NP_INT).max, errors), axis=1)
+    matched = k - np.count_nonzero(exp_mismatch, axis=1)
+    sums = np.where(exp_mismatch, 0, errors).sum(axis=1)
+    signs = np.count_nonzero((claimed >> 15) != (bits >> 15), axis=1)
+    values = np.count_nonzero(claimed != bits, axis=1)
+    out = []
+    for row in range(bits.shape[0]):
+        count = int(matched[row])
+        if count:
+            mean, median = float(sums[row]) / count, float(ranked[row, count // 2])
+        else:
+            mean = median = NO_MATCH_ERROR
+        out.append(
+            ChunkCheck(
+                exp_mismatches=k - count,
+                mant_err_mean=mean,
+                mant_err_median=median,
+                sign_mismatches=int(signs[row]),
+                value_mismatches=int(values[row]),
+                topk=k,
+            )
+        )
+    return out
