@@ -18,10 +18,13 @@ trainer and validator sharing the machine's cores with the worker do not decide 
 
     python bench/rl.py --quick   # K = 6 steps
     python bench/rl.py           # K = 30 steps
+    python bench/rl.py --lr 1e-3 # both loops at another GRPO learning rate
 
 The first run also pretrains the policy and caches it; after that, on 2 cores, `--quick` takes
-about 30 s and the full run about 90 s. With K = 6 the sync loop's gain is small and noisy, so
-`reward_gain_ratio` of a quick run says little; read the full run's.
+about 35 s and the full run about 100 s. With K = 6 the sync loop's gain is small and noisy, so
+`reward_gain_ratio` of a quick run says little; read the full run's. At the default learning rate
+the synchronous loop is unstable (it collapses to no reward for some seeds) where the swarm's
+off-policy clipping is not, which inflates the ratio; `--lr 1e-3` compares two stable loops.
 
 Ends with one line `RESULT key=value ...`.
 """
