@@ -83,5 +83,7 @@ def test_a_signer_makes_the_very_signatures_and_envelopes_of_its_private_key(mes
     signer = Signer(_KEY)
     assert signer.peer_id == _PEER
     assert signer.sign(message) == _KEY.sign(message)
-    fields = dict(domain="test", run_id="run", payload=message, expires_at=time.time() + 60, seq=7)
-    assert seal(signer, **fields) == seal(_KEY, **fields)
+    expires_at = time.time() + 60
+    assert seal(signer, domain="test", run_id="run", payload=message, expires_at=expires_at, seq=7) == seal(
+        _KEY, domain="test", run_id="run", payload=message, expires_at=expires_at, seq=7
+    )
