@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,37 @@ class SeedStatus:
     error: str = ""
 
 
+class _RequestPipe:
+    """The DHT process's end of its request pipe, where a request that cannot be unpickled is dropped.
+
+    A request carries the caller's future, whose own pipe is fetched from the caller's process
+    while unpickling. A caller that exits just after sending (an averager shutting down, a
+    killed process) makes that fetch fail, with EOFError among others, which hivemind's request
+    loop does not catch: the DHT process would die and every later call on it would hang. Such
+    a request is raised here as a ConnectionError, which that loop logs before going on; nobody
+    is left to answer.
+    """
+
+    def __init__(self, pipe: Connection) -> None:
+        self._pipe = pipe
+
+    def fileno(self) -> int:
+        return self._pipe.fileno()
+
+    def poll(self, timeout: float = 0.0) -> bool:
+        return self._pipe.poll(timeout)
+
+    def recv(self) -> Any:
+        data = self._pipe.recv_bytes()  # a closed pipe still raises EOFError: the caller is gone
+        try:
+            return ForkingPickler.loads(data)
+        except Exception as e:
+            raise ConnectionError(f"dropped a DHT request whose caller could not be reached: {e!r}") from e
+
+    def send(self, obj: object) -> None:
+        self._pipe.send(obj)
+
+
 class _IsolatedDHT(hivemind.DHT):
     """A hivemind DHT whose child process (and p2pd under it) lives in its own process group.
 
@@ -85,6 +118,8 @@ class _IsolatedDHT(hivemind.DHT):
 
         threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
         dht_guard.install()
+        requests: Connection = self._inner_pipe  # type: ignore[has-type]
+        self._inner_pipe = _RequestPipe(requests)
         try:
             super().run()
         finally:
