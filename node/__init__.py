@@ -26,10 +26,6 @@
 - `receipts/`: the receipts exchange, `ReceiptExchange` (a node's own receipts into its ledger, the
   ledger served page by page, bounded pulls from live nodes; see its own map).
 - `dashboard/`: the contributor dashboard's data layer and HTTP server.
-- `process_locks`: `RobustLock`, which importing this package puts in place of hivemind's
-  cross-process future locks (a process killed while holding one of those hangs the others).
+- `process_locks`: `RobustLock`, which `dht_node` puts in place of hivemind's cross-process
+  future locks before any DHT starts (a process killed while holding one of those hangs the others).
 """
-
-from node.process_locks import install_robust_mpfuture_locks
-
-install_robust_mpfuture_locks()

@@ -33,6 +33,7 @@ from multiaddr import Multiaddr
 from node import dht_guard
 from node.config import NodeConfig
 from node.identity import Identity, create_identity
+from node.process_locks import install_robust_mpfuture_locks
 from node.runtime import in_dht
 from protocol.errors import PeerUnreachable
 from protocol.record_validator import SignedRecordValidator
@@ -44,6 +45,9 @@ _WATCHDOG_PERIOD_S = 0.5
 _FIRST_BACKOFF_S = 0.5
 _MAX_BACKOFF_S = 8.0
 _LOOPBACK_JOIN_TIMEOUT_S = 60.0
+
+# every hivemind process this package starts needs a DHT: they are all forked after this runs
+install_robust_mpfuture_locks()
 
 
 class BootstrapStopped(Exception):

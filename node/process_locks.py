@@ -12,7 +12,7 @@ its new averager, and the node hangs.
 `RobustLock` is held through a POSIX record lock on a file, which the kernel drops when the
 process holding it dies, plus a thread lock for the threads of one process (record locks belong
 to a process, not a thread). `install_robust_mpfuture_locks` puts such locks in hivemind's place;
-importing `node` does it, before this package starts any hivemind process.
+importing `node.dht_node` does it, before this package starts any hivemind process.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 from hivemind.utils.mpfuture import MPFuture, SharedBytes
 
-import node  # noqa: F401  (importing the package installs the robust locks)
+import node.dht_node  # noqa: F401  (what starts DHTs installs the robust locks on import)
 from node.process_locks import RobustLock
 
 FORK = mp.get_context("fork")
