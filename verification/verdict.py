@@ -227,12 +227,13 @@ def recompute_batch(
 
     Claims that answer the same prompt (a group's rollouts all answer its one assigned prompt)
     share one pass: the prompt is computed once, and the completions after it as one
-    right-padded batch whose padding only attention sees (`TinyGPT.forward_shared_prefix`). Neither the padding nor the sharing changes a real row: under
-    causal attention a position sees only the positions before it, and `TinyGPT`'s inference
-    path (float64 accumulation, one rounding) makes a row's result independent of the other
-    rows computed with it and of whether its prefix was cached, so each claim's rows are bit
-    for bit those of its own prefill. Against one prefill per claim this saves the per-call
-    overhead of every layer and the prompt's repeated rows, which dominate for short completions.
+    right-padded batch whose padding only attention sees (`TinyGPT.forward_shared_prefix`).
+    Neither the padding nor the sharing changes a real row: under causal attention a position
+    sees only the positions before it, and `TinyGPT`'s inference path (float64 accumulation,
+    one rounding) makes a row's result independent of the other rows computed with it, so
+    each claim's rows are bit for bit those of its own prefill. Against one prefill per claim
+    this saves the per-call overhead of every layer and the prompt's repeated rows, which
+    dominate for short completions.
     """
     model.eval()
     by_prompt: dict[tuple[int, ...], list[int]] = {}
@@ -330,7 +331,7 @@ class RolloutVerifier:
         """Verdicts on `claims` in order, up to and including the first rejection.
 
         The same verdicts as `verify` on each claim in turn, stopping at the first rejected
-        one (`assigned_seeds[i]` is claim i's seed), but with one batched prefill per
+        one (`assigned_seeds[i]` is claim i's seed), but with one batched pass per
         claimed precision (`recompute_batch`), one TOPLOC evaluation (`verify_proofs_batch`)
         and one sampling check per set of sampling parameters (`check_sampling_batch`) for
         the claims before the first that fails the claim checks.
