@@ -26,8 +26,8 @@
 - `receipts/`: the receipts exchange, `ReceiptExchange` (a node's own receipts into its ledger, the
   ledger served page by page, bounded pulls from live nodes; see its own map).
 - `dashboard/`: the contributor dashboard's data layer and HTTP server.
-- `torch_fork`: rebuilds torch's thread pool in every forked child before its threads race to
-  (installed by importing `averaging.averager`).
+- `torch_fork`: one torch thread in every forked child, set before it starts threads (torch's
+  pool and OpenMP are not fork-safe; installed by importing `averaging.averager`).
 - `process_locks`: `RobustLock`, which `dht_node` puts in place of hivemind's cross-process
   future locks before any DHT starts (a process killed while holding one of those hangs the others).
 """

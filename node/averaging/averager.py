@@ -24,9 +24,9 @@ and `StateSource` (through `StateSharing`); this module holds its core:
 * **Bounded streams.** Every inbound stream is capped in size (from the model's size), timed
   out and counted per peer before hivemind reads it (`node.averaging.stream_limits`); a peer
   that sends an oversized or malformed message is banned.
-* **Forked safely.** Importing this module makes every process forked after it rebuild torch's
-  thread pool before starting threads (`node.torch_fork`): the averager process decodes parts in
-  several threads at once.
+* **Forked safely.** Importing this module gives every process forked after it one torch thread,
+  set before the child starts any other (`node.torch_fork`): torch's thread pool and OpenMP are
+  not fork-safe, and the averager process runs torch in several threads from its first round.
 * **Bytes sent** are counted where the averager process writes to libp2p streams
   (`node.averaging.traffic`), so matchmaking, all-reduce and state downloads are all included.
 """
@@ -60,7 +60,7 @@ from node.averaging.stream_limits import StreamLimits, guard_stream_handlers
 from node.averaging.traffic import count_sent_bytes
 from node.bans import BanList
 from node.dht_node import signing_key_of
-from node.torch_fork import install_torch_pool_rebuild_after_fork
+from node.torch_fork import install_torch_fork_safety
 from protocol.limits import AVERAGER_MESSAGE_SLACK_BYTES, MAX_AVERAGER_REQUEST_BYTES
 
 __all__ = ["MAX_BAN_DOUBLINGS", "DiLoCoAverager"]
@@ -70,8 +70,7 @@ logger = logging.getLogger(__name__)
 MAX_BAN_DOUBLINGS = 10
 """A peer's ban doubles with each offence up to `ban_base_s * 2**MAX_BAN_DOUBLINGS`."""
 
-# The averager process is forked and runs torch in several executor threads from its first round.
-install_torch_pool_rebuild_after_fork()
+install_torch_fork_safety()  # the averager process is forked from its trainer
 
 
 class DiLoCoAverager(Rounds, DecentralizedAverager):
