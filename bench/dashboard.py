@@ -24,8 +24,12 @@ and written to a scratch file; then, in this one process (one core):
    and a random contributor's node page (`/api/node/<PeerID>`): the 95th percentile latency over
    both (target <= 200 ms); `leaderboard_p95_ms` and `node_page_p95_ms` separately, and
    `dashboard_snapshot_s`, the first request, which computes the credit and the panels' aggregates
-   (cached afterwards until the ledger grows). The clients run in this process, so they share its
-   interpreter with the server: the figure is pessimistic.
+   (cached afterwards). The clients run in this process, so they share its interpreter with the
+   server: the figure is pessimistic.
+7. `live_page_p95_ms`: the same requests again while new receipts keep arriving (50 every 0.25 s,
+   as in a running swarm, for six times `dashboard_snapshot_s` and at least 10 s: `live_s`), so
+   that the snapshot behind the panels keeps going out of date; `live_snapshots`, how many
+   different snapshots the live updates announced meanwhile.
 
 Usage: `python bench/dashboard.py [--quick] [--receipts N]`. The last line is `RESULT key=value ...`.
 """
@@ -75,6 +79,12 @@ GEN_CHUNK = 2000
 PAGE_CLIENTS = 20
 PAGE_REQUESTS = 30
 """Requests per client (alternately the leaderboard and a node page)."""
+LIVE_BATCH = 50
+LIVE_PERIOD_S = 0.25
+"""While the clients load pages again, a writer adds `LIVE_BATCH` new receipts every `LIVE_PERIOD_S`..."""
+LIVE_MIN_S = 10.0
+LIVE_SNAPSHOTS_COVERED = 6.0
+"""...for `LIVE_SNAPSHOTS_COVERED` times the first snapshot's computing time, at least `LIVE_MIN_S`."""
 
 
 def _key(label: str, index: int) -> Ed25519PrivateKey:
@@ -206,9 +216,10 @@ def _percentile(values: list[float], fraction: float) -> float:
 
 
 def page_latencies(
-    ledger: Ledger, population: Population, contributors: list[bytes], requests: int
+    ledger: Ledger, population: Population, contributors: list[bytes], requests: int, first_live: int
 ) -> dict[str, object]:
-    """Serve the ledger with the dashboard and time leaderboard and node-page requests of 20 clients."""
+    """Serve the ledger with the dashboard and time leaderboard and node-page requests of 20 clients:
+    on the ledger as it is, then while new receipts (indices from `first_live`) keep arriving."""
     data = DashboardData(ledger, trusted=population.trusted())
     server = DashboardServer(data, port=0)
     server.start()
@@ -218,6 +229,7 @@ def page_latencies(
     timings: dict[str, list[float]] = {"leaderboard": [], "node": []}
     failures: list[str] = []
     lock = threading.Lock()
+    writing = threading.Event()
 
     def get(connection: http.client.HTTPConnection, path: str) -> float:
         started = time.perf_counter()
@@ -228,38 +240,72 @@ def page_latencies(
             failures.append(f"{path}: {response.status}")
         return time.perf_counter() - started
 
-    def client(index: int) -> None:
+    def client(index: int, live: bool) -> None:
         rng = random.Random(index)
-        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        connection = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         mine: dict[str, list[float]] = {"leaderboard": [], "node": []}
-        for number in range(requests):
+        number = 0
+        while (writing.is_set() or number == 0) if live else number < requests:
             if number % 2 == 0:
                 mine["leaderboard"].append(get(connection, "/api/leaderboard"))
             else:
                 mine["node"].append(get(connection, f"/api/node/{rng.choice(peers)}"))
+            number += 1
         connection.close()
         with lock:
             for key, values in mine.items():
                 timings[key].extend(values)
 
-    try:
-        warm = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        snapshot_s = get(warm, "/api/leaderboard")
-        warm.close()
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(PAGE_CLIENTS)]
+    def load_pages(live: bool) -> list[float]:
+        for values in timings.values():
+            values.clear()
+        threads = [threading.Thread(target=client, args=(i, live)) for i in range(PAGE_CLIENTS)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join()
+        return timings["leaderboard"] + timings["node"]
+
+    shown: set[int] = set()
+
+    def writer(seconds: float) -> None:
+        index, ends = first_live, time.monotonic() + seconds
+        try:
+            while time.monotonic() < ends:
+                now = time.time()
+                ledger.add_many([_receipt(population, i, now) for i in range(index, index + LIVE_BATCH)])
+                index += LIVE_BATCH
+                shown.add(int(data.version()["receipts"]))  # what a browser's live updates would see
+                time.sleep(LIVE_PERIOD_S)
+        finally:
+            writing.clear()
+
+    try:
+        warm = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        snapshot_s = get(warm, "/api/leaderboard")
+        warm.close()
+        both = load_pages(live=False)
+        static = {
+            "page_p95_ms": round(_percentile(both, 0.95) * 1000, 1),
+            "leaderboard_p95_ms": round(_percentile(timings["leaderboard"], 0.95) * 1000, 1),
+            "node_page_p95_ms": round(_percentile(timings["node"], 0.95) * 1000, 1),
+        }
+        # long enough for the snapshot to be recomputed while the clients load pages
+        live_s = max(LIVE_MIN_S, LIVE_SNAPSHOTS_COVERED * snapshot_s)
+        writing.set()
+        adding = threading.Thread(target=writer, args=(live_s,))
+        adding.start()
+        live_both = load_pages(live=True)
+        adding.join()
     finally:
         server.stop()
     if failures:
         raise SystemExit(f"dashboard requests failed: {failures[:3]}")
-    both = timings["leaderboard"] + timings["node"]
     return {
-        "page_p95_ms": round(_percentile(both, 0.95) * 1000, 1),
-        "leaderboard_p95_ms": round(_percentile(timings["leaderboard"], 0.95) * 1000, 1),
-        "node_page_p95_ms": round(_percentile(timings["node"], 0.95) * 1000, 1),
+        **static,
+        "live_page_p95_ms": round(_percentile(live_both, 0.95) * 1000, 1),
+        "live_s": f"{live_s:.0f}",
+        "live_snapshots": len(shown),
         "dashboard_snapshot_s": f"{snapshot_s:.2f}",
     }
 
@@ -307,7 +353,7 @@ def main() -> None:
             credit_s = time.perf_counter() - started
 
             print(f"  dashboard: {PAGE_CLIENTS} clients x {PAGE_REQUESTS} requests", flush=True)
-            pages = page_latencies(ledger, population, list(report.contributors), PAGE_REQUESTS)
+            pages = page_latencies(ledger, population, list(report.contributors), PAGE_REQUESTS, added)
         # a fresh connection checkpoints the WAL into the main file when the last one closes
         size = db.stat().st_size + sum(p.stat().st_size for p in db.parent.glob("ledger.db-*"))
         counts = report.standing_counts()
@@ -343,6 +389,10 @@ def main() -> None:
     print(
         f"{'page p95, ' + str(PAGE_CLIENTS) + ' clients':<34} | {pages['page_p95_ms']} ms (leaderboard "
         f"{pages['leaderboard_p95_ms']} ms, node page {pages['node_page_p95_ms']} ms)"
+    )
+    print(
+        f"{'same while receipts arrive':<34} | {pages['live_page_p95_ms']} ms ({LIVE_BATCH} new receipts "
+        f"every {LIVE_PERIOD_S} s for {pages['live_s']} s; panels updated {pages['live_snapshots']} times)"
     )
     print("RESULT " + " ".join(f"{key}={value}" for key, value in fields.items()))
 

@@ -96,8 +96,10 @@ class DashboardData:
             self._swarm_generation += 1
 
     def version(self) -> Json:
-        """What changes when a panel should be reloaded: the ledger's size and the swarm's generation."""
-        return {"receipts": self.view.count(), "swarm": self._swarm_generation}
+        """What changes when a panel should be reloaded: the receipts its snapshot holds (not the
+        ledger's: a large ledger's next snapshot is computed in the background) and the swarm's
+        generation."""
+        return {"receipts": self.snapshot().count, "swarm": self._swarm_generation}
 
     def snapshot(self) -> LedgerSnapshot:
         return self.view.snapshot()

@@ -2,9 +2,13 @@
 
 `LedgerView` is what the dashboard's panels read from. It keeps one `LedgerSnapshot`, recomputed
 when the ledger has grown or the snapshot is older than `max_age()` (recent averages decay with
-time): on new receipts every caller waits for the snapshot that has them, so no panel stays
-behind the others, while an aged snapshot keeps being served, to the caller that noticed its age
-too, as a background thread computes the next.
+time). Every panel reads the same snapshot, so no panel is ahead of another. On new receipts a
+small ledger's callers wait for the snapshot that has them (it takes well under a second); a
+ledger whose last snapshot took longer than `WAIT_FOR_SNAPSHOT_MAX_S` keeps serving the snapshot
+it has while a background thread computes the next one, as an aged snapshot always is: at a
+million receipts a snapshot takes tens of seconds, and a live swarm adds receipts every second,
+so waiting would make every page load wait that long. Such a snapshot is recomputed at most once
+every `AGED_REFRESH_COST_FACTOR` times its computing time, so that pages keep most of the CPU.
 
 The node filling the ledger is usually another process, and an open `Ledger` maps only the
 peers it has loaded, so reads go through a reader reopened whenever the ledger has grown. The
@@ -27,6 +31,9 @@ logger = logging.getLogger(__name__)
 
 AGED_REFRESH_COST_FACTOR = 4.0
 """An aged snapshot is recomputed after at least this many times its last computing time."""
+
+WAIT_FOR_SNAPSHOT_MAX_S = 1.0
+"""Callers wait for the snapshot that has new receipts only if the last one took less than this."""
 
 
 class LedgerView:
@@ -66,12 +73,17 @@ class LedgerView:
         return self._counted
 
     def snapshot(self, *, fresh: bool = False) -> LedgerSnapshot:
-        """The current snapshot: recomputed at once if the ledger grew, in the background if it aged
-        (`fresh`: the ledger is counted now, not at most `count_ttl_s` ago)."""
+        """The current snapshot: recomputed at once if the ledger grew (in the background if that
+        takes long), in the background if it aged (`fresh`: the ledger is counted now, not at most
+        `count_ttl_s` ago)."""
         current = self._snapshot
         count = self.count(fresh=fresh)
         if current is not None and current.count >= count:
             if self.clock() - current.report.now >= self.max_age():
+                self._refresh_in_background()
+            return current
+        if current is not None and self._compute_s > WAIT_FOR_SNAPSHOT_MAX_S:
+            if self.clock() - current.report.now >= AGED_REFRESH_COST_FACTOR * self._compute_s:
                 self._refresh_in_background()
             return current
         with self._snapshot_lock:  # the ledger grew: every caller waits for the snapshot that has it

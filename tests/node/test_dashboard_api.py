@@ -305,6 +305,29 @@ def test_a_snapshot_that_takes_long_to_compute_ages_longer(tmp_path: Path) -> No
     ledger.close()
 
 
+def test_a_large_ledger_that_grows_keeps_serving_its_snapshot_while_the_next_is_computed(
+    tmp_path: Path,
+) -> None:
+    """At a million receipts a snapshot takes tens of seconds: a page load after new receipts does not
+    wait for it (it did, so in a live swarm every page load took that long)."""
+    run, ledger = build_run(tmp_path / "ledger.db")
+    clock = [time.time()]
+    data = DashboardData(ledger, trusted=run.trusted, count_ttl_s=0.0, clock=lambda: clock[0])
+    first = data.snapshot()
+    data.view._compute_s = 5.0  # what the last computation took
+    ledger.add(run.verdict("val-a", "bob", tokens=25))
+    assert data.snapshot() is first  # served at once, and no refresh yet: 5 s of CPU at most every 20 s
+    assert not data.view._snapshot_lock.locked()
+    assert data.version()["receipts"] == first.count  # the panels would still show the old snapshot
+    clock[0] += 20
+    assert data.snapshot() is first  # the next one is computed in the background
+    assert wait_until(lambda: data.snapshot() is not first, timeout_s=30)
+    assert data.version()["receipts"] == first.count + 1
+    bob = run.peers["bob"].peer_id
+    assert data.snapshot().report.contributors[bob].total == first.report.contributors[bob].total + 25
+    ledger.close()
+
+
 def test_receipts_stored_by_another_writer_are_shown(served: Any) -> None:
     """The node filling the ledger is another process: its new peers are unknown to the dashboard's open ledger."""
     run, data, server = served
