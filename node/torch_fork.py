@@ -12,7 +12,9 @@ Two faults of torch after `fork()`, each seen here:
 * **OpenMP hangs.** torch's CPU parallelism is GNU OpenMP, which is not fork-safe: if the forking
   thread ran a parallel region before the fork, the child's copy of that thread blocks for good on
   its first parallel region (a tensor op over more than 32768 values), waiting for team threads
-  that were not copied.
+  that were not copied. hivemind runs the averager's work in a new thread for this reason; the
+  code before it on the child's main thread (`DiLoCoAverager.run`), and any other forked child,
+  had no such guard.
 
 `install_torch_fork_safety` registers an after-fork hook that sets torch to one intra-op thread in
 every child forked afterwards, on the forking thread, before the child starts any other: the pool
