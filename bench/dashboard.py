@@ -180,6 +180,10 @@ def generate(path: Path, total: int, now: float) -> None:
             out.write(chunk)
             if done % 50 == 0 or done == len(jobs):
                 print(f"  signed {min(done * GEN_CHUNK, total):,} / {total:,}", flush=True)
+        # on disk before the timed intake starts, so that its checkpoints do not wait behind the
+        # write-back of this file
+        out.flush()
+        os.fsync(out.fileno())
 
 
 def batches(path: Path, size: int) -> Iterator[list[bytes]]:

@@ -39,8 +39,10 @@ _LOOKUP_BATCH = 500
 """Ids per `IN (...)` query when looking up which receipts of a batch are already stored."""
 _CACHE_KIB = 64 * 1024
 """SQLite page cache of a ledger connection (the default is 2 MiB)."""
-_CHECKPOINT_PAGES = 10_000
+_CHECKPOINT_PAGES = 40_000
 """WAL pages (4 KiB each) between automatic checkpoints (the default is 1,000)."""
+_WAL_KEEP_BYTES = 32 * 1024 * 1024
+"""What the WAL file is cut back to after a checkpoint (else it keeps its largest size until closed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,9 +87,10 @@ class Ledger:
                 "PRAGMA synchronous=NORMAL"
             )  # durable at each checkpoint; WAL keeps it consistent
             # Receipt ids are random, so every batch dirties index pages all over a large ledger: a
-            # bigger page cache and less frequent checkpoints write each such page fewer times.
+            # bigger page cache and rarer checkpoints copy each such page to the file fewer times.
             self._db.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
             self._db.execute(f"PRAGMA wal_autocheckpoint={_CHECKPOINT_PAGES}")
+            self._db.execute(f"PRAGMA journal_size_limit={_WAL_KEEP_BYTES}")
             self._db.executescript(SCHEMA)
             self.run_id = self._bind_run(run_id)
         except (sqlite3.DatabaseError, ConfigError) as exc:
