@@ -26,13 +26,14 @@ out of sync and download the majority's state.
   they resync to the majority's state, so the corruption does not last (tested in
   `tests/integration/test_diloco_robust_reducer.py`). The lying reducer is not identified
   or banned: a hash mismatch does not say which reducer caused it.
-* Not caught: a reducer that sends the *same* wrong average of its part to every member (or
-  that lies to a majority of the group): every member holds the same corrupted state and the
-  hash check agrees. Nor is a reducer that drops an honest sender's part claiming a
-  refusal (only that sender notices: it is left out and resyncs). Catching these needs spot
-  re-computation (a member re-reducing another part from the senders' committed inputs),
-  which is not built; the damage per round is bounded by the reducer's share of the vector
-  and by each member's check of returned averages (at most `max_norm_ratio` times `norm_bound`).
+* A reducer that sends the *same* wrong average of its part to every member passes the hash
+  check (every member holds the same state); the reducer audit (`node.averaging.audit`) has
+  every part reduced by a second member and leaves out the parts whose two averages differ.
+  Reducers stack their inputs in PeerID order (`RobustPartReducer.sender_ranks`) so that two
+  honest reducers of a part return the same bits. `part_reducers` records who reduced what.
+* Not caught: a reducer that drops an honest sender's part claiming a refusal, when the
+  audit's other reducer of that part drops it too (only that sender notices: it is left out
+  and resyncs).
 
 `global_norm` is the L2 norm of a list of tensors, shared with the averager's rounds;
 `norm_bound` the largest norm a reducer accepts for a part.
@@ -91,8 +92,16 @@ def norm_bound(
 class RobustPartReducer(TensorPartReducer):
     """A `TensorPartReducer` that keeps each sender's input of the current part and aggregates them with `rule`."""
 
-    def __init__(self, part_shapes: Sequence[torch.Size], num_senders: int, rule: AggregationRule) -> None:
+    def __init__(
+        self,
+        part_shapes: Sequence[torch.Size],
+        num_senders: int,
+        rule: AggregationRule,
+        sender_ranks: Sequence[int] | None = None,
+    ) -> None:
+        """`sender_ranks[i]`: where sender i's input goes in the stack the rule aggregates (default: i)."""
         self.rule = rule
+        self.sender_ranks = list(range(num_senders)) if sender_ranks is None else list(sender_ranks)
         self.inputs: dict[int, torch.Tensor] = {}
         super().__init__(part_shapes, num_senders)
 
@@ -129,7 +138,8 @@ class RobustPartReducer(TensorPartReducer):
         if self.current_part_accumulated_from == self.num_current_senders:
             shape = self.part_shapes[self.current_part_index]
             if self.inputs:
-                stacked = torch.stack([self.inputs[i].reshape(shape) for i in sorted(self.inputs)])
+                order = sorted(self.inputs, key=self.sender_ranks.__getitem__)
+                stacked = torch.stack([self.inputs[i].reshape(shape) for i in order])
                 result = aggregate(self.rule, stacked.to(torch.float32))
             else:
                 result = torch.zeros(shape)
@@ -158,10 +168,16 @@ class RobustAllReduceRunner(AllReduceRunner):
         if aggregation != "mean":  # "mean" keeps hivemind's running sum, the behaviour before robust rules
             # the one hivemind built goes unused: no "received 0%" warning when it is collected
             self.tensor_part_reducer.finished.set()  # type: ignore[has-type]
+            # Inputs are stacked in PeerID order, not group order: any member reducing this part
+            # of the same inputs gets the same bits (`node.averaging.audit` compares two reducers).
+            by_peer = sorted(
+                range(len(self.sender_peer_ids)), key=lambda i: self.sender_peer_ids[i].to_bytes()
+            )
             self.tensor_part_reducer = RobustPartReducer(
                 tuple(part.shape for part in self.parts_for_local_averaging),
                 len(self.sender_peer_ids),
                 aggregation,
+                sender_ranks=[by_peer.index(i) for i in range(len(by_peer))],
             )
         self.codec = codec
         self.max_norm_ratio = max_norm_ratio
@@ -177,6 +193,14 @@ class RobustAllReduceRunner(AllReduceRunner):
         self._expected_norm = max(own_norm, reference_norm)
         self._own_numel = sum(t.numel() for t in local)
         self._encoded: dict[int, asyncio.Task[tuple[runtime_pb2.Tensor, torch.Tensor]]] = {}
+        container = self.tensor_part_container
+        self.part_reducers: list[tuple[PeerID, int]] = [
+            (self.ordered_peer_ids[peer_index], part.numel())
+            for peer_index, parts in enumerate(container._input_parts_by_peer)
+            for part, _ in parts
+        ]
+        """Who reduces each part of the flattened vector and its length, in order (parts are
+        assigned to peers in the group's order, so this is the vector's order too)."""
 
     # -- checks ---------------------------------------------------------------------------
     def _bound(self, part_index: int) -> float:
@@ -265,9 +289,13 @@ class RobustAllReduceRunner(AllReduceRunner):
         peer_index = self.ordered_peer_ids.index(peer_id)
         if peer_id == self.peer_id:
             sender_index = self.sender_peer_ids.index(peer_id)
+            loop = asyncio.get_event_loop()
             for part_index, tensor_part in enumerate(self.parts_for_local_averaging):
+                # Our own input goes through the codec too, as every other sender's reaches us and
+                # ours reaches the audit's other reducer of this part: both then reduce the same values.
+                own = await loop.run_in_executor(None, self._through_codec, tensor_part)
                 averaged = await self.tensor_part_reducer.accumulate_part(
-                    sender_index, part_index, tensor_part, weight=1.0
+                    sender_index, part_index, own, weight=1.0
                 )
                 _, decoded = await self._encoded_average(part_index, averaged)
                 self.tensor_part_container.register_processed_part(peer_index, part_index, decoded)
@@ -308,6 +336,10 @@ class RobustAllReduceRunner(AllReduceRunner):
                 logger.debug("all-reduce with %s failed: %r", peer_id, e)
             self.tensor_part_container.register_failed_reducer(peer_index)
             raise
+
+    def _through_codec(self, part: torch.Tensor) -> torch.Tensor:
+        """`part` as another member receives it: encoded with the round's codec and decoded."""
+        return decode_tensor(self.codec.compress(part, CompressionInfo.from_tensor(part)))
 
     def _bound_for(self, reference: torch.Tensor) -> float:
         """`norm_bound` for a part shaped like our `reference` part."""
