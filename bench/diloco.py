@@ -50,6 +50,7 @@ DiLoCo); DHT traffic is not counted in either mode.
     python bench/diloco.py --quick     # 12 outer steps of H=50 (< 3 minutes; a smoke run, not the targets)
     python bench/diloco.py             # H=125, 100 outer steps (~40 minutes on 2 cores)
     python bench/diloco.py --skip-dp   # DiLoCo and single only (~7 minutes)
+    python bench/diloco.py --no-audit  # DiLoCo rounds without the reducer audit (half the bytes)
 
 Ends with one line `RESULT key=value ...`.
 """
@@ -103,6 +104,7 @@ def make_config(args: argparse.Namespace) -> TrainerConfig:
         averaging_timeout_s=60.0,
         torch_threads=1,
         seed=0,
+        audit_reducers=not args.no_audit,
     )
 
 
@@ -211,6 +213,11 @@ def main() -> None:
         "--eval-batches", type=int, default=64, help="held-out batches (the same for all modes)"
     )
     parser.add_argument("--skip-dp", action="store_true", help="skip the data-parallel baseline")
+    parser.add_argument(
+        "--no-audit",
+        action="store_true",
+        help="DiLoCo without the reducer audit (one all-reduce per round instead of two)",
+    )
     args = parser.parse_args()
     args.inner_steps = args.inner_steps or (50 if args.quick else 125)
     args.outer_steps = args.outer_steps or (12 if args.quick else 100)
@@ -264,6 +271,7 @@ def main() -> None:
         "H": str(args.inner_steps),
         "outer_steps": str(args.outer_steps),
         "identical_final": str(int(diloco["identical_final"])),
+        "audit_reducers": str(int(not args.no_audit)),
         "lr_schedule": args.lr_schedule,
         "outer_lr": str(args.outer_lr),
         "outer_momentum": str(args.outer_momentum),

@@ -301,7 +301,10 @@ class DiLoCoTrainer:
             wall_time_s=0.0,
             resynced=resynced,
             refused_peers=outcome.refused_peers,
-            extra={"steps_until_average": float(steps_until_average)},
+            extra={
+                "steps_until_average": float(steps_until_average),
+                "disputed_parts": float(outcome.disputed_parts),
+            },
             averaged_step=pending.state.step,
             round_id=outcome.round_id,
             received_from=dict(outcome.received_bytes),

@@ -121,6 +121,11 @@ class TrainerConfig(BaseModel):
     """How each reducer combines the pseudo-gradient parts it receives: "centered_clip" (robust to a
     minority of attackers inside the norm bound) or "mean" (the plain mean, for comparison)."""
 
+    audit_reducers: bool = True
+    """Reduce every part of each round twice, by two different trainers, and leave out the parts
+    whose two averages differ, so that a reducer lying to every member corrupts nothing (twice the
+    all-reduce traffic; robust rules only; see `node.averaging.audit`)."""
+
     ban_base_s: float = Field(default=60.0, gt=0.0)
     """First ban of a peer that sent a refused contribution; doubles with every offence."""
 
@@ -212,6 +217,7 @@ class TrainerRuntime:
             target_group_size=config.target_group_size,
             name=name,
             aggregation=config.aggregation,
+            audit_reducers=config.audit_reducers,
             trusted_state_sources=[PeerID.from_base58(p) for p in config.authorized_publishers],
             admitted_trainers=[PeerID.from_base58(p) for p in config.admitted_trainers],
         )

@@ -10,6 +10,7 @@ Map of the package:
 - `state_sync.StateSharing`: `publish_step`, `peer_steps`, `set_state_provider`, `fetch_state`.
 - `runner.RobustAllReduceRunner`: equal weights, checked parts, robust per-part aggregation,
   bit-identical averages; `global_norm`, `norm_bound`.
+- `audit`: the reducer audit (each part reduced twice, by two members; parts they disagree on are left out).
 - `robust`: the reducers' aggregation rules (`centered_clip`, the default; `mean`), `aggregate`.
 - `outer_state.OuterState`, `state_hash`: the state peers agree on and download.
 - `codecs`: fp32, fp16 and blockwise int8 wire codecs (`codec_for`, `decode_tensor`, `install_hivemind_codecs`).

@@ -19,6 +19,9 @@ and `StateSource` (through `StateSharing`); this module holds its core:
   lasts, and we download no state from it.
 * **Bit-identical results.** The runner gives every member the same averaged bytes; a member
   that a reducer failed reports the round as incomplete (see `node.averaging.rounds`).
+* **Audited reducers.** With `audit_reducers` (the default) every part is reduced a second time
+  by another member and a part whose two averages differ is not applied (`node.averaging.audit`),
+  so a reducer that lies the same way to every member corrupts nothing.
 * **Signed declarations.** Matchmaking and state-sharing declarations in the DHT are signed by
   this averager (`node.averaging.declarations`); the record validator refuses unsigned ones.
 * **Bounded streams.** Every inbound stream is capped in size (from the model's size), timed
@@ -33,6 +36,7 @@ and `StateSource` (through `StateSharing`); this module holds its core:
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import logging
 import multiprocessing as mp
@@ -51,6 +55,7 @@ from hivemind.p2p import P2P, P2PContext, PeerID
 from hivemind.proto import averaging_pb2
 from hivemind.utils.asyncio import enter_asynchronously
 
+from node.averaging.audit import audit_group_id, compare, rotated
 from node.averaging.codecs import codec_for, install_hivemind_codecs
 from node.averaging.declarations import install_signed_matchmaking
 from node.averaging.robust import DEFAULT_RULE, AggregationRule
@@ -106,13 +111,16 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         trusted_state_sources: Sequence[PeerID] = (),
         admitted_trainers: Sequence[PeerID] = (),
         signing_key: Ed25519PrivateKey | None = None,
+        audit_reducers: bool = True,
     ) -> None:
         """`trusted_state_sources`: the run's authorised publishers, whose verified outer state a
         resync takes without a second source (see `node.averaging.state_sync`).
         `admitted_trainers`: when given, the only other trainers this one averages with, takes
         step advertisements from and downloads a state from (a run that names its trainers);
         empty: an open run. `signing_key`: the private key of the DHT's PeerID, which signs our
-        DHT declarations (default: the key `node.dht_node` started the DHT with)."""
+        DHT declarations (default: the key `node.dht_node` started the DHT with).
+        `audit_reducers`: reduce every part twice, by two members, and apply only the parts whose
+        averages agree (`node.averaging.audit`; robust rules only)."""
         signing_key = signing_key or signing_key_of(dht)
         if signing_key is None:
             raise ValueError(
@@ -122,12 +130,14 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         install_hivemind_codecs()
         self.codec_name = compression
         self.aggregation = aggregation
+        self.audit_reducers = audit_reducers and aggregation != "mean"
         self.max_norm_ratio = max_norm_ratio
         self.min_norm_per_value = min_norm_per_value
         self.averaging_timeout_s = averaging_timeout_s
         self.label = name
         self.sender_timeout_s = sender_timeout_s
         self._bytes_sent = mp.Value(ctypes.c_uint64, 0)
+        self._disputed_parts = mp.Value(ctypes.c_uint64, 0)
         self._last_average_norm = mp.Value(ctypes.c_double, 0.0)  # set by the host, read by the runner
         # Lives in the averager process (copied there when hivemind starts it).
         self.bans = BanList(ban_base_s, ban_base_s * 2**MAX_BAN_DOUBLINGS, owner=name)
@@ -162,6 +172,10 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
     def bytes_sent(self) -> int:
         """Bytes the averager process wrote to libp2p streams so far."""
         return int(self._bytes_sent.value)
+
+    def disputed_parts(self) -> int:
+        """Parts left out of rounds so far because their two reducers returned different averages."""
+        return int(self._disputed_parts.value)
 
     # -- averager process -----------------------------------------------------------------
     def run(self) -> None:
@@ -220,7 +234,7 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
             kwargs.pop("weight", None)
             kwargs.pop("compression", None)
             async with enter_asynchronously(self.get_tensors()) as local_tensors:
-                refused, complete, received = await self._run_allreduce_inplace_(
+                refused, complete, received, disputed = await self._run_allreduce_inplace_(
                     local_tensors, group_info, peer_fractions=peer_fractions, **kwargs
                 )
             return {
@@ -229,6 +243,7 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
                 "complete": complete,
                 "group_id": group_info.group_id,
                 "received": received,
+                "disputed": disputed,
             }
         except BaseException as e:
             if isinstance(e, Exception):
@@ -241,22 +256,71 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
         group_info: GroupInfo,
         group_id: bytes | None = None,
         **kwargs: Any,
-    ) -> tuple[int, bool, dict[bytes, int]]:
-        """Run the all-reduce into `tensors`; return (senders refused, whether every reducer answered us,
-        bytes received from each peer that was not refused)."""
+    ) -> tuple[int, bool, dict[bytes, int], int]:
+        """Run the all-reduce into `tensors` (twice, audited, with `audit_reducers`); return (senders
+        refused, whether every reducer answered us, bytes received from each peer that was not
+        refused, parts left out because their two reducers disagreed)."""
         group_id = group_info.group_id if group_id is None else group_id
+        peer_ids = tuple(group_info.peer_ids)
+        fractions = tuple(kwargs.pop("peer_fractions"))
+        if not (self.audit_reducers and sum(f > 0 for f in fractions) >= 2):
+            runner = await self._allreduce_pass(tensors, peer_ids, fractions, group_id, **kwargs)
+            return len(runner.refused), _complete(runner), _received(runner), 0
+        audit_id = audit_group_id(group_id)
+        # Registered before our first pass starts: a member that finishes the first pass sooner
+        # may send us its audit parts before we finish ours.
+        self._running_groups[audit_id] = asyncio.get_event_loop().create_future()
+        try:
+            inputs = [t.detach().clone() for t in tensors]
+            first = await self._allreduce_pass(tensors, peer_ids, fractions, group_id, **kwargs)
+            order, audit_fractions = rotated(peer_ids, fractions)
+            second = await self._allreduce_pass(inputs, order, audit_fractions, audit_id, **kwargs)
+        finally:
+            pending = self._running_groups.pop(audit_id, None)
+            if pending is not None and not pending.done():
+                pending.cancel()  # members waiting to send us audit parts give up now
+        audit = compare(tensors, inputs, first.part_reducers, second.part_reducers)
+        for tensor, averaged in zip(tensors, audit.averaged, strict=True):
+            tensor.copy_(averaged)
+        if audit.disputed_parts:
+            with self._disputed_parts.get_lock():
+                self._disputed_parts.value += audit.disputed_parts
+            logger.warning(
+                "%s: %d parts (%d values) left out of the round: their two reducers disagree (%s)",
+                self.label,
+                audit.disputed_parts,
+                audit.disputed_values,
+                ", ".join(f"{a} / {b}" for a, b in audit.disputed_pairs),
+            )
+        refused = {*first.refused, *second.refused}
+        received = _received(first)
+        for peer, count in _received(second).items():
+            received[peer] = received.get(peer, 0) + count
+        complete = _complete(first) and _complete(second)
+        return len(refused), complete, received, audit.disputed_parts
+
+    async def _allreduce_pass(
+        self,
+        tensors: Sequence[torch.Tensor],
+        peer_ids: Sequence[PeerID],
+        fractions: tuple[float, ...],
+        group_id: bytes,
+        **kwargs: Any,
+    ) -> RobustAllReduceRunner:
+        """One all-reduce of `tensors` in place, with the group in `peer_ids` order; bans whoever it refused."""
         runner = self.runner_class(
             p2p=self._p2p,
             servicer_type=type(self),
             prefix=self.prefix,
             tensors=tensors,
             group_id=group_id,
-            ordered_peer_ids=group_info.peer_ids,
+            ordered_peer_ids=peer_ids,
+            peer_fractions=fractions,
             codec=codec_for(self.codec_name),
             max_norm_ratio=self.max_norm_ratio,
             min_norm_per_value=self.min_norm_per_value,
             reference_norm=float(self._last_average_norm.value),
-            pre_banned=[p for p in group_info.peer_ids if self.bans.is_banned(p)],
+            pre_banned=[p for p in peer_ids if self.bans.is_banned(p)],
             aggregation=self.aggregation,
             **kwargs,
         )
@@ -268,10 +332,17 @@ class DiLoCoAverager(Rounds, DecentralizedAverager):
             for peer_id, reason in runner.refused.items():
                 if reason != "banned":
                     self.bans.ban(peer_id, reason)
-        # A reducer that failed us (e.g. we were late and it left us out) leaves our own pseudo-gradient
-        # in its slice: our result is then a mixture nobody else holds.
-        received = {p.to_bytes(): n for p, n in runner.received_bytes.items() if p not in runner.refused}
-        return len(runner.refused), runner.tensor_part_container.failed_size == 0, received
+        return runner
+
+
+def _complete(runner: RobustAllReduceRunner) -> bool:
+    """Whether every reducer answered us: one that failed us (e.g. we were late and it left us out)
+    leaves a slice in our result that nobody else holds."""
+    return runner.tensor_part_container.failed_size == 0
+
+
+def _received(runner: RobustAllReduceRunner) -> dict[bytes, int]:
+    return {p.to_bytes(): n for p, n in runner.received_bytes.items() if p not in runner.refused}
 
 
 async def _azip(

@@ -72,6 +72,9 @@ class RoundOutcome:
     """Bytes received from each other member whose contribution was accepted (PeerID bytes): the
     members this peer can sign a training receipt for."""
 
+    disputed_parts: int = 0
+    """Parts of the average left at zero because their two reducers disagreed (`node.averaging.audit`)."""
+
 
 class PendingAverage(Protocol):
     """An averaging round in flight."""
@@ -236,6 +239,7 @@ class Rounds(StateSharing):
             refused_peers=int(result["refused"]),
             round_id=bytes(result.get("group_id", b"")),
             received_bytes={peer: int(n) for peer, n in received.items() if peer != own and n > 0},
+            disputed_parts=int(result.get("disputed", 0)),
         )
 
 

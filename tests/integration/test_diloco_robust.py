@@ -75,6 +75,7 @@ def test_sign_flip_inside_the_norm_bound(swarm: tuple[AggregationRule, list[DiLo
     assert all(o.refused_peers == 0 and o.num_peers == 4 for o in outcomes[:3]), (
         "the attack is inside the bound"
     )
+    assert all(o.disputed_parts == 0 for o in outcomes[:3]), "honest reducers of one part agree"
     honest_mean = torch.stack([torch.cat([t.reshape(-1) for t in g]) for g in grads[:3]]).mean(dim=0)
     cosine = float(torch.nn.functional.cosine_similarity(result, honest_mean, dim=0))
     if rule == "centered_clip":
