@@ -1,11 +1,13 @@
 """A reducer that sends one member a different average than the others is caught by the next round's hash check.
 
 Four averagers on loopback; peer3's reducer adds 0.5 to every value of the average it returns
-to one member (the "victim": the first other member in the group's order) and sends the true
-average to everyone else. Every member gets
-every part's average from its reducer, so the victim's outer state differs from the group's;
-in the next round each member's `outer_hash` (gathered at matchmaking) shows it: the victim
-is told it is out of sync (it then downloads the majority's state), the others are not.
+to one member (the "victim": the member with the lowest PeerID other than its own, the same in
+both passes of an audited round) and sends the true average to everyone else. The victim's
+outer state then differs from the group's: without the reducer audit it holds the shifted
+average, with it the two parts the liar reduced (one per pass) are disputed on the victim alone
+and left out. Either way, in the next round each member's `outer_hash` (gathered at
+matchmaking) shows it: the victim is told it is out of sync (it then downloads the majority's
+state), the others are not.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class LyingReducerRunner(RobustAllReduceRunner):
     async def _accumulate_parts_streaming(
         self, stream: AsyncIterator[averaging_pb2.AveragingData], sender_index: int
     ) -> AsyncIterator[averaging_pb2.AveragingData]:
-        victim = next(p for p in self.ordered_peer_ids if p != self.peer_id)
+        victim = min(p for p in self.ordered_peer_ids if p != self.peer_id)
         lie = self.sender_peer_ids[sender_index] == victim
         codec = codec_for("fp32")
         async for message in super()._accumulate_parts_streaming(stream, sender_index):
@@ -49,10 +51,10 @@ class LyingReducerAverager(DiLoCoAverager):
     runner_class = LyingReducerRunner
 
 
-@pytest.fixture(scope="module")
-def swarm() -> Iterator[list[DiLoCoAverager]]:
+@pytest.fixture(scope="module", params=[False, True], ids=["plain", "audited"])
+def swarm(request: pytest.FixtureRequest) -> Iterator[list[DiLoCoAverager]]:
     torch.set_num_threads(1)
-    kwargs = round_test_settings("lyingreducer", 4)
+    kwargs = round_test_settings(f"lyingreducer-{request.param}", 4, audit_reducers=request.param)
     classes = [DiLoCoAverager, DiLoCoAverager, DiLoCoAverager, LyingReducerAverager]
     with averager_swarm(SHAPES, classes, **kwargs) as averagers:
         yield averagers
@@ -78,6 +80,8 @@ def test_a_reducer_that_equivocates_leaves_its_victim_out_of_sync(swarm: list[Di
     odd = [i for i, h in enumerate(hashes) if hashes.count(h) == 1]
     assert len(odd) == 1 and len(set(hashes)) == 2, "exactly one member (the victim) got the shifted average"
     victim = odd[0]
+    audited = swarm[0].audit_reducers
+    assert [o.disputed_parts for o in first] == [2 if audited and i == victim else 0 for i in range(4)]
     second = _round(swarm, step + 1, hashes)
     assert all(o.num_peers == 4 for o in second)
     assert [o.in_sync for o in second] == [i != victim for i in range(4)]
