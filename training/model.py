@@ -31,12 +31,13 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 from torch.nn import functional as F
+
+from training.ragged import Ragged, plan
 
 __all__ = ["KVCache", "ModelConfig", "TinyGPT"]
 
@@ -198,16 +199,6 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, past: i
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
-class _Ragged(NamedTuple):
-    """Rows `[prefix + N, d]`: a shared prefix of `prefix` positions, then the `N` real rows of
-    right-padded sequences `[batch, time]` that follow it (`rows`: their indices in the grid)."""
-
-    prefix: int
-    rows: torch.Tensor
-    batch: int
-    time: int
-
-
 class Block(nn.Module):
     """Pre-norm transformer block: causal self-attention then a GELU MLP, both residual."""
 
@@ -223,7 +214,7 @@ class Block(nn.Module):
         self.mlp_out = Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, ragged: _Ragged | None = None
+        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, ragged: Ragged | None = None
     ) -> torch.Tensor:
         """`x` is `[B, T, d]`, or with `ragged` its rows `[prefix + N, d]`: every row-wise layer
         then sees only those rows, and attention the prefix and the padded grid after it."""
@@ -259,18 +250,26 @@ class Block(nn.Module):
             k, v = cache.append(layer, k, v)
         return self._attention(q, k, v, past, qkv.dtype)
 
-    def _attend_ragged(self, qkv: torch.Tensor, ragged: _Ragged) -> torch.Tensor:
-        p, b, t = ragged.prefix, ragged.batch, ragged.time
-        grid = qkv.new_zeros(b * t, qkv.shape[-1]).index_copy_(0, ragged.rows, qkv[p:]).view(b, t, -1)
-        q, k, v = self._heads(grid)
+    def _attend_ragged(self, qkv: torch.Tensor, ragged: Ragged) -> torch.Tensor:
+        p = ragged.prefix
+        rows = qkv[p:]
+        out = qkv.new_empty(rows.shape[0], self.n_heads * self.head_dim)
+        if p:
+            hq, hk, hv = self._heads(qkv[:p].unsqueeze(0))
+        for bucket in ragged.buckets:
+            b, t = bucket.batch, bucket.time
+            grid = qkv.new_zeros(b * t, qkv.shape[-1]).index_copy_(
+                0, bucket.grid, rows.index_select(0, bucket.flat)
+            )
+            q, k, v = self._heads(grid.view(b, t, -1))
+            if p:
+                k = torch.cat([hk.expand(b, -1, -1, -1), k], dim=2)
+                v = torch.cat([hv.expand(b, -1, -1, -1), v], dim=2)
+            att = self._attention(q, k, v, p, qkv.dtype).reshape(b * t, -1).index_select(0, bucket.grid)
+            out.index_copy_(0, bucket.flat, att)
         if not p:
-            return self._attention(q, k, v, 0, qkv.dtype).reshape(b * t, -1).index_select(0, ragged.rows)
-        hq, hk, hv = self._heads(qkv[:p].unsqueeze(0))
-        head = self._attention(hq, hk, hv, 0, qkv.dtype)[0]
-        k = torch.cat([hk.expand(b, -1, -1, -1), k], dim=2)
-        v = torch.cat([hv.expand(b, -1, -1, -1), v], dim=2)
-        tail = self._attention(q, k, v, p, qkv.dtype).reshape(b * t, -1).index_select(0, ragged.rows)
-        return torch.cat([head, tail])
+            return out
+        return torch.cat([self._attention(hq, hk, hv, 0, qkv.dtype)[0], out])
 
 
 class TinyGPT(nn.Module):
@@ -368,7 +367,8 @@ class TinyGPT(nn.Module):
 
         Norms, projections, MLP and head see each real token once: the prefix is computed once
         for all rows and no padding is computed but in attention (a padded key comes after every
-        real query, so none sees it). Returns `(logits [N, V], final_hidden [N, d])` for the
+        real query, so none sees it), which pads sequences of similar length together
+        (`training.ragged`). Returns `(logits [N, V], final_hidden [N, d])` for the
         `N = sum(lengths)` continuation tokens, the rows of sequence 0 first.
         """
         b, t = input_ids.shape
@@ -382,7 +382,7 @@ class TinyGPT(nn.Module):
         head = self._embed(prefix_ids.unsqueeze(0), 0)[0]
         tail = self._embed(input_ids, p).reshape(b * t, -1).index_select(0, rows)
         x = torch.cat([head, tail])
-        ragged = _Ragged(p, rows, b, t)
+        ragged = plan(p, lengths)
         for block in self.blocks:
             x = block(x, None, 0, ragged)
         hidden = self.final_norm(x[p:])
