@@ -161,6 +161,14 @@ def main() -> None:
           f"swarm {r_swarm:.3f} ({swarm_s:.0f} s)")  # fmt: skip
     print(f"worker: {generated} rollouts generated, {honest.accepted['worker0']} verified, {worker_cpu:.1f} CPU s; "
           f"plain loop {plain_per_cpu_s:.2f} rollouts/CPU s; validator {honest.validator_cpu_seconds:.1f} CPU s")  # fmt: skip
+    worker_groups = honest.groups["worker0"]
+    worker_tokens = sum(g.tokens for g in worker_groups)
+    judged_groups = honest.validator_rollouts_judged / grpo.group_size
+    if worker_groups and judged_groups:
+        print(f"per group: worker {worker_cpu / len(worker_groups) * 1e3:.1f} CPU ms "
+              f"({worker_tokens / len(worker_groups):.0f} tokens, {len(worker_groups)} groups), "
+              f"validator {honest.validator_cpu_seconds / judged_groups * 1e3:.2f} CPU ms "
+              f"({judged_groups:.0f} groups judged)")  # fmt: skip
     for name, mode in cheating.cheaters.items():
         stats = cheating.validator_stats
         view = stats.describe_worker(cheating.worker_peers[name]) if stats is not None else "-"

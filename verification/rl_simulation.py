@@ -89,6 +89,7 @@ class RLSimulation:
     """Verified rollouts that reached the trainer, per worker name."""
     worker_cpu_seconds: dict[str, float] = field(default_factory=dict)
     validator_cpu_seconds: float = 0.0
+    validator_rollouts_judged: int = 0
     final_state: dict[str, torch.Tensor] = field(default_factory=dict)
     """The trainer's policy at the end."""
     metrics: dict[str, MetricsFigures] = field(default_factory=dict)
@@ -215,6 +216,7 @@ def simulate_rl(
         all_trainers = [t for t, _ in started_trainers.values()]
         result.stale_dropped = sum(t.stale_dropped for t in all_trainers)
         result.validator_cpu_seconds = sum(getattr(t.judge, "cpu_seconds", 0.0) for t in all_trainers)
+        result.validator_rollouts_judged = sum(getattr(t.judge, "rollouts_judged", 0) for t in all_trainers)
         by_peer = {peer: name for name, peer in result.worker_peers.items()}
         for t in all_trainers:
             for worker_peer, count in t.trained_from.items():
