@@ -251,25 +251,27 @@ class Block(nn.Module):
         return self._attention(q, k, v, past, qkv.dtype)
 
     def _attend_ragged(self, qkv: torch.Tensor, ragged: Ragged) -> torch.Tensor:
+        """`_attention` of every row of `ragged`: widened once, rounded once, whatever the buckets."""
         p = ragged.prefix
-        rows = qkv[p:]
-        out = qkv.new_empty(rows.shape[0], self.n_heads * self.head_dim)
+        wide = qkv.to(_acc_dtype())
+        rows = wide[p:]
+        out = wide.new_empty(wide.shape[0], self.n_heads * self.head_dim)
         if p:
-            hq, hk, hv = self._heads(qkv[:p].unsqueeze(0))
+            hq, hk, hv = self._heads(wide[:p].unsqueeze(0))
+            out[:p] = _causal_attention(hq, hk, hv, 0)[0].transpose(0, 1).reshape(p, -1)
+        tail = out[p:]
         for bucket in ragged.buckets:
             b, t = bucket.batch, bucket.time
-            grid = qkv.new_zeros(b * t, qkv.shape[-1]).index_copy_(
+            grid = wide.new_zeros(b * t, wide.shape[-1]).index_copy_(
                 0, bucket.grid, rows.index_select(0, bucket.flat)
             )
             q, k, v = self._heads(grid.view(b, t, -1))
             if p:
                 k = torch.cat([hk.expand(b, -1, -1, -1), k], dim=2)
                 v = torch.cat([hv.expand(b, -1, -1, -1), v], dim=2)
-            att = self._attention(q, k, v, p, qkv.dtype).reshape(b * t, -1).index_select(0, bucket.grid)
-            out.index_copy_(0, bucket.flat, att)
-        if not p:
-            return out
-        return torch.cat([self._attention(hq, hk, hv, 0, qkv.dtype)[0], out])
+            att = _causal_attention(q, k, v, p).transpose(1, 2).reshape(b * t, -1)
+            tail.index_copy_(0, bucket.flat, att.index_select(0, bucket.grid))
+        return out.to(qkv.dtype)
 
 
 class TinyGPT(nn.Module):

@@ -86,7 +86,7 @@ def check_sampling_batch(
         raise ValueError(f"{len(logits)} logits, {len(tokens)} token rows and {len(seeds)} seeds")
     if not logits:
         return []
-    wide = torch.cat([row.detach().to(torch.float64).cpu() for row in logits])
+    wide = torch.cat([row.detach().cpu() for row in logits]).to(torch.float64)
     lengths = [row.shape[0] for row in logits]
     positions = np.concatenate([np.arange(n) for n in lengths])
     row_seeds = [seed for seed, n in zip(seeds, lengths, strict=True) for _ in range(n)]
