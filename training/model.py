@@ -380,7 +380,9 @@ class TinyGPT(nn.Module):
                 f"lengths {list(lengths)} do not fit input_ids of shape {(b, t)} after a prefix of shape "
                 f"{tuple(prefix_ids.shape)}"
             )
-        rows = torch.cat([torch.arange(row * t, row * t + n) for row, n in enumerate(lengths)])
+        rows = torch.tensor(
+            [row * t + c for row, n in enumerate(lengths) for c in range(n)], dtype=torch.long
+        )
         head = self._embed(prefix_ids.unsqueeze(0), 0)[0]
         tail = self._embed(input_ids, p).reshape(b * t, -1).index_select(0, rows)
         x = torch.cat([head, tail])

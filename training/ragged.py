@@ -53,9 +53,9 @@ def plan(prefix: int, lengths: Sequence[int]) -> Ragged:
     for members in _split(prefix, [lengths[i] for i in order]):
         chosen = [order[j] for j in members]
         time = lengths[chosen[0]]
-        flat = torch.cat([torch.arange(starts[i], starts[i] + lengths[i]) for i in chosen])
-        grid = torch.cat([torch.arange(row * time, row * time + lengths[i]) for row, i in enumerate(chosen)])
-        buckets.append(Bucket(flat, grid, len(chosen), time))
+        flat = [r for i in chosen for r in range(starts[i], starts[i] + lengths[i])]
+        grid = [row * time + c for row, i in enumerate(chosen) for c in range(lengths[i])]
+        buckets.append(Bucket(torch.tensor(flat), torch.tensor(grid), len(chosen), time))
     return Ragged(prefix, tuple(buckets))
 
 

@@ -235,7 +235,8 @@ def recompute_batch(
     this saves the per-call overhead of every layer and the prompt's repeated rows, which
     dominate for short completions.
     """
-    model.eval()
+    if model.training:
+        model.eval()
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i, claim in enumerate(claims):
         by_prompt.setdefault(tuple(claim.prompt_ids), []).append(i)
