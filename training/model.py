@@ -217,7 +217,7 @@ class Block(nn.Module):
         self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, ragged: Ragged | None = None
     ) -> torch.Tensor:
         """`x` is `[B, T, d]`, or with `ragged` its rows `[prefix + N, d]`: every row-wise layer
-        then sees only those rows, and attention the prefix and the padded grid after it."""
+        then sees only those rows, and attention the prefix and the padded grids after it."""
         qkv = self.qkv(self.attn_norm(x))
         att = self._attend(qkv, cache, layer) if ragged is None else self._attend_ragged(qkv, ragged)
         x = x + self.attn_out(att)
