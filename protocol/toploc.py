@@ -193,24 +193,43 @@ def _interpolate(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return _mod_p(hankel @ u)
 
 
+_TABLE_POWERS = math.isqrt(TOPK - 1) + 2
+"""Columns of the power table: enough for `_evaluate` on polynomials of up to TOPK coefficients."""
+
+
+@functools.cache
+def _power_table() -> np.ndarray:
+    """`T[x, j] = x ** j mod p` for every field element x and j < `_TABLE_POWERS`, as float64 (6.8 MB).
+
+    A verifier evaluates every proof at k points: looking their powers up costs a gather where
+    building them costs a dozen passes of integer arithmetic per call.
+    """
+    return _powers(np.arange(FIELD_PRIME, dtype=_NP_INT), _TABLE_POWERS)
+
+
 def _evaluate(coeffs: np.ndarray, x: np.ndarray) -> np.ndarray:
     """Values mod p of polynomials with ascending `coeffs [..., n]` at points `x [..., k]`.
 
     Baby-step giant-step: with `s ~ sqrt(n)`, `c(x) = sum_a (x^s)^a * sum_b c[a s + b] x^b`,
-    so only `s` powers of `x` and `ceil(n / s)` powers of `x^s` are built (instead of `n`)
+    so only `s` powers of `x` and `ceil(n / s)` powers of `x^s` are needed (instead of `n`)
     and both sums are float64 matrix products with terms below 2**32 (exact).
     """
     p = FIELD_PRIME
     n = coeffs.shape[-1]
     x = x % p
     s = math.isqrt(n - 1) + 1 if n > 1 else 1
-    blocks = -(-n // s)
+    blocks = -(-n // s)  # <= s
     c = np.zeros((*coeffs.shape[:-1], blocks * s), dtype=np.float64)
     c[..., :n] = coeffs
-    baby = _powers(x, s)  # [..., k, s]
+    if s < _TABLE_POWERS:
+        table = _power_table()
+        baby = table[x, :s]  # [..., k, s]
+        giant = table[table[x, s].astype(_NP_INT), :blocks]  # (x^s)^a
+    else:
+        baby = _powers(x, s)
+        giant = _powers((baby[..., -1].astype(_NP_INT) * x) % p, blocks)
     # inner[..., k, a] = sum_b x^b c[a s + b]   (s terms < 2**32 each)
     inner = _mod_p(np.matmul(baby, np.swapaxes(c.reshape(*c.shape[:-1], blocks, s), -1, -2)))
-    giant = _powers((baby[..., -1].astype(_NP_INT) * x) % p, blocks)  # (x^s)^a
     values = np.einsum("...ka,...ka->...k", inner.astype(np.float64), giant)  # blocks terms < 2**32 each
     return _mod_p(values)
 
