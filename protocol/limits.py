@@ -125,6 +125,10 @@ MAX_ROLLOUT_GROUP_BYTES = 16 * 1024 * 1024
 """Largest sealed rollout group accepted (64 completions of 4096 tokens with 258-byte proofs are about
 3 MiB; the cap leaves room for larger proofs). Intakes may configure a lower cap."""
 
+MAX_GROUPS_PER_SUBMISSION = 4
+"""Most groups a worker submits at once, each on a stream of its own (a validator's submit intake
+lets one peer hold this many streams)."""
+
 MAX_VERDICT_REASON_CHARS = 64
 """Longest reason code a verdict may carry."""
 

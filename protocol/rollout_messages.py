@@ -55,6 +55,7 @@ __all__ = [
     "DOMAIN_GROUP",
     "DOMAIN_VERDICT",
     "ROLLOUT_DTYPES",
+    "UNKNOWN_VERSION",
     "Forwarded",
     "check_group",
     "check_verdict",
@@ -75,6 +76,10 @@ DOMAIN_FORWARD = "rollout-forward"
 
 ROLLOUT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 """Precisions a worker may claim (the names of `verification.rollout.CLAIM_DTYPES`)."""
+
+UNKNOWN_VERSION = "unknown_version"
+"""The verdict reason of a group whose policy version the validator does not hold (yet): nothing was
+judged or used up, and the worker may submit the group again, there or elsewhere."""
 
 _MAX_ROLLOUT_BYTES = (
     (MAX_ROLLOUT_PROMPT_TOKENS + MAX_ROLLOUT_COMPLETION_TOKENS) * 6

@@ -25,12 +25,15 @@ from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
 from node.config import check_base58_peer_ids
 from node.node import HivenetNode
+from protocol.limits import MAX_GROUPS_PER_SUBMISSION
 from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
 from training.rl_sync import RL_MODEL_CONFIG
 
 __all__ = [
     "DTYPES",
+    "JUDGE_LINGER_S",
+    "JUDGE_MAX_BATCH",
     "ModelWindow",
     "RLDiLoCoConfig",
     "RLRunConfig",
@@ -47,6 +50,13 @@ DTYPES: dict[str, torch.dtype] = {
     "float16": torch.float16,
 }
 """Precisions a worker may generate in, by the name it claims."""
+
+JUDGE_LINGER_S = 0.01
+"""How long a validator holds a group that arrived alone, for others to judge it with (a worker's
+groups submitted at once arrive within a few milliseconds of each other)."""
+
+JUDGE_MAX_BATCH = 8
+"""Most groups a validator judges in one batch."""
 
 
 class RLDiLoCoConfig(BaseModel):
@@ -107,6 +117,9 @@ class RLRunConfig(BaseModel):
     of its `inner_steps`, so that no trainer leaves the others waiting in a round it never joins."""
     submit_timeout_s: float = Field(default=120.0, gt=0)
     """How long a worker waits for a validator's verdicts on one group."""
+    groups_per_submission: int = Field(default=2, ge=1, le=MAX_GROUPS_PER_SUBMISSION)
+    """Groups a worker generates before it submits them, all at once, so that a validator judges
+    them in one batch (its cost per group falls); each group is still its own submission."""
     diloco: RLDiLoCoConfig | None = None
     """Several trainers training together (policy version = outer step); None: one trainer whose
     every GRPO step is a policy version."""

@@ -40,6 +40,7 @@ from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.errors import StoreError
 from node.node import HivenetNode
+from node.rollouts.batcher import CallBatcher
 from node.rollouts.config import ForwardConfig
 from node.rollouts.errors import GroupRefused
 from node.rollouts.forward import ForwardIntake
@@ -52,7 +53,7 @@ from protocol.rollouts_pb2 import RolloutGroup
 from training.checkpoint import CheckpointError
 from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
 from training.model import TinyGPT
-from training.rl_run import RLRunConfig, RoleThread, group_id
+from training.rl_run import JUDGE_LINGER_S, JUDGE_MAX_BATCH, RLRunConfig, RoleThread, group_id
 
 __all__ = [
     "EveryStepUpdates",
@@ -73,8 +74,11 @@ _CHECKPOINT_NAME = "policy.pt"
 class RolloutJudge(Protocol):
     """What the trainer needs from a validator (`verification.validator.Validator` adapted to it)."""
 
-    def judge_group(self, worker: bytes, group: RolloutGroup) -> tuple[list[bytes], list[ScoredRollout]]:
-        """Sealed verdicts for the group's rollouts and the accepted ones with recomputed rewards."""
+    def judge_groups(
+        self, submissions: list[tuple[bytes, RolloutGroup]]
+    ) -> list[tuple[list[bytes], list[ScoredRollout]]]:
+        """Per `(worker, group)`, in order: sealed verdicts for the group's rollouts and the accepted
+        ones with recomputed rewards (as if judged one after another)."""
         ...
 
     def add_version(self, version: int, model: TinyGPT) -> None: ...
@@ -231,6 +235,10 @@ class RLTrainer(RoleThread):
                 on_receipts=node.receipt_sink,
             )
         )
+        self.judging: CallBatcher[tuple[bytes, RolloutGroup], tuple[list[bytes], list[ScoredRollout]]] = (
+            CallBatcher(judge.judge_groups, linger_s=JUDGE_LINGER_S, max_batch=JUDGE_MAX_BATCH)
+        )
+        """Groups that arrive together are judged in one batch."""
         self.intake = node.add_service(
             RolloutIntake(
                 dht=node.dht, identity=node.identity, run_id=config.run_id, handler=self._handle_group
@@ -268,7 +276,7 @@ class RLTrainer(RoleThread):
     # ---- intake --------------------------------------------------------------------------
 
     async def _handle_group(self, worker: bytes, envelope: Envelope, group: RolloutGroup) -> list[bytes]:
-        verdicts, accepted = await offload(self.judge.judge_group, worker, group)
+        verdicts, accepted = await self.judging.submit((worker, group))
         if accepted:
             self._inbox.put(accepted)
         return verdicts

@@ -18,6 +18,7 @@ precision than it claims, or with other weights than the version it names.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import enum
 import logging
@@ -36,7 +37,7 @@ from node.rollouts.peers import connect_member
 from node.runtime import offload
 from protocol.assignment import derive_assignment
 from protocol.node_record import Role
-from protocol.rollout_messages import seal_group
+from protocol.rollout_messages import UNKNOWN_VERSION, seal_group
 from protocol.rollouts_pb2 import Rollout, RolloutGroup
 from training.generation import generate
 from training.model import TinyGPT
@@ -67,6 +68,17 @@ class CheatMode(enum.StrEnum):
     """Generates in bfloat16 but claims the run's precision."""
     WEIGHTS = "weights"
     """Generates with perturbed weights but names the real version."""
+
+
+@dataclass(frozen=True)
+class _Generated:
+    """A generated group, sealed and waiting to be submitted."""
+
+    counter: int
+    version: int
+    tokens: int
+    seconds: float
+    sealed: bytes
 
 
 @dataclass
@@ -182,24 +194,39 @@ class InferenceWorker(RoleThread):
         counter = self._saved_counter()
         first = counter
         while not self._stop.is_set() and (self.max_groups is None or counter - first < self.max_groups):
-            newest = self.window.newest()
-            if newest is None:
-                self._stop.wait(_NO_VERSION_WAIT_S)
+            wanted = self.config.groups_per_submission
+            if self.max_groups is not None:
+                wanted = min(wanted, first + self.max_groups - counter)
+            generated: list[_Generated] = []
+            while len(generated) < wanted and not self._stop.is_set():
+                newest = self.window.newest()
+                if newest is None:
+                    if generated:
+                        break  # submit what is ready rather than sit on it
+                    self._stop.wait(_NO_VERSION_WAIT_S)
+                    continue
+                version, model = newest
+                try:
+                    generated.append(self._generate(counter, version, model))
+                except Exception as exc:  # a bug must not kill the worker silently
+                    logger.exception("[%s] group %d failed", self.node.short_id, counter)
+                    self._report(GroupReport(counter, version, "-", 0, 0.0, error=repr(exc)))
+                counter += 1
+            if not generated:
                 continue
-            version, model = newest
-            try:
-                report = self._one_group(counter, version, model)
-            except Exception as exc:  # a bug must not kill the worker silently
-                logger.exception("[%s] group %d failed", self.node.short_id, counter)
-                report = GroupReport(counter, version, "-", 0, 0.0, error=repr(exc))
-            if report is None:
-                continue  # stopped while looking for a validator
-            counter += 1
-            self.reports.append(report)
-            if self.on_group is not None:
-                self.on_group(report)
+            outcomes = self._submit(generated)
+            if outcomes is None:
+                return  # stopped while looking for a validator
+            for g, (validator, receipts, error) in zip(generated, outcomes, strict=True):
+                self._report(self._judged(g, validator, receipts, error))
 
-    def _one_group(self, counter: int, version: int, model: TinyGPT) -> GroupReport | None:
+    def _report(self, report: GroupReport) -> None:
+        self.reports.append(report)
+        if self.on_group is not None:
+            self.on_group(report)
+
+    def _generate(self, counter: int, version: int, model: TinyGPT) -> _Generated:
+        """Generate, prove and seal the group of assignment `counter` with policy `version`."""
         grpo = self.config.grpo
         me = self.node.identity.peer_id_bytes
         assignment = derive_assignment(self.config.run_id, version, me, counter, grpo.group_size)
@@ -241,26 +268,34 @@ class InferenceWorker(RoleThread):
         )
         self.cpu_seconds += time.thread_time() - cpu_started
         self.node.metrics.rollouts_generated(len(rollouts), tokens=tokens)
-        self._save_counter(counter + 1)  # submitted, the counter is used: a restart goes on after it
-        outcome = self._submit(sealed)
-        if outcome is None:
-            return None
-        validator, receipts, error = outcome
-        verdicts = [receipt.verdict for receipt in receipts]
-        report = GroupReport(counter, version, validator, tokens, seconds, error=error)
+        self._save_counter(counter + 1)  # generated, the counter is used: a restart goes on after it
+        return _Generated(counter, version, tokens, seconds, sealed)
+
+    def _judged(self, g: _Generated, validator: str, receipts: list[Receipt], error: str) -> GroupReport:
+        """Keep the receipts of a submitted group and report its verdicts."""
+        report = GroupReport(g.counter, g.version, validator, g.tokens, g.seconds, error=error)
         self.receipts.extend(receipts)
         sink = self.node.receipt_sink
         if sink is not None and receipts:  # its own proof of what it gave, kept and served by its node
             sink([receipt.envelope for receipt in receipts])
-        for verdict in verdicts:
-            if verdict.accepted:
+        for receipt in receipts:
+            if receipt.verdict.accepted:
                 report.accepted += 1
             else:
-                report.rejected[verdict.reason] += 1
+                report.rejected[receipt.verdict.reason] += 1
         return report
 
-    def _submit(self, sealed: bytes) -> tuple[str, list[Receipt], str] | None:
-        """Submit to one validator after another until one judges the group; None if stopped first."""
+    def _submit(self, generated: list[_Generated]) -> list[tuple[str, list[Receipt], str]] | None:
+        """Submit the groups, all at once, to one validator after another until each is judged; None if
+        stopped first.
+
+        A validator that does not hold a group's version yet refuses it as `unknown_version` without
+        judging it: the group goes to the next validator, and again to all of them while its version
+        is still one this worker generates with, for up to `submit_timeout_s`.
+        """
+        outcomes: list[tuple[str, list[Receipt], str] | None] = [None] * len(generated)
+        unjudged: dict[int, tuple[str, list[Receipt], str]] = {}
+        deadline = time.monotonic() + self.config.submit_timeout_s
         while not self._stop.is_set():
             validators = self.node.discover(Role.VALIDATOR)
             if not validators:
@@ -273,28 +308,56 @@ class InferenceWorker(RoleThread):
             )
             errors = []
             for live in ordered:
+                todo = [i for i, outcome in enumerate(outcomes) if outcome is None]
+                if not todo:
+                    break
                 try:
-                    receipts = self.node.call(
-                        self._submit_to(live, sealed), timeout_s=self.config.submit_timeout_s + 15.0
+                    answers = self.node.call(
+                        self._submit_to(live, [generated[i].sealed for i in todo]),
+                        timeout_s=self.config.submit_timeout_s + 15.0,
                     )
                 except Exception as exc:
-                    errors.append(f"{live.short_id}: {exc}")
-                    logger.warning(
-                        "[%s] validator %s: %s; trying another", self.node.short_id, live.short_id, exc
-                    )
-                    continue
-                return live.short_id, receipts, ""
-            logger.warning("[%s] no validator judged the group: %s", self.node.short_id, "; ".join(errors))
+                    answers = [exc] * len(todo)
+                for i, answer in zip(todo, answers, strict=True):
+                    if isinstance(answer, BaseException):
+                        errors.append(f"{live.short_id}: {answer}")
+                        logger.warning(
+                            "[%s] validator %s: %s; trying another", self.node.short_id, live.short_id, answer
+                        )
+                    elif answer and all(r.verdict.reason == UNKNOWN_VERSION for r in answer):
+                        unjudged[i] = (live.short_id, answer, "")
+                    else:
+                        outcomes[i] = (live.short_id, answer, "")
+            for i, outcome in unjudged.items():
+                version_gone = generated[i].version not in self.window.versions()
+                if outcomes[i] is None and (version_gone or time.monotonic() > deadline):
+                    outcomes[i] = outcome
+            done = [outcome for outcome in outcomes if outcome is not None]
+            if len(done) == len(generated):
+                return done
+            if errors:
+                logger.warning(
+                    "[%s] no validator judged the group: %s", self.node.short_id, "; ".join(errors)
+                )
             self._stop.wait(_NO_VALIDATOR_WAIT_S)
         return None
 
-    async def _submit_to(self, validator: LiveNode, sealed: bytes) -> list[Receipt]:
-        """Dial `validator` at the addresses of its own signed record, then submit."""
+    async def _submit_to(
+        self, validator: LiveNode, sealed: list[bytes]
+    ) -> list[list[Receipt] | BaseException]:
+        """Dial `validator` at the addresses of its own signed record, then submit every group at once
+        (a stream each): the receipts of each, or why it failed."""
         await connect_member(self.broadcast.p2p, validator)
-        return await submit_group_receipts(
-            self.broadcast.p2p,
-            validator.peer_id,
-            sealed,
-            run_id=self.config.run_id,
-            timeout_s=self.config.submit_timeout_s,
+        return await asyncio.gather(
+            *(
+                submit_group_receipts(
+                    self.broadcast.p2p,
+                    validator.peer_id,
+                    group,
+                    run_id=self.config.run_id,
+                    timeout_s=self.config.submit_timeout_s,
+                )
+                for group in sealed
+            ),
+            return_exceptions=True,
         )

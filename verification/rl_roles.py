@@ -24,6 +24,7 @@ from pathlib import Path
 from node.broadcast.store import VersionEntry
 from node.metrics import NodeMetrics
 from node.node import HivenetNode
+from node.rollouts.batcher import CallBatcher
 from node.rollouts.forward import forward_group
 from node.rollouts.intake import RolloutIntake
 from node.rollouts.peers import connect_member
@@ -35,7 +36,15 @@ from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict
 from training.grpo import ScoredRollout
 from training.model import TinyGPT
 from training.rl_diloco import node_diloco_updates
-from training.rl_run import RLRunConfig, add_policy_follower, group_id, held_versions, model_from_state
+from training.rl_run import (
+    JUDGE_LINGER_S,
+    JUDGE_MAX_BATCH,
+    RLRunConfig,
+    add_policy_follower,
+    group_id,
+    held_versions,
+    model_from_state,
+)
 from training.rl_trainer import RLStepReport, RLTrainer, UpdatesFactory, every_step_updates
 from training.tasks import get_task
 from verification.validator import Validator, VerifiedRollout
@@ -96,16 +105,24 @@ class TrainerJudge:
         self.accepted_hashes: set[bytes] = set()
         """Hashes of every rollout this validator accepted (what its trainer may learn from)."""
 
-    def judge_group(self, worker: bytes, group: RolloutGroup) -> tuple[list[bytes], list[ScoredRollout]]:
+    def judge_groups(
+        self, submissions: list[tuple[bytes, RolloutGroup]]
+    ) -> list[tuple[list[bytes], list[ScoredRollout]]]:
         started = time.thread_time()
-        verdicts, accepted = self.validator.judge_group(worker, group)
+        judged = self.validator.judge_groups(submissions)
         spent = time.thread_time() - started
         self.cpu_seconds += spent
-        self.rollouts_judged += len(verdicts)
-        if self.metrics is not None:
-            count_verdicts(self.metrics, verdicts, spent)
-        self.accepted_hashes.update(r.rollout_hash for r in accepted)
-        return verdicts, [scored(r) for r in accepted]
+        results = []
+        for verdicts, accepted in judged:
+            self.rollouts_judged += len(verdicts)
+            if self.metrics is not None:
+                count_verdicts(self.metrics, verdicts, spent / len(judged))
+            self.accepted_hashes.update(r.rollout_hash for r in accepted)
+            results.append((verdicts, [scored(r) for r in accepted]))
+        return results
+
+    def judge_group(self, worker: bytes, group: RolloutGroup) -> tuple[list[bytes], list[ScoredRollout]]:
+        return self.judge_groups([(worker, group)])[0]
 
     def add_version(self, version: int, model: TinyGPT) -> None:
         self.validator.add_version(version, model)
@@ -151,6 +168,10 @@ class StandaloneValidator:
         self.config = config
         self.validator = make_validator(node, config)
         self.broadcast = add_policy_follower(node, config)
+        self.judging: CallBatcher[tuple[bytes, RolloutGroup], tuple[list[bytes], list[VerifiedRollout]]] = (
+            CallBatcher(self.validator.judge_groups, linger_s=JUDGE_LINGER_S, max_batch=JUDGE_MAX_BATCH)
+        )
+        """Groups that arrive together are judged in one batch."""
         self.intake = node.add_service(
             RolloutIntake(
                 dht=node.dht, identity=node.identity, run_id=config.run_id, handler=self._handle_group
@@ -176,7 +197,7 @@ class StandaloneValidator:
 
     async def _handle_group(self, worker: bytes, envelope: Envelope, group: RolloutGroup) -> list[bytes]:
         started = time.monotonic()
-        verdicts, accepted = await offload(self.validator.judge_group, worker, group)
+        verdicts, accepted = await self.judging.submit((worker, group))
         count_verdicts(self.node.metrics, verdicts, time.monotonic() - started)
         if accepted:
             await self._forward(envelope, verdicts)

@@ -10,7 +10,7 @@ runs, cheapest first:
    anywhere else was cut where it scored best, and its proofs would still verify);
 2. the rollout verdict (TOPLOC, seeded sampling, precision) for the claimed version, rollout
    after rollout, stopping at the first rejection (one batched prefill for the group:
-   `RolloutVerifier.verify_group`);
+   `RolloutVerifier.verify_group`; `check_groups` batches several groups together);
 3. the reward, recomputed with the task (a worker never reports one).
 
 A group is accepted whole or not at all: GRPO normalizes rewards within a group, so a group a
@@ -31,18 +31,20 @@ from typing import Protocol
 from protocol import rollouts_pb2
 from protocol.assignment import Assignment
 from protocol.errors import InvalidMessage
-from protocol.rollout_messages import parse_rollout, rollout_hash
+from protocol.rollout_messages import UNKNOWN_VERSION, parse_rollout, rollout_hash
 from training.sampling import SamplingParams
 from verification.rollout import RolloutClaim
 from verification.rollout_wire import SAMPLING_PARAMS, WireRejection, claim_from_rollout
-from verification.verdict import RejectReason, RolloutVerifier
+from verification.verdict import GroupClaims, RejectReason, RolloutVerifier
 
 __all__ = [
     "BANNING_REASONS",
     "UNJUDGED_REASONS",
+    "GroupJob",
     "GroupReason",
     "RewardTask",
     "RolloutItem",
+    "check_groups",
     "check_rollouts",
     "parse_item",
 ]
@@ -55,7 +57,7 @@ class GroupReason(enum.StrEnum):
     REPLAY = "replay"
     """The assignment counter was judged already (or written off as abandoned), or a rollout was
     accepted before."""
-    UNKNOWN_VERSION = "unknown_version"
+    UNKNOWN_VERSION = UNKNOWN_VERSION
     WRONG_TASK = "wrong_task"
     GROUP_SIZE = "group_size"
     STALE = "stale"
@@ -141,6 +143,15 @@ def parse_item(index: int, data: bytes) -> RolloutItem:
     return item
 
 
+@dataclass
+class GroupJob:
+    """A group that passed the group-level checks: its rollouts, its assignment and the verifier of its version."""
+
+    items: Sequence[RolloutItem]
+    assignment: Assignment
+    verifier: RolloutVerifier
+
+
 def check_rollouts(
     items: Sequence[RolloutItem],
     *,
@@ -150,31 +161,48 @@ def check_rollouts(
     verifier: RolloutVerifier,
 ) -> None:
     """Judge every item of a group generated for `assignment`; sets each item's reason or reward."""
-    prompt = list(task.prompt(assignment.prompt_seed))
-    for item in items:
-        if not item.reason:
-            _precheck(item, task, sampling, assignment, prompt)
-    if not any(item.reason for item in items):
-        claims = []
-        for item in items:
-            assert item.claim is not None  # every item without a reason has its claim
-            claims.append(item.claim)
-        verdicts = verifier.verify_group(
-            claims,
-            assigned_prompt_ids=prompt,
-            assigned_seeds=[assignment.sampling_seeds[item.index] for item in items],
-        )
-        for item, verdict in zip(items, verdicts, strict=False):  # verdicts stop at the first rejection
-            if not verdict.accepted:
-                item.reject(str(verdict.reason), verdict.detail)
-    if not any(item.reason for item in items):
-        for item in items:
-            _score(item, task, prompt)
-    first = next((item for item in items if item.reason), None)
-    if first is not None:
-        for item in items:
+    check_groups([GroupJob(items, assignment, verifier)], task=task, sampling=sampling)
+
+
+def check_groups(jobs: Sequence[GroupJob], *, task: RewardTask, sampling: SamplingParams) -> None:
+    """`check_rollouts` on several groups, verifying the groups of each policy version in one batch.
+
+    Every group is judged on its own (one group's rollouts never decide another's verdicts);
+    batching only shares the cost of the verifier's passes.
+    """
+    prompts = [list(task.prompt(job.assignment.prompt_seed)) for job in jobs]
+    for job, prompt in zip(jobs, prompts, strict=True):
+        for item in job.items:
             if not item.reason:
-                item.reject(GroupReason.GROUP_REJECTED, f"rollout {first.index} of the group: {first.reason}")
+                _precheck(item, task, sampling, job.assignment, prompt)
+    ready = [g for g, job in enumerate(jobs) if not any(item.reason for item in job.items)]
+    verifiers = {id(jobs[g].verifier): jobs[g].verifier for g in ready}
+    for key, verifier in verifiers.items():
+        same = [g for g in ready if id(jobs[g].verifier) == key]
+        requests = []
+        for g in same:
+            claims = []
+            for item in jobs[g].items:
+                assert item.claim is not None  # every item without a reason has its claim
+                claims.append(item.claim)
+            seeds = [jobs[g].assignment.sampling_seeds[item.index] for item in jobs[g].items]
+            requests.append(GroupClaims(claims, prompts[g], seeds))
+        for g, verdicts in zip(same, verifier.verify_groups(requests), strict=True):
+            # verdicts stop at the first rejection
+            for item, verdict in zip(jobs[g].items, verdicts, strict=False):
+                if not verdict.accepted:
+                    item.reject(str(verdict.reason), verdict.detail)
+    for job, prompt in zip(jobs, prompts, strict=True):
+        if not any(item.reason for item in job.items):
+            for item in job.items:
+                _score(item, task, prompt)
+        first = next((item for item in job.items if item.reason), None)
+        if first is not None:
+            for item in job.items:
+                if not item.reason:
+                    item.reject(
+                        GroupReason.GROUP_REJECTED, f"rollout {first.index} of the group: {first.reason}"
+                    )
 
 
 def _precheck(

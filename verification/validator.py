@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -39,10 +39,11 @@ from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.rollout_checks import (
     BANNING_REASONS,
     UNJUDGED_REASONS,
+    GroupJob,
     GroupReason,
     RewardTask,
     RolloutItem,
-    check_rollouts,
+    check_groups,
     parse_item,
 )
 from verification.verdict import RolloutVerifier
@@ -105,6 +106,8 @@ class Validator:
         self._clock = clock
         self._window = VerifierWindow(async_level, policy)
         self._accounts = WorkerAccounts(late_window)
+        self._judging_counters: set[tuple[bytes, int]] = set()
+        self._judging_hashes: set[bytes] = set()
         self._lock = threading.Lock()
         self._seq = int(clock() * 1e6)
         self.on_verdicts = on_verdicts
@@ -132,22 +135,102 @@ class Validator:
         self, worker: bytes, group: rollouts_pb2.RolloutGroup
     ) -> tuple[list[bytes], list[VerifiedRollout]]:
         """Sealed verdicts (one per rollout, at most `group_size`) and the accepted rollouts (all or none)."""
-        version, counter = int(group.policy_version), int(group.counter)
-        items = [parse_item(i, data) for i, data in enumerate(group.rollouts[: self.group_size])]
+        return self.judge_groups([(worker, group)])[0]
+
+    def judge_groups(
+        self, submissions: Sequence[tuple[bytes, rollouts_pb2.RolloutGroup]]
+    ) -> list[tuple[list[bytes], list[VerifiedRollout]]]:
+        """`judge_group` on each `(worker, group)`, as if one after another, verifying them in one batch.
+
+        The verdicts are those of judging the groups in order. A group that holds a rollout of an
+        earlier group in the list, or the same assignment counter, is judged after that one's
+        verdict (in a later batch), so nothing is accepted twice; a group whose worker an earlier
+        group got banned is refused as `banned`.
+        """
+        parsed = [
+            [parse_item(i, data) for i, data in enumerate(group.rollouts[: self.group_size])]
+            for _, group in submissions
+        ]
+        results: list[tuple[list[bytes], list[VerifiedRollout]] | None] = [None] * len(submissions)
+        waiting = list(range(len(submissions)))
+        while waiting:
+            batch: list[int] = []
+            later: list[int] = []
+            hashes: set[bytes] = set()
+            counters: set[tuple[bytes, int]] = set()
+            for s in waiting:
+                worker, group = submissions[s]
+                own = {item.hash for item in parsed[s]}
+                counter = (worker, int(group.counter))
+                (later if own & hashes or counter in counters else batch).append(s)
+                hashes |= own
+                counters.add(counter)
+            judged = self._judge_batch([(*submissions[s], parsed[s]) for s in batch])
+            for s, result in zip(batch, judged, strict=True):
+                results[s] = result
+            waiting = later
+        return [result for result in results if result is not None]
+
+    def _judge_batch(
+        self, batch: list[tuple[bytes, rollouts_pb2.RolloutGroup, list[RolloutItem]]]
+    ) -> list[tuple[list[bytes], list[VerifiedRollout]]]:
+        """Judge groups that share no rollout and no counter: the group-level checks, one verification of
+        every group they let through, then each group's conclusion in order.
+
+        While a group is verified its counter and rollout hashes are reserved: the same counter or
+        rollout submitted meanwhile (judged on another thread) is a replay.
+        """
         with self._lock:
-            refusal, verifier = self._refusal(worker, group, items)
-            if refusal is None or refusal[0] not in UNJUDGED_REASONS:
-                self._accounts.use_counter(worker, counter)
-        if refusal is not None:
-            for item in items:
-                item.reject(*refusal)
-        else:
-            assert verifier is not None
-            assignment = derive_assignment(self.run_id, version, worker, counter, self.group_size)
-            check_rollouts(
-                items, task=self.task, sampling=self.sampling, assignment=assignment, verifier=verifier
-            )
-        accepted = refusal is None and all(not item.reason for item in items)
+            refusals = [self._refusal(worker, group, items) for worker, group, items in batch]
+            reserved = [
+                self._reserve(worker, group, items)
+                for (worker, group, items), (refusal, _) in zip(batch, refusals, strict=True)
+                if refusal is None
+            ]
+        try:
+            jobs = []
+            for (worker, group, items), (refusal, verifier) in zip(batch, refusals, strict=True):
+                if refusal is None:
+                    assert verifier is not None
+                    assignment = derive_assignment(
+                        self.run_id, int(group.policy_version), worker, int(group.counter), self.group_size
+                    )
+                    jobs.append(GroupJob(items, assignment, verifier))
+            check_groups(jobs, task=self.task, sampling=self.sampling)
+            results = []
+            for (worker, group, items), (refusal, _) in zip(batch, refusals, strict=True):
+                with self._lock:
+                    if refusal is None and self.bans.is_banned(worker):  # by a group before it in this batch
+                        refusal = (GroupReason.BANNED, "this worker is banned")
+                    if refusal is not None:
+                        for item in items:
+                            item.reject(*refusal)
+                    if refusal is None or refusal[0] not in UNJUDGED_REASONS:
+                        self._accounts.use_counter(worker, int(group.counter))
+                accepted = refusal is None and not any(item.reason for item in items)
+                results.append(self._conclude(worker, group, items, accepted=accepted))
+            return results
+        finally:  # after the conclusions: an accepted rollout is remembered before it is released
+            with self._lock:
+                for counter, hashes in reserved:
+                    self._judging_counters.discard(counter)
+                    self._judging_hashes.difference_update(hashes)
+
+    def _reserve(
+        self, worker: bytes, group: rollouts_pb2.RolloutGroup, items: list[RolloutItem]
+    ) -> tuple[tuple[bytes, int], set[bytes]]:
+        """Mark a group's counter and rollouts as being judged (lock held)."""
+        counter = (worker, int(group.counter))
+        hashes = {item.hash for item in items}
+        self._judging_counters.add(counter)
+        self._judging_hashes.update(hashes)
+        return counter, hashes
+
+    def _conclude(
+        self, worker: bytes, group: rollouts_pb2.RolloutGroup, items: list[RolloutItem], *, accepted: bool
+    ) -> tuple[list[bytes], list[VerifiedRollout]]:
+        """Record a judged group (hashes, ban, accounts), seal its verdicts and list what was accepted."""
+        version, counter = int(group.policy_version), int(group.counter)
         with self._lock:
             if accepted:
                 # Only accepted rollouts: remembering rejected ones would let whoever saw a worker's
@@ -189,6 +272,8 @@ class Validator:
         if self.bans.is_banned(worker):
             return (GroupReason.BANNED, "this worker is banned"), None
         status = self._accounts.counter_status(worker, counter)
+        if (worker, counter) in self._judging_counters:
+            return (GroupReason.REPLAY, f"assignment counter {counter} is being judged"), None
         if status == "used":
             return (GroupReason.REPLAY, f"assignment counter {counter} was already judged"), None
         if status == "settled":
@@ -213,7 +298,11 @@ class Validator:
             return (GroupReason.STALE, standing.detail), None
         hashes = [item.hash for item in items]
         for item in items:
-            if self._window.seen_hash(item.hash) or hashes.count(item.hash) > 1:
+            if (
+                self._window.seen_hash(item.hash)
+                or item.hash in self._judging_hashes
+                or hashes.count(item.hash) > 1
+            ):
                 return (GroupReason.REPLAY, f"rollout {item.index} was submitted before"), None
         return None, standing.verifier
 

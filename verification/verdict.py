@@ -15,7 +15,8 @@ are proved). Then, in order, the first failing check decides:
 prefill, and `RolloutVerifier` keeps one model copy per precision for a policy version.
 `RolloutVerifier.verify_group` judges a group's claims with one batched pass per precision
 (`recompute_batch`: the shared prompt once, the completions as a batch), which recomputes the
-very rows of one prefill per claim (`recompute`).
+very rows of one prefill per claim (`recompute`); `verify_groups` does the same for several
+groups at once.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from verification.rollout import CLAIM_DTYPES, RolloutClaim
 from verification.sampling_check import SamplingCheck, check_sampling, check_sampling_batch
 
 __all__ = [
+    "GroupClaims",
     "RejectReason",
     "RolloutVerifier",
     "Verdict",
@@ -92,6 +94,16 @@ class Verdict:
             return "accepted"
         where = f", chunk {self.failing_chunk}" if self.failing_chunk is not None else ""
         return f"rejected({self.reason}{where}: {self.detail})"
+
+
+@dataclass(frozen=True)
+class GroupClaims:
+    """Claims judged together (`RolloutVerifier.verify_groups`), with what their assignment fixed."""
+
+    claims: Sequence[RolloutClaim]
+    assigned_prompt_ids: Sequence[int] | None = None
+    assigned_seeds: Sequence[int] | None = None
+    """Claim i's assigned seed is `assigned_seeds[i]`."""
 
 
 def _reject(reason: RejectReason, detail: str, **figures: object) -> Verdict:
@@ -337,47 +349,66 @@ class RolloutVerifier:
         and one sampling check per set of sampling parameters (`check_sampling_batch`) for
         the claims before the first that fails the claim checks.
         """
-        if assigned_seeds is not None and len(assigned_seeds) != len(claims):
-            raise ValueError(f"{len(assigned_seeds)} assigned seeds for {len(claims)} claims")
-        early: list[Verdict | None] = []
-        for i, claim in enumerate(claims):
-            bad = self._claim_problem(
-                claim, assigned_prompt_ids, None if assigned_seeds is None else assigned_seeds[i]
-            )
-            early.append(bad)
-            if bad is not None:
-                break
-        prefilled = [i for i, bad in enumerate(early) if bad is None]
-        rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for dtype in dict.fromkeys(claims[i].dtype for i in prefilled):
-            same = [i for i in prefilled if claims[i].dtype == dtype]
-            batch = recompute_batch([claims[i] for i in same], self.model_for(CLAIM_DTYPES[dtype]))
+        return self.verify_groups([GroupClaims(claims, assigned_prompt_ids, assigned_seeds)])[0]
+
+    def verify_groups(self, groups: Sequence[GroupClaims]) -> list[list[Verdict]]:
+        """`verify_group` on each of `groups`, with every group's claims in the same batched passes.
+
+        One group's claims never change another's verdicts (every figure is computed row by row);
+        judging several groups at once only shares the per-call costs of the passes.
+        """
+        for group in groups:
+            if group.assigned_seeds is not None and len(group.assigned_seeds) != len(group.claims):
+                raise ValueError(f"{len(group.assigned_seeds)} assigned seeds for {len(group.claims)} claims")
+        early: list[list[Verdict | None]] = []
+        for group in groups:
+            problems: list[Verdict | None] = []
+            for i, claim in enumerate(group.claims):
+                seed = None if group.assigned_seeds is None else group.assigned_seeds[i]
+                problems.append(self._claim_problem(claim, group.assigned_prompt_ids, seed))
+                if problems[-1] is not None:
+                    break
+            early.append(problems)
+        prefilled = [
+            (g, i) for g, problems in enumerate(early) for i, bad in enumerate(problems) if bad is None
+        ]
+        claims = {key: groups[key[0]].claims[key[1]] for key in prefilled}
+        rows: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        for dtype in dict.fromkeys(claim.dtype for claim in claims.values()):
+            same = [key for key in prefilled if claims[key].dtype == dtype]
+            batch = recompute_batch([claims[key] for key in same], self.model_for(CLAIM_DTYPES[dtype]))
             rows.update(zip(same, batch, strict=True))
-        checks: dict[int, SamplingCheck] = {}
-        for params in dict.fromkeys(claims[i].sampling for i in prefilled):
-            same = [i for i in prefilled if claims[i].sampling == params]
+        checks: dict[tuple[int, int], SamplingCheck] = {}
+        for params in dict.fromkeys(claim.sampling for claim in claims.values()):
+            same = [key for key in prefilled if claims[key].sampling == params]
             batch_checks = check_sampling_batch(
-                [rows[i][1] for i in same],
-                [torch.tensor(claims[i].completion_ids) for i in same],
+                [rows[key][1] for key in same],
+                [torch.tensor(claims[key].completion_ids) for key in same],
                 params,
-                [claims[i].seed for i in same],
+                [claims[key].seed for key in same],
                 abs_tol=self.policy.sampling_abs_tol,
                 rel_tol=self.policy.sampling_rel_tol,
             )
             checks.update(zip(same, batch_checks, strict=True))
         proofs = verify_proofs_batch(
-            [(rows[i][0].to(torch.bfloat16), list(claims[i].proofs)) for i in prefilled]
+            [(rows[key][0].to(torch.bfloat16), list(claims[key].proofs)) for key in prefilled]
         )
         toploc = dict(zip(prefilled, proofs, strict=True))
-        verdicts = []
-        for i, bad in enumerate(early):
-            verdict = bad
-            if verdict is None:
-                verdict = judge(claims[i], *rows[i], policy=self.policy, sampling=checks[i], toploc=toploc[i])
-            verdicts.append(verdict)
-            if not verdict.accepted:
-                break
-        return verdicts
+        results = []
+        for g, problems in enumerate(early):
+            verdicts = []
+            for i, bad in enumerate(problems):
+                verdict = bad
+                if verdict is None:
+                    key = (g, i)
+                    verdict = judge(
+                        claims[key], *rows[key], policy=self.policy, sampling=checks[key], toploc=toploc[key]
+                    )
+                verdicts.append(verdict)
+                if not verdict.accepted:
+                    break
+            results.append(verdicts)
+        return results
 
     def _claim_problem(
         self, claim: RolloutClaim, assigned_prompt_ids: Sequence[int] | None, assigned_seed: int | None

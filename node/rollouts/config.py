@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from node.config import check_base58_peer_ids
-from protocol.limits import MAX_ROLLOUT_FORWARD_BYTES, MAX_ROLLOUT_GROUP_BYTES
+from protocol.limits import MAX_GROUPS_PER_SUBMISSION, MAX_ROLLOUT_FORWARD_BYTES, MAX_ROLLOUT_GROUP_BYTES
 
 
 class StreamServiceConfig(BaseModel):
@@ -37,6 +37,8 @@ class IntakeConfig(StreamServiceConfig):
 
     max_group_bytes: int = Field(default=MAX_ROLLOUT_GROUP_BYTES, ge=1024, le=MAX_ROLLOUT_GROUP_BYTES)
     """Largest sealed group frame read; a longer declared frame is refused before buffering."""
+    max_streams_per_peer: int = Field(default=MAX_GROUPS_PER_SUBMISSION, ge=1)
+    """Most streams one peer may hold open at once: a worker submits up to this many groups at once."""
 
 
 class ForwardConfig(StreamServiceConfig):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -223,7 +224,11 @@ class ScriptedWorker:
 class FakeJudge:
     """A `RolloutJudge` that accepts the groups `accept(worker, group)` picks, sealing real verdicts with `key`."""
 
-    def __init__(self, node: HivenetNode, run_id: str, accept: Callable[[bytes, RolloutGroup], bool]) -> None:
+    def __init__(
+        self, node: HivenetNode, run_id: str, accept: Callable[[bytes, RolloutGroup], bool | str]
+    ) -> None:
+        """`accept(worker, group)`: True accepts the group, False rejects it as `sampling`, a string
+        rejects it with that reason."""
         self.node = node
         self.run_id = run_id
         self.accept = accept
@@ -233,8 +238,15 @@ class FakeJudge:
         self.steps: list[int] = []
         self._lock = threading.Lock()
 
+    def judge_groups(
+        self, submissions: list[tuple[bytes, RolloutGroup]]
+    ) -> list[tuple[list[bytes], list[ScoredRollout]]]:
+        return [self.judge_group(worker, group) for worker, group in submissions]
+
     def judge_group(self, worker: bytes, group: RolloutGroup) -> tuple[list[bytes], list[ScoredRollout]]:
-        accepted = self.accept(worker, group)
+        decision = self.accept(worker, group)
+        accepted = decision is True
+        reason = "" if accepted else decision if isinstance(decision, str) else "sampling"
         hashes = [rollout_hash(data) for data in group.rollouts]
         with self._lock:
             (self.accepted_hashes if accepted else self.rejected_hashes).update(hashes)
@@ -249,8 +261,9 @@ class FakeJudge:
                     counter=group.counter,
                     index=i,
                     accepted=accepted,
-                    reason="" if accepted else "sampling",
+                    reason=reason,
                     reward=0.5 if accepted else 0.0,
+                    issued_at=time.time(),
                 ),
             )
             for i, h in enumerate(hashes)
