@@ -168,7 +168,7 @@ def main() -> None:
         print(f"per group: worker {worker_cpu / len(worker_groups) * 1e3:.1f} CPU ms "
               f"({worker_tokens / len(worker_groups):.0f} tokens, {len(worker_groups)} groups), "
               f"validator {honest.validator_cpu_seconds / judged_groups * 1e3:.2f} CPU ms "
-              f"({judged_groups:.0f} groups judged)")  # fmt: skip
+              f"({judged_groups:.0f} groups judged in {len(honest.validator_batches)} batches)")  # fmt: skip
     for name, mode in cheating.cheaters.items():
         stats = cheating.validator_stats
         view = stats.describe_worker(cheating.worker_peers[name]) if stats is not None else "-"

@@ -23,6 +23,10 @@ def rl_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--group-size", type=int, help="Completions per prompt (GRPO group)."),
         click.option("--async-level", type=int, help="Rollouts may lag the trainer by this many versions (0: sync)."),
         click.option(
+            "--groups-per-submission", type=int,
+            help="On an RL inference worker: groups generated, then submitted at once (judged in one batch; default 2).",
+        ),
+        click.option(
             "--trusted-validator", "trusted_validators", multiple=True,
             help="On an RL trainer: PeerID of a standalone validator whose forwarded rollouts it learns from (repeatable).",
         ),
@@ -32,7 +36,15 @@ def rl_options(func: Callable[..., Any]) -> Callable[..., Any]:
     return func
 
 
-RL_OPTION_NAMES = ("rl", "task", "max_trainer_steps", "group_size", "async_level", "trusted_validators")
+RL_OPTION_NAMES = (
+    "rl",
+    "task",
+    "max_trainer_steps",
+    "group_size",
+    "async_level",
+    "groups_per_submission",
+    "trusted_validators",
+)
 
 
 def build_rl_config(run_id: str, **options: Any) -> Any:
@@ -44,7 +56,7 @@ def build_rl_config(run_id: str, **options: Any) -> Any:
 
     grpo = {key: options[key] for key in ("group_size", "async_level") if options.get(key) is not None}
     top: dict[str, Any] = {"run_id": run_id}
-    for key in ("task", "max_trainer_steps"):
+    for key in ("task", "max_trainer_steps", "groups_per_submission"):
         if options.get(key) is not None:
             top[key] = options[key]
     for key in ("authorized_publishers", "trusted_validators"):

@@ -10,7 +10,8 @@ Two ways to run it, which must agree up to floating-point noise:
   verifier's prefill).
 * `prefill_cache` + `decode_step`: incremental decoding with a key/value cache (generation).
 * `forward_shared_prefix`: several right-padded sequences after one shared prefix, computing
-  the prefix once and only their real rows (the verifier's pass over a group's completions).
+  the prefix once and only their real rows (the verifier's pass over a group's completions);
+  `forward_shared_prefixes` does it for several prefixes in one pass (several groups).
 
 The "final hidden state" is the output of the final RMS norm, just before the LM head; it is
 what TOPLOC proves. The model runs in float32, bfloat16 or float16 (`model.to(dtype)`).
@@ -214,10 +215,15 @@ class Block(nn.Module):
         self.mlp_out = Linear(cfg.mlp_ratio * cfg.d_model, cfg.d_model)
 
     def forward(
-        self, x: torch.Tensor, cache: KVCache | None = None, layer: int = 0, ragged: Ragged | None = None
+        self,
+        x: torch.Tensor,
+        cache: KVCache | None = None,
+        layer: int = 0,
+        ragged: Sequence[Ragged] | None = None,
     ) -> torch.Tensor:
-        """`x` is `[B, T, d]`, or with `ragged` its rows `[prefix + N, d]`: every row-wise layer
-        then sees only those rows, and attention the prefix and the padded grids after it."""
+        """`x` is `[B, T, d]`, or with `ragged` the rows of its parts one after another (each
+        `[prefix + N, d]`): every row-wise layer then sees only those rows, and attention each
+        part's prefix and the padded grids after it."""
         qkv = self.qkv(self.attn_norm(x))
         att = self._attend(qkv, cache, layer) if ragged is None else self._attend_ragged(qkv, ragged)
         x = x + self.attn_out(att)
@@ -250,12 +256,21 @@ class Block(nn.Module):
             k, v = cache.append(layer, k, v)
         return self._attention(q, k, v, past, qkv.dtype)
 
-    def _attend_ragged(self, qkv: torch.Tensor, ragged: Ragged) -> torch.Tensor:
-        """`_attention` of every row of `ragged`: widened once, rounded once, whatever the buckets."""
-        p = ragged.prefix
+    def _attend_ragged(self, qkv: torch.Tensor, parts: Sequence[Ragged]) -> torch.Tensor:
+        """`_attention` of every row of `parts`: widened once, rounded once, whatever the buckets."""
         wide = qkv.to(_acc_dtype())
-        rows = wide[p:]
         out = wide.new_empty(wide.shape[0], self.n_heads * self.head_dim)
+        start = 0
+        for ragged in parts:
+            end = start + ragged.rows
+            self._attend_part(wide[start:end], ragged, out[start:end])
+            start = end
+        return out.to(qkv.dtype)
+
+    def _attend_part(self, wide: torch.Tensor, ragged: Ragged, out: torch.Tensor) -> None:
+        """Attention of one part's rows `wide` (its prefix, then its sequences' rows), into `out`."""
+        p = ragged.prefix
+        rows = wide[p:]
         if p:
             hq, hk, hv = self._heads(wide[:p].unsqueeze(0))
             out[:p] = _causal_attention(hq, hk, hv, 0)[0].transpose(0, 1).reshape(p, -1)
@@ -271,7 +286,6 @@ class Block(nn.Module):
                 v = torch.cat([hv.expand(b, -1, -1, -1), v], dim=2)
             att = _causal_attention(q, k, v, p).transpose(1, 2).reshape(b * t, -1)
             tail.index_copy_(0, bucket.flat, att.index_select(0, bucket.grid))
-        return out.to(qkv.dtype)
 
 
 class TinyGPT(nn.Module):
@@ -373,24 +387,38 @@ class TinyGPT(nn.Module):
         (`training.ragged`). Returns `(logits [N, V], final_hidden [N, d])` for the
         `N = sum(lengths)` continuation tokens, the rows of sequence 0 first.
         """
-        b, t = input_ids.shape
-        p = prefix_ids.shape[0]
-        if prefix_ids.dim() != 1 or len(lengths) != b or not all(0 <= n <= t for n in lengths):
-            raise ValueError(
-                f"lengths {list(lengths)} do not fit input_ids of shape {(b, t)} after a prefix of shape "
-                f"{tuple(prefix_ids.shape)}"
+        return self.forward_shared_prefixes([(prefix_ids, input_ids, lengths)])[0]
+
+    def forward_shared_prefixes(
+        self, parts: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[int]]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`forward_shared_prefix` on each `(prefix_ids, input_ids, lengths)` of `parts`, all in one pass:
+        the row-wise layers take every part's rows at once, attention keeps each part to itself."""
+        chunks, layouts, outputs = [], [], []
+        start = 0
+        for prefix_ids, input_ids, lengths in parts:
+            b, t = input_ids.shape
+            p = prefix_ids.shape[0]
+            if prefix_ids.dim() != 1 or len(lengths) != b or not all(0 <= n <= t for n in lengths):
+                raise ValueError(
+                    f"lengths {list(lengths)} do not fit input_ids of shape {(b, t)} after a prefix of shape "
+                    f"{tuple(prefix_ids.shape)}"
+                )
+            rows = torch.tensor(
+                [row * t + c for row, n in enumerate(lengths) for c in range(n)], dtype=torch.long
             )
-        rows = torch.tensor(
-            [row * t + c for row, n in enumerate(lengths) for c in range(n)], dtype=torch.long
-        )
-        head = self._embed(prefix_ids.unsqueeze(0), 0)[0]
-        tail = self._embed(input_ids, p).reshape(b * t, -1).index_select(0, rows)
-        x = torch.cat([head, tail])
-        ragged = plan(p, lengths)
+            chunks.append(self._embed(prefix_ids.unsqueeze(0), 0)[0])
+            chunks.append(self._embed(input_ids, p).reshape(b * t, -1).index_select(0, rows))
+            layouts.append(plan(p, lengths))
+            outputs.append(torch.arange(start + p, start + p + len(rows)))
+            start += p + len(rows)
+        x = torch.cat(chunks)
         for block in self.blocks:
-            x = block(x, None, 0, ragged)
-        hidden = self.final_norm(x[p:])
-        return self.lm_head(hidden), hidden
+            x = block(x, None, 0, layouts)
+        hidden = self.final_norm(x.index_select(0, torch.cat(outputs)))
+        logits = self.lm_head(hidden)
+        sizes = [len(rows) for rows in outputs]
+        return list(zip(logits.split(sizes), hidden.split(sizes), strict=True))
 
     def decode_step(self, input_ids: torch.Tensor, cache: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed the next token(s) `[B, t]` after the cached positions; return `(logits, final_hidden)`."""

@@ -44,6 +44,11 @@ class Ragged(NamedTuple):
     prefix: int
     buckets: tuple[Bucket, ...]
 
+    @property
+    def rows(self) -> int:
+        """`prefix + N`."""
+        return self.prefix + sum(int(bucket.flat.numel()) for bucket in self.buckets)
+
 
 def plan(prefix: int, lengths: Sequence[int]) -> Ragged:
     """The buckets for sequences of `lengths` real rows after a shared prefix of `prefix` rows."""

@@ -3,8 +3,9 @@
 `RLTrainer(node, config, judge, policy)` hosts on a started node:
 - a `WeightBroadcast` that publishes every policy version (version 0 is the initial policy), so
   workers and validators follow it and re-serve its chunks;
-- a `RolloutIntake` through which workers submit groups; each group goes to the `judge` (the
-  validator, injected: `training` does not import `verification`), whose sealed verdicts are the
+- a `RolloutIntake` through which workers submit groups; groups that arrive together go to the
+  `judge` in one batch (the validator, injected: `training` does not import `verification`;
+  `node.rollouts.batcher`), whose sealed verdicts are the
   workers' answer and whose accepted rollouts, with the rewards it recomputed, are the only
   thing the trainer ever learns from;
 - a training thread: once `groups_per_step` complete groups are buffered it runs one GRPO step,

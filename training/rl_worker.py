@@ -4,9 +4,12 @@
 versions, keeping the newest `async_level + 1` as models. Its loop takes assignment after
 assignment (`protocol.assignment`: the prompt and the sampling seeds are derived from the run,
 the version, this node's PeerID and a counter, never chosen), generates the group's completions
-with seeded sampling and TOPLOC proofs, seals the group with the node's key and submits it to a
-validator found through membership, failing over to the next validator when one does not
-answer. Every group ends in a `GroupReport` (version, accepted/rejected by reason, tokens/s).
+with seeded sampling and TOPLOC proofs and seals the group with the node's key. Once it holds
+`groups_per_submission` groups it submits them all at once (a stream each, so a validator judges
+them in one batch) to a validator found through membership, failing over to the next validator
+when one does not answer, and submitting again a group a validator could not judge yet because it
+does not hold its version. Every group ends in a `GroupReport` (version, accepted/rejected by
+reason, tokens/s).
 
 The next assignment counter is kept next to the weights store, and the versions the store
 already holds are loaded at start: a restarted worker goes on where it stopped. The validators'

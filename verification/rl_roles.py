@@ -121,9 +121,6 @@ class TrainerJudge:
             results.append((verdicts, [scored(r) for r in accepted]))
         return results
 
-    def judge_group(self, worker: bytes, group: RolloutGroup) -> tuple[list[bytes], list[ScoredRollout]]:
-        return self.judge_groups([(worker, group)])[0]
-
     def add_version(self, version: int, model: TinyGPT) -> None:
         self.validator.add_version(version, model)
 

@@ -90,6 +90,8 @@ class RLSimulation:
     worker_cpu_seconds: dict[str, float] = field(default_factory=dict)
     validator_cpu_seconds: float = 0.0
     validator_rollouts_judged: int = 0
+    validator_batches: list[int] = field(default_factory=list)
+    """The size of every batch of groups the trainers' validators judged (groups judged together)."""
     final_state: dict[str, torch.Tensor] = field(default_factory=dict)
     """The trainer's policy at the end."""
     metrics: dict[str, MetricsFigures] = field(default_factory=dict)
@@ -217,6 +219,7 @@ def simulate_rl(
         result.stale_dropped = sum(t.stale_dropped for t in all_trainers)
         result.validator_cpu_seconds = sum(getattr(t.judge, "cpu_seconds", 0.0) for t in all_trainers)
         result.validator_rollouts_judged = sum(getattr(t.judge, "rollouts_judged", 0) for t in all_trainers)
+        result.validator_batches = [size for t in all_trainers for size in t.judging.batches]
         by_peer = {peer: name for name, peer in result.worker_peers.items()}
         for t in all_trainers:
             for worker_peer, count in t.trained_from.items():

@@ -1,7 +1,7 @@
 """The validator of a decentralized RL run: judges workers' rollout groups and signs a receipt per rollout.
 
 `Validator.judge_group(worker, group)` takes a `RolloutGroup` whose envelope the transport has
-already verified as signed by `worker`. First the group-level checks, cheap and in this order
+already verified as signed by `worker` (`judge_groups` takes several, verified in one batch). First the group-level checks, cheap and in this order
 (every rollout of the group then gets the same reason): the worker is banned (`banned`); its
 assignment counter was judged already, or written off long ago as abandoned (`replay`); the
 policy version is not held and never was (`unknown_version`: nothing is used up, the worker

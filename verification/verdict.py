@@ -237,9 +237,10 @@ def recompute_batch(
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`recompute` for several claims at once: the same `(hidden, logits)` rows per claim.
 
-    Claims that answer the same prompt (a group's rollouts all answer its one assigned prompt)
-    share one pass: the prompt is computed once, and the completions after it as one
-    right-padded batch whose padding only attention sees (`TinyGPT.forward_shared_prefix`).
+    All claims go through one pass, and claims that answer the same prompt (a group's rollouts
+    all answer its one assigned prompt) share their prompt's rows: the prompt is computed once,
+    and the completions after it as one right-padded batch whose padding only attention sees
+    (`TinyGPT.forward_shared_prefixes`).
     Neither the padding nor the sharing changes a real row: under causal attention a position
     sees only the positions before it, and `TinyGPT`'s inference path (float64 accumulation,
     one rounding) makes a row's result independent of the other rows computed with it, so
@@ -247,29 +248,26 @@ def recompute_batch(
     this saves the per-call overhead of every layer and the prompt's repeated rows, which
     dominate for short completions.
     """
+    if not claims:
+        return []
     if model.training:
         model.eval()
     by_prompt: dict[tuple[int, ...], list[int]] = {}
     for i, claim in enumerate(claims):
         by_prompt.setdefault(tuple(claim.prompt_ids), []).append(i)
-    rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    parts = []
     for prompt, members in by_prompt.items():
-        completions = [claims[i].completion_ids for i in members]
-        rows.update(zip(members, _completion_rows(model, prompt, completions), strict=True))
+        tails = [[prompt[-1], *claims[i].completion_ids[:-1]] for i in members]
+        lengths = [len(tail) for tail in tails]
+        width = max(lengths)
+        ids = torch.tensor([tail + [0] * (width - len(tail)) for tail in tails], dtype=torch.long)
+        parts.append((torch.tensor(list(prompt[:-1]), dtype=torch.long), ids, lengths))
+    rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for members, (logits, hidden), (_, _, lengths) in zip(
+        by_prompt.values(), model.forward_shared_prefixes(parts), parts, strict=True
+    ):
+        rows.update(zip(members, zip(hidden.split(lengths), logits.split(lengths), strict=True), strict=True))
     return [rows[i] for i in range(len(claims))]
-
-
-def _completion_rows(
-    model: TinyGPT, prompt: Sequence[int], completions: Sequence[Sequence[int]]
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The completion rows of `prompt + completion[:-1]` for each completion, sharing the prompt's pass."""
-    tails = [[prompt[-1], *completion[:-1]] for completion in completions]
-    lengths = [len(tail) for tail in tails]
-    width = max(lengths)
-    ids = torch.tensor([tail + [0] * (width - len(tail)) for tail in tails], dtype=torch.long)
-    prefix = torch.tensor(list(prompt[:-1]), dtype=torch.long)
-    logits, hidden = model.forward_shared_prefix(prefix, ids, lengths)
-    return list(zip(hidden.split(lengths), logits.split(lengths), strict=True))
 
 
 def verify_rollout(

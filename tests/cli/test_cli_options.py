@@ -139,3 +139,16 @@ def test_every_command_that_prints_state_offers_json() -> None:
     runner = CliRunner()
     for command in (["identity"], ["peers"], ["doctor"], ["weights", "status"]):
         assert "--json" in runner.invoke(cli, [*command, "--help"]).output, command
+
+
+def test_rl_options_build_the_run_config_and_bad_values_are_clear_errors() -> None:
+    from cli.rl import build_rl_config
+
+    config = build_rl_config("r", groups_per_submission=3, async_level=1, group_size=None)
+    assert (config.groups_per_submission, config.grpo.async_level) == (3, 1)
+    assert build_rl_config("r").groups_per_submission == 2
+    with pytest.raises(ConfigError, match="groups_per_submission"):
+        build_rl_config("r", groups_per_submission=9)
+    result = CliRunner().invoke(cli, ["simulate", "--rl", "--groups-per-submission", "0"])
+    assert result.exit_code != 0 and "groups_per_submission" in result.output, result.output
+    assert "Traceback" not in result.output

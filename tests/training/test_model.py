@@ -129,6 +129,30 @@ def test_sequences_after_a_shared_prefix_get_their_own_prefills_rows(model, dtyp
             m.forward_shared_prefix(prefix, ids, [1, 2])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_parts_with_prefixes_of_their_own_in_one_pass_get_their_own_prefills_rows(model, dtype):
+    """Several prefixes, each with its sequences, in one pass: no part sees another's rows."""
+    m = _copy_in(model, dtype)
+    g = torch.Generator().manual_seed(7)
+    parts = []
+    for prefix_len, lengths in ((12, [3, 40, 1]), (0, [5, 2]), (1, [0, 9]), (30, [17])):
+        ids = torch.randint(0, 256, (len(lengths), max(lengths)), generator=g)
+        parts.append((torch.randint(0, 256, (prefix_len,), generator=g), ids, lengths))
+    with torch.inference_mode():
+        results = m.forward_shared_prefixes(parts)
+        assert len(results) == len(parts)
+        for (prefix, ids, lengths), (logits, hidden) in zip(parts, results, strict=True):
+            assert hidden.shape == (sum(lengths), m.config.d_model) and logits.shape[0] == sum(lengths)
+            alone_logits, alone_hidden = m.forward_shared_prefix(prefix, ids, lengths)
+            assert torch.equal(hidden, alone_hidden) and torch.equal(logits, alone_logits)
+            for row, (lg, h) in enumerate(zip(logits.split(lengths), hidden.split(lengths), strict=True)):
+                if lengths[row]:
+                    own_logits, own_hidden = m.forward_with_hidden(
+                        torch.cat([prefix, ids[row, : lengths[row]]]).unsqueeze(0), outputs_from=len(prefix)
+                    )
+                    assert torch.equal(h, own_hidden[0]) and torch.equal(lg, own_logits[0])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_is_really_half(model, dtype):
     m = _copy_in(model, dtype)

@@ -13,7 +13,14 @@ from training.model import ModelConfig
 from training.sampling import SamplingParams
 from verification.rollout import CLAIM_DTYPES
 from verification.sampling_check import check_sampling, check_sampling_batch
-from verification.verdict import RejectReason, RolloutVerifier, Verdict, recompute, recompute_batch
+from verification.verdict import (
+    GroupClaims,
+    RejectReason,
+    RolloutVerifier,
+    Verdict,
+    recompute,
+    recompute_batch,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -93,6 +100,27 @@ def test_a_group_stops_at_its_first_rejection(verifier, scenarios):
     assert [v.accepted for v in verdicts] == [True, False]
     assert verdicts[1].reason == RejectReason.SAMPLING
     assert [verdict_key(v) for v in verdicts] == [verdict_key(v) for v in one_by_one(verifier, group, seeds)]
+
+
+def test_groups_verified_together_get_the_verdicts_of_each_group_alone(verifier, scenarios):
+    """One group's rejection (early or late) changes nothing in the groups verified with it."""
+    kinds = list(scenarios)
+    groups = [[scenarios[key] for key in kinds[i : i + 3]] for i in range(0, len(kinds), 3)]
+    requests = []
+    for i, group in enumerate(groups):
+        seeds = [sc.claim.seed for sc in group]
+        if i == 1:
+            seeds[0] ^= 1  # rejected before any prefill: its group holds nothing else
+        requests.append(GroupClaims([sc.claim for sc in group], None, seeds))
+    together = verifier.verify_groups(requests)
+    alone = [verifier.verify_group(r.claims, assigned_seeds=r.assigned_seeds) for r in requests]
+    assert [[verdict_key(v) for v in verdicts] for verdicts in together] == [
+        [verdict_key(v) for v in verdicts] for verdicts in alone
+    ]
+    assert len(together[1]) == 1 and together[1][0].reason == RejectReason.SEED_MISMATCH
+    assert any(not verdicts[-1].accepted for verdicts in together) and any(
+        all(v.accepted for v in verdicts) for verdicts in together
+    )
 
 
 def test_claim_check_failures_keep_their_place_in_the_group(verifier, scenarios):
