@@ -1,7 +1,8 @@
 """The validator of a decentralized RL run: judges workers' rollout groups and signs a receipt per rollout.
 
 `Validator.judge_group(worker, group)` takes a `RolloutGroup` whose envelope the transport has
-already verified as signed by `worker` (`judge_groups` takes several, verified in one batch). First the group-level checks, cheap and in this order
+already verified as signed by `worker` (`judge_groups` takes several and verifies them in one
+batch). First the group-level checks, cheap and in this order
 (every rollout of the group then gets the same reason): the worker is banned (`banned`); its
 assignment counter was judged already, or written off long ago as abandoned (`replay`); the
 policy version is not held and never was (`unknown_version`: nothing is used up, the worker
@@ -177,15 +178,16 @@ class Validator:
         """Judge groups that share no rollout and no counter: the group-level checks, one verification of
         every group they let through, then each group's conclusion in order.
 
-        While a group is verified its counter and rollout hashes are reserved: the same counter or
-        rollout submitted meanwhile (judged on another thread) is a replay.
+        Until a group is concluded its counter (if judging uses it) and its rollout hashes (if it is
+        verified) are reserved: the same counter or rollout submitted meanwhile (judged on another
+        thread) is a replay.
         """
         with self._lock:
             refusals = [self._refusal(worker, group, items) for worker, group, items in batch]
             reserved = [
-                self._reserve(worker, group, items)
+                self._reserve(worker, group, items if refusal is None else [])
                 for (worker, group, items), (refusal, _) in zip(batch, refusals, strict=True)
-                if refusal is None
+                if refusal is None or refusal[0] not in UNJUDGED_REASONS
             ]
         try:
             jobs = []
@@ -219,7 +221,7 @@ class Validator:
     def _reserve(
         self, worker: bytes, group: rollouts_pb2.RolloutGroup, items: list[RolloutItem]
     ) -> tuple[tuple[bytes, int], set[bytes]]:
-        """Mark a group's counter and rollouts as being judged (lock held)."""
+        """Mark a group's counter and the rollouts `items` as being judged (lock held)."""
         counter = (worker, int(group.counter))
         hashes = {item.hash for item in items}
         self._judging_counters.add(counter)

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from protocol import rollouts_pb2
 from tests.verification.validator_setup import ALICE, BOB, GROUP, open_verdicts, other_seed, reasons
+from verification import validator as validator_module
 from verification.validator import Validator
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -70,3 +74,36 @@ def test_a_rollout_in_two_groups_is_judged_again_if_its_first_group_was_rejected
     sequential = [one_by_one.judge_group(ALICE, group) for group in (cheat, honest_again)]
     assert _outcome(validator, together) == _outcome(one_by_one, sequential)
     assert set(reasons(together[1][0])) == {"banned"}  # the first group's ban came first
+
+
+def test_a_counter_or_rollout_being_judged_is_a_replay_for_a_concurrent_submission(
+    make_validator, honest, monkeypatch
+) -> None:
+    """While a batch is verified, its counters (even a stale group's) and rollouts are taken."""
+    validator = make_validator(versions=(0, 1, 2, 3))  # version 0 fell out of the window: stale
+    stale, fresh = honest(0, 5), honest(3, 6)
+    copied = honest(3, 7)
+    copied.rollouts[0] = fresh.rollouts[0]
+    entered, release = threading.Event(), threading.Event()
+    real_check = validator_module.check_groups
+
+    def held_check(*args, **kwargs) -> None:
+        entered.set()
+        assert release.wait(30.0)
+        real_check(*args, **kwargs)
+
+    monkeypatch.setattr(validator_module, "check_groups", held_check)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        first = pool.submit(validator.judge_groups, [(ALICE, stale), (ALICE, fresh)])
+        assert entered.wait(30.0)
+        monkeypatch.setattr(validator_module, "check_groups", real_check)
+        same_counter = honest(3, 5)
+        assert set(reasons(validator.judge_group(ALICE, same_counter)[0])) == {"replay"}
+        assert set(reasons(validator.judge_group(ALICE, copied)[0])) == {"replay"}
+        release.set()
+        (stale_sealed, _), (fresh_sealed, fresh_accepted) = first.result(30.0)
+    assert set(reasons(stale_sealed)) == {"stale"}
+    assert reasons(fresh_sealed) == [""] * GROUP and len(fresh_accepted) == GROUP
+    # nothing stays reserved: the copier's counter is free again, its copied rollout now accepted before
+    assert set(reasons(validator.judge_group(ALICE, copied)[0])) == {"replay"}
+    assert reasons(validator.judge_group(ALICE, honest(3, 8))[0]) == [""] * GROUP
