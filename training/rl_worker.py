@@ -5,11 +5,11 @@ versions, keeping the newest `async_level + 1` as models. Its loop takes assignm
 assignment (`protocol.assignment`: the prompt and the sampling seeds are derived from the run,
 the version, this node's PeerID and a counter, never chosen), generates the group's completions
 with seeded sampling and TOPLOC proofs and seals the group with the node's key. Once it holds
-`groups_per_submission` groups it submits them all at once (a stream each, so a validator judges
-them in one batch) to a validator found through membership, failing over to the next validator
-when one does not answer, and submitting again a group a validator could not judge yet because it
-does not hold its version. Every group ends in a `GroupReport` (version, accepted/rejected by
-reason, tokens/s).
+`groups_per_submission` groups, or sooner when a newer version arrives, it submits them all at
+once (a stream each, so a validator judges them in one batch) to a validator found through
+membership, failing over to the next validator when one does not answer, and submitting again a
+group a validator could not judge yet because it does not hold its version. Every group ends in
+a `GroupReport` (version, accepted/rejected by reason, tokens/s).
 
 The next assignment counter is kept next to the weights store, and the versions the store
 already holds are loaded at start: a restarted worker goes on where it stopped. The validators'
@@ -209,6 +209,8 @@ class InferenceWorker(RoleThread):
                     self._stop.wait(_NO_VERSION_WAIT_S)
                     continue
                 version, model = newest
+                if generated and version != generated[-1].version:
+                    break  # the policy moved on: what is ready goes now, before it grows staler
                 try:
                     generated.append(self._generate(counter, version, model))
                 except Exception as exc:  # a bug must not kill the worker silently

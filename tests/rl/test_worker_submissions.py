@@ -38,9 +38,14 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNodes]:
 
 
 def _config(nodes: LoopbackNodes, groups_per_submission: int) -> RLRunConfig:
+    """The trainer never steps (it waits for 50 groups): the worker sees version 0 only, unless a test adds one."""
     trainer_id = create_identity(nodes.root / "trainer.key").peer_id.to_base58()
     return tiny_run(
-        None, async_level=8, groups_per_submission=groups_per_submission, authorized_publishers=[trainer_id]
+        None,
+        async_level=8,
+        groups_per_step=50,
+        groups_per_submission=groups_per_submission,
+        authorized_publishers=[trainer_id],
     )
 
 
@@ -76,6 +81,32 @@ def test_groups_submitted_at_once_are_judged_in_one_batch(
         assert all(r.accepted == 4 and not r.rejected and not r.error for r in worker.reports)
         assert trainer.judging.batches == [2, 2, 2]
         assert sorted(seen) == list(range(6))
+    finally:
+        worker.stop()
+        trainer.stop()
+
+
+def test_a_newer_version_sends_the_groups_of_the_older_one_right_away(
+    nodes: LoopbackNodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(rl_trainer, "JUDGE_LINGER_S", 5.0)
+    config = _config(nodes, groups_per_submission=3)
+    trainer, _, worker = _run(nodes, config, lambda worker, group: True)
+    generate = worker._generate
+
+    def then_a_new_version(counter: int, version: int, model: TinyGPT) -> object:
+        generated = generate(counter, version, model)
+        if counter == 0:  # version 1 arrives while the first group is in hand
+            worker.window.add(1, model)
+        return generated
+
+    monkeypatch.setattr(worker, "_generate", then_a_new_version)
+    try:
+        worker.start()
+        assert wait_until(lambda: len(worker.reports) >= 4, 120.0, interval_s=0.2), worker.reports
+        assert [(r.counter, r.version) for r in worker.reports[:4]] == [(0, 0), (1, 1), (2, 1), (3, 1)]
+        assert all(r.accepted == 4 for r in worker.reports[:4])
+        assert trainer.judging.batches[:2] == [1, 3]
     finally:
         worker.stop()
         trainer.stop()
