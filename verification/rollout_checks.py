@@ -1,7 +1,7 @@
 """The per-rollout half of judging a group: claims, assignment, rollout verdict, recomputed reward.
 
-For a group that passed the group-level checks (`verification.validator`), `check_rollouts`
-runs, cheapest first:
+For groups that passed the group-level checks (`verification.validator`), `check_groups` runs,
+cheapest first:
 
 1. for every rollout: strict conversion to a `RolloutClaim` (`malformed_claim`), the run's
    sampling parameters (`sampling_params`), the prompt and seed of the re-derived assignment
@@ -10,7 +10,7 @@ runs, cheapest first:
    anywhere else was cut where it scored best, and its proofs would still verify);
 2. the rollout verdict (TOPLOC, seeded sampling, precision) for the claimed version, rollout
    after rollout, stopping at the first rejection (one batched prefill for the group:
-   `RolloutVerifier.verify_group`; `check_groups` batches several groups together);
+   `RolloutVerifier.verify_groups` takes every group of a version at once);
 3. the reward, recomputed with the task (a worker never reports one).
 
 A group is accepted whole or not at all: GRPO normalizes rewards within a group, so a group a
@@ -45,7 +45,6 @@ __all__ = [
     "RewardTask",
     "RolloutItem",
     "check_groups",
-    "check_rollouts",
     "parse_item",
 ]
 
@@ -152,20 +151,9 @@ class GroupJob:
     verifier: RolloutVerifier
 
 
-def check_rollouts(
-    items: Sequence[RolloutItem],
-    *,
-    task: RewardTask,
-    sampling: SamplingParams,
-    assignment: Assignment,
-    verifier: RolloutVerifier,
-) -> None:
-    """Judge every item of a group generated for `assignment`; sets each item's reason or reward."""
-    check_groups([GroupJob(items, assignment, verifier)], task=task, sampling=sampling)
-
-
 def check_groups(jobs: Sequence[GroupJob], *, task: RewardTask, sampling: SamplingParams) -> None:
-    """`check_rollouts` on several groups, verifying the groups of each policy version in one batch.
+    """Judge every item of each group generated for its assignment (sets each item's reason or reward),
+    verifying the groups of each policy version in one batch.
 
     Every group is judged on its own (one group's rollouts never decide another's verdicts);
     batching only shares the cost of the verifier's passes.
