@@ -26,9 +26,17 @@ class BanList:
     """Who is banned until when, with the reasons counted."""
 
     def __init__(
-        self, base_s: float, max_s: float, owner: str = "", on_ban: Callable[[str], None] | None = None
+        self,
+        base_s: float,
+        max_s: float,
+        owner: str = "",
+        on_ban: Callable[[str], None] | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: seconds on a monotonic clock (a test's fake one)."""
         self.base_s = base_s
+        self.clock = clock
         self.max_s = max_s
         self.owner = owner
         self.on_ban = on_ban
@@ -42,7 +50,7 @@ class BanList:
         state.strikes += 1
         # The exponent is capped: a peer that keeps offending would overflow a float (2**1024).
         duration = min(self.base_s * 2.0 ** min(state.strikes - 1, 64), self.max_s)
-        state.until = time.monotonic() + duration
+        state.until = self.clock() + duration
         self._bans[key] = state
         self.reasons[reason.split(":")[0]] += 1
         if self.on_ban is not None:
@@ -60,7 +68,7 @@ class BanList:
     def is_banned(self, peer: PeerID | bytes) -> bool:
         key = peer.to_bytes() if isinstance(peer, PeerID) else peer
         state = self._bans.get(key)
-        return state is not None and state.until > time.monotonic()
+        return state is not None and state.until > self.clock()
 
     def strikes(self, peer: PeerID | bytes) -> int:
         key = peer.to_bytes() if isinstance(peer, PeerID) else peer

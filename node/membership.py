@@ -132,8 +132,9 @@ class Membership:
         """Refuse a live duplicate of this identity, publish the record and keep refreshing it."""
         if self.check_identity:
             await self.check_identity_free()
+        first_at = asyncio.get_running_loop().time()
         await self.publish()
-        self._refresher = asyncio.create_task(self._refresh_loop(), name="membership-refresh")
+        self._refresher = asyncio.create_task(self._refresh_loop(first_at), name="membership-refresh")
 
     async def stop(self) -> None:
         """Stop refreshing and publish a LEFT record so that discovery drops this node at once."""
@@ -193,14 +194,16 @@ class Membership:
             logger.warning("node record was not stored by any DHT peer; will retry")
         return ok
 
-    async def _refresh_loop(self) -> None:
-        # Fixed rate, measured from the start of each publish: a store that is slow under load
-        # must not push the next refresh back, or the record expires between refreshes.
-        next_at = time.monotonic()
+    async def _refresh_loop(self, first_at: float) -> None:
+        # Fixed rate, measured from the start of each publish (the first one's at `first_at`): a
+        # store that is slow under load must not push the next refresh back, or the record
+        # expires between refreshes.
+        loop = asyncio.get_running_loop()
+        next_at = first_at
         while True:
             next_at += self.refresh_interval_s if self.last_publish_ok else 1.0
-            await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            next_at = max(next_at, time.monotonic() - self.refresh_interval_s)
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
+            next_at = max(next_at, loop.time() - self.refresh_interval_s)
             try:
                 await asyncio.wait_for(self.publish(), timeout=self.refresh_interval_s * 2)
             except Exception as exc:  # the DHT may be shutting down; keep the node alive regardless

@@ -220,6 +220,10 @@ class RLTrainer(RoleThread):
         self.manifests: dict[int, Manifest] = {}
         """The manifest this trainer published for each version."""
         self._inbox: queue.Queue[list[ScoredRollout]] = queue.Queue()
+        self.groups_delivered = 0
+        """Accepted groups handed to the training loop (by this trainer's validator or a forward)."""
+        self.groups_settled = 0
+        """Of those, the ones the training loop has taken and acted on (stepped on, buffered or dropped)."""
         self._taken: dict[bytes, int] = {}
         """Policy version of every group id taken into the buffer while that version is usable."""
         super().__init__()
@@ -279,7 +283,7 @@ class RLTrainer(RoleThread):
     async def _handle_group(self, worker: bytes, envelope: Envelope, group: RolloutGroup) -> list[bytes]:
         verdicts, accepted = await self.judging.submit((worker, group))
         if accepted:
-            self._inbox.put(accepted)
+            self._deliver(accepted)
         return verdicts
 
     async def _handle_forward(self, validator: bytes, forwarded: Forwarded) -> None:
@@ -302,7 +306,17 @@ class RLTrainer(RoleThread):
                     worker=worker,
                 )
             )
-        self._inbox.put(rollouts)
+        self._deliver(rollouts)
+
+    def _deliver(self, group: list[ScoredRollout]) -> None:
+        self.groups_delivered += 1
+        self._inbox.put(group)
+
+    @property
+    def settled(self) -> bool:
+        """Whether the training loop has acted on every group delivered so far (or has ended): until
+        more groups arrive, it will take no further step."""
+        return self.groups_settled >= self.groups_delivered or not self.alive
 
     # ---- training ------------------------------------------------------------------------
 
@@ -365,7 +379,6 @@ class RLTrainer(RoleThread):
 
     def _run(self) -> None:
         groups: dict[bytes, list[ScoredRollout]] = {}
-        grpo = self.config.grpo
         step = 0
         while not self._stop.is_set():
             if self.config.max_trainer_steps is not None and step >= self.config.max_trainer_steps:
@@ -374,30 +387,38 @@ class RLTrainer(RoleThread):
                 arrived = self._inbox.get(timeout=0.5)  # one whole group
             except queue.Empty:
                 arrived = []
-            if arrived and arrived[0].group_id not in self._taken:  # a group judged twice is trained on once
-                self._taken[arrived[0].group_id] = arrived[0].policy_version
-                groups[arrived[0].group_id] = list(arrived)
-            oldest_usable = self.version - grpo.async_level
-            for gid in [g for g, v in self._taken.items() if v < oldest_usable]:
-                del self._taken[gid]  # a group of an unusable version is refused as stale anyway
-            # the learner holds the weights of the versions it made since it started (a restarted
-            # trainer: none before its checkpoint's), and it can learn from rollouts of those only
-            known = set(self.learner.known_versions)
-            for stale in [
-                g
-                for g, rs in groups.items()
-                if rs[0].policy_version < oldest_usable or rs[0].policy_version not in known
-            ]:
-                self.stale_dropped += len(groups.pop(stale))
-            complete = [g for g, rs in groups.items() if len(rs) == grpo.group_size]
-            if len(complete) < grpo.groups_per_step:
-                continue
-            batch = [groups.pop(g) for g in complete[: grpo.groups_per_step]]
-            report = self._step(step, batch)
-            step += 1
-            self.reports.append(report)
-            if self.on_step is not None:
-                self.on_step(report)
+            step = self._take(arrived, groups, step)
+            if arrived:
+                self.groups_settled += 1
+
+    def _take(self, arrived: list[ScoredRollout], groups: dict[bytes, list[ScoredRollout]], step: int) -> int:
+        """Buffer the group that `arrived` (if any), drop what fell out of use, and step on a full
+        batch; returns the next step's number."""
+        grpo = self.config.grpo
+        if arrived and arrived[0].group_id not in self._taken:  # a group judged twice is trained on once
+            self._taken[arrived[0].group_id] = arrived[0].policy_version
+            groups[arrived[0].group_id] = list(arrived)
+        oldest_usable = self.version - grpo.async_level
+        for gid in [g for g, v in self._taken.items() if v < oldest_usable]:
+            del self._taken[gid]  # a group of an unusable version is refused as stale anyway
+        # the learner holds the weights of the versions it made since it started (a restarted
+        # trainer: none before its checkpoint's), and it can learn from rollouts of those only
+        known = set(self.learner.known_versions)
+        for stale in [
+            g
+            for g, rs in groups.items()
+            if rs[0].policy_version < oldest_usable or rs[0].policy_version not in known
+        ]:
+            self.stale_dropped += len(groups.pop(stale))
+        complete = [g for g, rs in groups.items() if len(rs) == grpo.group_size]
+        if len(complete) < grpo.groups_per_step:
+            return step
+        batch = [groups.pop(g) for g in complete[: grpo.groups_per_step]]
+        report = self._step(step, batch)
+        self.reports.append(report)
+        if self.on_step is not None:
+            self.on_step(report)
+        return step + 1
 
     def _step(self, step: int, batch: list[list[ScoredRollout]]) -> RLStepReport:
         version_before = self.version

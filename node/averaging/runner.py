@@ -24,7 +24,7 @@ out of sync and download the majority's state.
 * Caught: a reducer that sends different averages to different members (equivocation). The
   members it lied to hold another state; while they are a minority of the next round's group
   they resync to the majority's state, so the corruption does not last (tested in
-  `tests/integration/test_diloco_robust_reducer.py`). The lying reducer is not identified
+  `tests/integration/diloco/test_diloco_robust_reducer.py`). The lying reducer is not identified
   or banned: a hash mismatch does not say which reducer caused it.
 * A reducer that sends the *same* wrong average of its part to every member passes the hash
   check (every member holds the same state); the reducer audit (`node.averaging.audit`) has

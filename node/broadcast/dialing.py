@@ -84,6 +84,8 @@ class HolderDialer:
         self.own_addresses = own_addresses
         self.attempts = 0
         """Dials made (each to up to `MAX_ADDRESSES_PER_DIAL` addresses of one holder)."""
+        self.finished = 0
+        """Of those, the ones that have ended (connected, failed or timed out)."""
         self._next_dial: dict[str, float] = {}
         """Per address: when it may be dialled again."""
         self._backoff: dict[str, float] = {}
@@ -124,20 +126,29 @@ class HolderDialer:
             self._next_dial[address] = now + max(ADDRESS_REDIAL_S, self._backoff.get(address, 0.0))
         self.attempts += 1
         try:
-            await asyncio.wait_for(
-                self.p2p._client.connect(holder.peer_id, [Multiaddr(a) for a in targets]),
-                timeout=DIAL_TIMEOUT_S,
-            )
-        except Exception:
+            connected_now = await self._connect(holder.peer_id, targets)
+        finally:
+            self.finished += 1
+        if connected_now:
+            for address in targets:
+                self._backoff.pop(address, None)
+        else:
             now = time.monotonic()
             for address in targets:
                 period = min(ADDRESS_BACKOFF_MAX_S, 2 * self._backoff.get(address, ADDRESS_BACKOFF_S / 2))
                 self._backoff[address] = period
                 self._next_dial[address] = now + period
-        else:
-            for address in targets:
-                self._backoff.pop(address, None)
         self._forget_old(time.monotonic())
+
+    async def _connect(self, peer_id: PeerID, addresses: list[str]) -> bool:
+        """Whether p2pd connected to `peer_id` at one of `addresses` within `DIAL_TIMEOUT_S`."""
+        try:
+            await asyncio.wait_for(
+                self.p2p._client.connect(peer_id, [Multiaddr(a) for a in addresses]), timeout=DIAL_TIMEOUT_S
+            )
+        except Exception:
+            return False
+        return True
 
     def _forget_old(self, now: float) -> None:
         if len(self._next_dial) <= _MAX_REMEMBERED_ADDRESSES:

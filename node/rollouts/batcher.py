@@ -43,6 +43,11 @@ class CallBatcher(Generic[T, R]):
         self.batches: list[int] = []
         """The size of every batch served so far (for tests and reports)."""
 
+    @property
+    def pending(self) -> int:
+        """Items submitted and not yet taken into a batch."""
+        return len(self._waiting)
+
     async def submit(self, item: T) -> R:
         """`fn`'s result for `item`, computed in a batch with whatever else arrived with it."""
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()

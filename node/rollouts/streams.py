@@ -75,6 +75,8 @@ class FramedService:
         self._p2p: P2P | None = None
         self.slots = StreamSlots(config.max_streams, config.max_streams_per_peer)
         """The streams being served (counts, preemptions)."""
+        self.streams_ended = 0
+        """Inbound streams served to their end, however they ended (answered, refused, cut short)."""
 
     @property
     def p2p(self) -> P2P:
@@ -182,6 +184,7 @@ class FramedService:
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
+            self.streams_ended += 1
 
     async def _serve_frames(
         self, peer: PeerID, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, slot: StreamSlot
