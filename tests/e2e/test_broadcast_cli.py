@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO as ROOT
+
 WEIGHTS = "from cli.weights import weights; weights()"
 
 

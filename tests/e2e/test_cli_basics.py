@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
 
 
 def hivenet(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:

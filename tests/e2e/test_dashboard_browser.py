@@ -29,9 +29,9 @@ from node.swarm import LocalSwarm, wait_until
 from tests.helpers import receipts
 from tests.helpers.dashboard import DashboardRun, build_run
 from tests.helpers.dashboard_training import training_round
+from tests.helpers.paths import REPO
 from tests.helpers.receipts import RUN
 
-REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "tests" / "artifacts"
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")

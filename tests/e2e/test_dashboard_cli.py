@@ -12,9 +12,9 @@ from pathlib import Path
 
 from node.dashboard import peer_text
 from tests.helpers.dashboard import build_run
+from tests.helpers.paths import REPO
 from tests.helpers.receipts import RUN
 
-REPO = Path(__file__).resolve().parents[2]
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("HIVENET_")} | {"PYTHONPATH": str(REPO)}
 
 

@@ -28,8 +28,8 @@ from node.runtime import in_dht
 from node.status import read_status_file
 from node.swarm import LocalSwarm, wait_until
 from protocol.node_record import NodeStatus, Role
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 RUN = "itest"
 TTL_S = 8.0
 REFRESH_S = 2.0

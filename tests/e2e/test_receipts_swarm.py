@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +18,12 @@ from hivemind.p2p import PeerID
 
 from node.dashboard import peer_text
 from node.ledger import Ledger
-from node.swarm import LocalSwarm
+from node.swarm import LocalSwarm, wait_until
 from protocol.receipts import ReceiptKind
 from tests.helpers import receipts as make
+from tests.helpers.paths import REPO
 from tests.helpers.receipts import new_peer
 
-REPO = Path(__file__).resolve().parents[2]
 ENV = {k: v for k, v in os.environ.items() if not k.startswith("HIVENET_")} | {"PYTHONPATH": str(REPO)}
 RUN = "itest-receipts"
 
@@ -73,14 +72,13 @@ def test_the_dashboard_pulls_a_joined_nodes_receipts_into_its_leaderboard(
     try:
         url = process.stdout.readline().strip()  # type: ignore[union-attr]
         assert url.startswith("http://127.0.0.1:"), url
-        deadline = time.monotonic() + 60
         board: dict[str, float] = {}
-        while time.monotonic() < deadline:
-            board = _leaderboard(url)
-            if board.get(peer_text(contributor), 0) > 0 and _count(dashboard_ledger) == 4:
-                break
-            time.sleep(0.5)
-        assert board.get(peer_text(contributor), 0) > 0, board
+
+        def filled() -> bool:
+            board.update(_leaderboard(url))
+            return board.get(peer_text(contributor), 0) > 0 and _count(dashboard_ledger) == 4
+
+        assert wait_until(filled, 60.0, interval_s=0.5), board
     finally:
         process.send_signal(signal.SIGINT)
         _, stderr = process.communicate(timeout=60)

@@ -12,8 +12,7 @@ from pathlib import Path
 import psutil
 
 from node.swarm import wait_until
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.paths import REPO
 
 
 def _tree(pid: int) -> list[psutil.Process]:

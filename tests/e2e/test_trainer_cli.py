@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from node.swarm import LocalSwarm, wait_until
+from tests.helpers.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 TINY = ["--outer-steps", "2", "--inner-steps", "5", "--seq-len", "32", "--batch-size", "4"]
 PROGRESS = re.compile(r"outer step +(\d+) \| \S+ \| loss [\d.]+ \| peers (\d+) \|")
 STATE = re.compile(r"outer step +(\d+) \|.*\| state (\w+)")

@@ -1,6 +1,6 @@
 """A plain hivemind P2P client attacking a `DiLoCoAverager`'s stream handlers on 127.0.0.1.
 
-Shared by `tests/node/test_averager_stream_limits.py` and `bench/robustness.py`: open a raw
+Shared by `tests/integration/node/test_averager_stream_limits.py` and `bench/robustness.py`: open a raw
 stream to one of the averager's handlers, ask whether the averager bans us, and the oversized
 message attack (declare a 2^40-byte message, then stream zeros into it) with the RSS of the
 averager's process (hivemind runs it in a child process) sampled before, during and after.
@@ -9,6 +9,7 @@ averager's process (hivemind runs it in a child process) sampled before, during 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -70,7 +71,8 @@ async def stream_oversized_message(
 
     When the target closes the stream, declare again on a new one, up to `max_streams` streams
     (no limit when None), until `total_bytes` are sent. The target's RSS is read before the
-    first stream, after every chunk and a second after the last one.
+    first stream, after every chunk, and once the target has closed the last stream (or 10 s
+    after it was sent, if the target keeps it open).
     """
     process = psutil.Process(target.pid)
     p2p = await attacker_p2p(target)
@@ -81,9 +83,9 @@ async def stream_oversized_message(
         peak, sent, streams = before, 0, 0
         chunk = bytes(ATTACK_CHUNK_BYTES)
         header = P2P.MESSAGE_MARKER + DECLARED_MESSAGE_BYTES.to_bytes(P2P.HEADER_LEN, P2P.BYTEORDER)
-        writer = None
+        reader, writer = None, None
         while sent < total_bytes and (max_streams is None or streams < max_streams):
-            _, writer = await open_stream(p2p, target, "rpc_aggregate_part")
+            reader, writer = await open_stream(p2p, target, "rpc_aggregate_part")
             streams += 1
             writer.write(header)
             try:
@@ -94,7 +96,9 @@ async def stream_oversized_message(
                     peak = max(peak, process.memory_info().rss)
             except (ConnectionError, TimeoutError, OSError):
                 writer.close()
-        await asyncio.sleep(1.0)
+        if reader is not None:  # what was in flight has reached the target once it closes the stream
+            with contextlib.suppress(TimeoutError, ConnectionError, OSError):
+                await asyncio.wait_for(reader.read(), 10)
         after = process.memory_info().rss
         if writer is not None:
             writer.close()

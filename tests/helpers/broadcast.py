@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,15 +26,6 @@ from node.identity import Identity, create_identity
 from node.signed_records import SignedRecords
 from protocol.dht_keys import weights_holders_key
 from protocol.manifest import WEIGHTS_HOLDER_DOMAIN, HolderAnnouncement, Manifest
-
-
-async def async_wait_until(predicate: Callable[[], bool], timeout_s: float, interval_s: float = 0.05) -> None:
-    """Wait (yielding to the event loop) until `predicate()` holds; fail the test after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s")
-        await asyncio.sleep(interval_s)
 
 
 @dataclass

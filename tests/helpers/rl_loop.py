@@ -35,6 +35,7 @@ from training.generation import generate
 from training.grpo import GRPOConfig, ScoredRollout
 from training.model import ModelConfig, TinyGPT
 from training.rl_run import RLRunConfig, group_id
+from training.rl_trainer import RLTrainer
 from training.sampling import SamplingParams
 from training.tasks import get_task
 
@@ -164,6 +165,14 @@ def fake_group(counter: int, *, version: int = 0, size: int = 4) -> RolloutGroup
         for index in range(size)
     ]
     return RolloutGroup(policy_version=version, counter=counter, task="line-length", rollouts=rollouts)
+
+
+def assert_steps_settle_at(trainer: RLTrainer, steps: int, timeout_s: float = 60.0) -> None:
+    """Wait until `trainer` has taken `steps` steps and acted on every group delivered to it, then
+    check it took no more: once settled, it cannot step again until another group arrives."""
+    assert wait_until(lambda: len(trainer.reports) >= steps, timeout_s), f"fewer than {steps} steps"
+    assert wait_until(lambda: trainer.settled, timeout_s), "the trainer never acted on its groups"
+    assert len(trainer.reports) == steps, "the trainer stepped on more than it was given"
 
 
 class ScriptedWorker:

@@ -1,4 +1,4 @@
-"""DHT squatting attacks on 127.0.0.1, shared by `tests/integration/test_squatting.py` and `bench/robustness.py`.
+"""DHT squatting attacks on 127.0.0.1, shared by `tests/integration/swarm/test_squatting.py` and `bench/robustness.py`.
 
 A squat is a plain hivemind client's `dht.store(key, b"squatted", expiration_time=now + 31 years)`
 under a key the run depends on, in three variants: a plain value without a subkey (a regular value

@@ -1,6 +1,6 @@
 """Upload-slot squatting of a weight publisher, from plain hivemind P2P clients on 127.0.0.1 (issue 12).
 
-Shared by `tests/integration/test_upload_slot_squatting.py` and `bench/robustness.py`. The
+Shared by `tests/integration/swarm/test_upload_slot_squatting.py` and `bench/robustness.py`. The
 publisher's manifest and chunk streams are capped at `MAX_STREAMS` in total and `MAX_PER_PEER`
 per peer; `MAX_STREAMS / MAX_PER_PEER` attackers (fresh identities, each its own p2pd) open
 `MAX_PER_PEER` chunk streams each and never send a request, holding every slot for as long as
@@ -23,13 +23,8 @@ from node.broadcast.service import PREEMPTED_DETAIL, PROTO_CHUNK, parse_request
 from node.broadcast.wire import read_frame
 from protocol import broadcast_pb2 as bpb
 from protocol.limits import MAX_RESPONSE_HEADER_BYTES
-from tests.helpers.broadcast import (
-    SwarmNode,
-    assert_state_dicts_equal,
-    async_wait_until,
-    make_state_dict,
-    start_broadcast,
-)
+from tests.helpers.broadcast import SwarmNode, assert_state_dicts_equal, make_state_dict, start_broadcast
+from tests.helpers.waiting import async_wait_until
 
 MAX_STREAMS, MAX_PER_PEER = 4, 2
 ATTACKERS = MAX_STREAMS // MAX_PER_PEER

@@ -9,7 +9,7 @@ from protocol import rollouts_pb2
 from protocol.envelope import open_envelope
 from protocol.peer_keys import peer_id_from_private_key
 from protocol.rollout_messages import DOMAIN_VERDICT as VERDICT_DOMAIN
-from tests.verification.rl_workers import Generated
+from tests.helpers.rl_workers import Generated
 from verification.validator import Validator
 from verification.verdict import RejectReason
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.dialing import dialable
 from tests.helpers.broadcast import (
     ConnectionCounter,
@@ -20,11 +21,17 @@ from tests.helpers.broadcast import (
     open_swarm,
     start_broadcast,
 )
+from tests.helpers.waiting import async_wait_until
 
 
 @pytest.fixture(scope="module")
 def swarm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Swarm]:
     yield from open_swarm(tmp_path_factory.mktemp("swarm"), num_nodes=4)
+
+
+async def _dials_ended(fetcher: WeightBroadcast) -> None:
+    """Wait until every dial the fetcher started has ended: the victim has seen whatever reached it."""
+    await async_wait_until(lambda: fetcher.dialer.finished == fetcher.dialer.attempts, timeout_s=30)
 
 
 def test_holders_not_picked_as_sources_are_never_dialled(swarm: Swarm, tmp_path: Path) -> None:
@@ -42,7 +49,7 @@ def test_holders_not_picked_as_sources_are_never_dialled(swarm: Swarm, tmp_path:
             assert len(await fetcher.records.find_holders("dial", 1, manifest.content_id)) == 6
             await asyncio.wait_for(fetcher.fetch("dial"), timeout=60)  # the publisher is the one source
             assert_state_dicts_equal(await fetcher.load("dial", 1), state)
-            await asyncio.sleep(0.5)
+            await _dials_ended(fetcher)
             assert victim.connections == 0
         finally:
             victim.close()
@@ -68,7 +75,7 @@ def test_an_address_claimed_by_many_throwaway_holders_is_dialled_at_most_once(
             await announce_fake_holders(swarm.nodes[3].dht, tmp_path, manifest, (victim_address,), count=5)
             await asyncio.wait_for(fetcher.fetch("dialmany"), timeout=60)  # ~3 s: several holder refreshes
             assert_state_dicts_equal(await fetcher.load("dialmany", 1), state)
-            await asyncio.sleep(0.5)
+            await _dials_ended(fetcher)
             assert victim.connections == 1  # picked as a source: dialled, but once for all five claimants
         finally:
             victim.close()
@@ -97,7 +104,7 @@ def test_holders_considered_per_refresh_are_capped(swarm: Swarm, tmp_path: Path)
                 )
             await asyncio.wait_for(fetcher.fetch("dialcap"), timeout=60)  # one holder refresh only
             assert_state_dicts_equal(await fetcher.load("dialcap", 1), state)
-            await asyncio.sleep(0.5)
+            await _dials_ended(fetcher)
             assert sum(v.connections for v in victims) == 2
         finally:
             for victim in victims:

@@ -17,11 +17,11 @@ from protocol.receipts import open_receipt
 from tests.helpers.broadcast import (
     Swarm,
     assert_state_dicts_equal,
-    async_wait_until,
     make_state_dict,
     open_swarm,
     start_broadcast,
 )
+from tests.helpers.waiting import async_wait_for, async_wait_until
 
 
 @pytest.fixture(scope="module")
@@ -269,10 +269,7 @@ def test_old_versions_are_pruned_and_no_longer_announced_and_followers_get_new_o
                 holders_v1[0] = await follower.records.find_holders("prune", 1, v1.content_id)
                 return holders_v1[0] == []
 
-            deadline = asyncio.get_running_loop().time() + 30
-            while not await v1_gone():
-                assert asyncio.get_running_loop().time() < deadline, "v1 still announced"
-                await asyncio.sleep(0.2)
+            await async_wait_for(v1_gone, timeout_s=30)  # else v1 is still announced
             assert [h.peer_id for h in await follower.records.find_holders("prune", 3, v3.content_id)] == [
                 publisher.identity.peer_id
             ]

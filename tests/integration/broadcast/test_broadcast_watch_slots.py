@@ -16,11 +16,11 @@ from protocol.manifest import Manifest
 from tests.helpers.broadcast import (
     Swarm,
     assert_state_dicts_equal,
-    async_wait_until,
     make_state_dict,
     open_swarm,
     start_broadcast,
 )
+from tests.helpers.waiting import async_wait_until
 
 
 @pytest.fixture(scope="module")

@@ -18,12 +18,14 @@ from node.dashboard import DashboardData, DashboardServer, peer_text
 from node.ledger import Ledger
 from node.swarm import wait_until
 from protocol import rollouts_pb2
+from protocol.peer_keys import peer_id_from_private_key
 from protocol.receipts import open_receipt
 from protocol.rollout_messages import seal_verdict
 from tests.helpers import receipts
 from tests.helpers.dashboard import DashboardRun, build_run
 from tests.helpers.dashboard_training import training_round
 from tests.helpers.receipts import RUN
+from tests.helpers.rollouts import key
 
 
 @pytest.fixture
@@ -169,7 +171,7 @@ def test_events_stream_sends_the_ledger_version(served: Any) -> None:
     ("path", "status"),
     [
         ("/api/node/not-a-peer", 400),
-        (f"/api/node/{peer_text(receipts.new_peer()[1])}", 404),
+        ("/api/node/" + peer_text(peer_id_from_private_key(key("unknown node"))), 404),
         ("/api/receipts?kind=bogus", 400),
         ("/api/receipts?limit=100000", 400),
         ("/api/receipts?limit=ten", 400),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
@@ -19,7 +18,7 @@ FORK = mp.get_context("fork")
 def _hold_forever(lock: object, held: object) -> None:
     with lock:  # type: ignore[attr-defined]
         held.set()  # type: ignore[attr-defined]
-        time.sleep(3600)
+        threading.Event().wait()  # never set: holds the lock until the test kills this process
 
 
 def _killed_while_holding(lock: object) -> None:

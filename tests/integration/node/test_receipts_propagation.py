@@ -20,14 +20,8 @@ from protocol.manifest import sha256
 from protocol.node_record import Role
 from protocol.receipts import ReceiptKind
 from protocol.version import PROTOCOL_VERSION, SOFTWARE_VERSION
-from tests.helpers.broadcast import (
-    Swarm,
-    SwarmNode,
-    async_wait_until,
-    make_state_dict,
-    open_swarm,
-    start_broadcast,
-)
+from tests.helpers.broadcast import Swarm, SwarmNode, make_state_dict, open_swarm, start_broadcast
+from tests.helpers.waiting import async_wait_until
 
 RUN = "receipts-e2e"
 

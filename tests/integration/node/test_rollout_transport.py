@@ -40,8 +40,9 @@ from protocol.envelope import Envelope
 from protocol.errors import InvalidMessage
 from protocol.node_record import Capabilities, NodeRecord, Role
 from protocol.rollout_messages import Forwarded, open_verdict, rollout_hash, seal_group
-from tests.helpers.broadcast import Swarm, SwarmNode, async_wait_until, open_swarm
+from tests.helpers.broadcast import Swarm, SwarmNode, open_swarm
 from tests.helpers.rollouts import RUN, key, make_group, verdicts_for
+from tests.helpers.waiting import async_wait_until
 
 SMALL_GROUP_CAP = 64 * 1024
 
@@ -60,18 +61,19 @@ class StubValidator:
     """Seals one accepted verdict per rollout and records what it was handed."""
 
     def __init__(
-        self, identity: Identity, *, delay_s: float = 0.0, refuse: str = "", signer: Any = None
+        self, identity: Identity, *, hang: bool = False, refuse: str = "", signer: Any = None
     ) -> None:
         self.identity = identity
-        self.delay_s = delay_s
+        self.hang = hang
+        """Never answer (a validator that does not answer in time)."""
         self.refuse = refuse
         self.signer = signer if signer is not None else identity.private_key
         self.calls: list[tuple[bytes, Envelope, rpb.RolloutGroup]] = []
 
     async def __call__(self, worker: bytes, envelope: Envelope, group: rpb.RolloutGroup) -> list[bytes]:
         self.calls.append((worker, envelope, group))
-        if self.delay_s:
-            await asyncio.sleep(self.delay_s)
+        if self.hang:
+            await asyncio.Event().wait()  # never set: cancelled when the stream ends
         if self.refuse:
             raise GroupRefused(self.refuse)
         return verdicts_for(self.signer, worker, group)
@@ -242,7 +244,7 @@ def test_refusal_handler_timeout_and_forged_receipts(swarm: Swarm) -> None:
                 with pytest.raises(InvalidMessage, match="signed by another peer"):
                     await submit_group(p2p, peer, _sealed(worker)[1], run_id=RUN, timeout_s=20)
             # a validator that does not answer in time
-            async with intake_on(validator, StubValidator(validator.identity, delay_s=30)):
+            async with intake_on(validator, StubValidator(validator.identity, hang=True)):
                 with pytest.raises(SubmissionTimeout, match="within 1 s"):
                     await submit_group(p2p, peer, _sealed(worker)[1], run_id=RUN, timeout_s=1)
 

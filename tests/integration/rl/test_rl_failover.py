@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,7 +19,14 @@ from node.identity import create_identity
 from node.swarm import wait_until
 from protocol.node_record import Role
 from protocol.rollout_messages import rollout_hash
-from tests.helpers.rl_loop import TINY, LoopbackNodes, ScriptedWorker, honest_group, tiny_run
+from tests.helpers.rl_loop import (
+    TINY,
+    LoopbackNodes,
+    ScriptedWorker,
+    assert_steps_settle_at,
+    honest_group,
+    tiny_run,
+)
 from training.model import TinyGPT
 from training.rl_run import RLRunConfig
 from training.rl_trainer import RLTrainer
@@ -75,10 +81,8 @@ def test_a_group_accepted_by_both_validators_is_trained_on_once(run: TwoValidato
         assert wait_until(
             lambda: run.trainer.forwards is not None and run.trainer.forwards.forwards_accepted >= 1, 30.0
         )
-        assert wait_until(lambda: len(run.trainer.reports) >= 1, 30.0)
-        time.sleep(2.0)
+        assert_steps_settle_at(run.trainer, 1)
         assert run.trainer.trained_from[scripted.peer] == 4
-        assert len(run.trainer.reports) == 1
         assert {rollout_hash(r) for r in group.rollouts} <= run.trainer.trained_hashes
     finally:
         scripted.close()

@@ -9,7 +9,6 @@ leave the trainer running, and never be trained on.
 from __future__ import annotations
 
 import copy
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -18,7 +17,14 @@ import pytest
 from node.swarm import wait_until
 from protocol.node_record import Role
 from protocol.rollout_messages import rollout_hash
-from tests.helpers.rl_loop import TINY, LoopbackNodes, ScriptedWorker, honest_group, tiny_run
+from tests.helpers.rl_loop import (
+    TINY,
+    LoopbackNodes,
+    ScriptedWorker,
+    assert_steps_settle_at,
+    honest_group,
+    tiny_run,
+)
 from training.model import TinyGPT
 from training.rl_run import RLRunConfig
 from training.rl_trainer import RLTrainer
@@ -26,8 +32,6 @@ from verification.rl_roles import start_rl_trainer
 from verification.validator import Validator
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-SETTLE_S = 2.0
 
 
 @dataclass
@@ -40,9 +44,7 @@ class Loop:
     other: ScriptedWorker
 
     def trained_steps(self, steps: int) -> None:
-        assert wait_until(lambda: len(self.trainer.reports) >= steps, 60.0), f"fewer than {steps} steps"
-        time.sleep(SETTLE_S)
-        assert len(self.trainer.reports) == steps, "the trainer stepped on more than it was given"
+        assert_steps_settle_at(self.trainer, steps)
 
 
 @pytest.fixture(scope="module")
@@ -70,10 +72,12 @@ def test_a_worker_that_dies_mid_submission_leaves_the_loop_running(loop: Loop) -
     validator = loop.worker.validator(loop.trainer.node.identity.peer_id_bytes)
     group = honest_group(loop.policy_v0, loop.config, loop.worker.peer, 0, 0)
     steps = len(loop.trainer.reports)
+    ended = loop.trainer.intake.streams_ended
 
     loop.worker.submit_cut_short(validator, loop.worker.seal(group))
-    time.sleep(SETTLE_S)
-    assert loop.trainer.alive and len(loop.trainer.reports) == steps
+    assert wait_until(lambda: loop.trainer.intake.streams_ended > ended, 60.0), "the stream was never closed"
+    loop.trained_steps(steps)
+    assert loop.trainer.alive
     assert loop.worker.peer not in loop.validator.stats().workers  # nothing of it was judged
 
     # the worker comes back and submits the same assignment whole: it is judged and trained on once
@@ -112,8 +116,8 @@ def test_a_group_for_an_unknown_version_is_refused_and_the_assignment_stays_open
 
     verdicts = loop.other.submit(validator, loop.other.seal(group))
     assert [v.reason for v in verdicts] == ["unknown_version"] * 4
-    time.sleep(SETTLE_S)
-    assert len(loop.trainer.reports) == steps and loop.trainer.alive
+    loop.trained_steps(steps)
+    assert loop.trainer.alive
     # the counter was not used up: the honest group for it is still judged
     honest = honest_group(loop.policy_v0, loop.config, loop.other.peer, 0, 2)
     assert all(v.accepted for v in loop.other.submit(validator, loop.other.seal(honest)))
@@ -129,7 +133,7 @@ def test_a_group_submitted_under_another_workers_identity_is_refused(loop: Loop)
     verdicts = loop.worker.submit(validator, loop.worker.seal(stolen))
     assert not any(v.accepted for v in verdicts)
     assert {v.reason for v in verdicts} - {"group_rejected"} <= {"prompt_mismatch", "seed_mismatch"}
-    time.sleep(SETTLE_S)
-    assert len(loop.trainer.reports) == steps and loop.trainer.alive
+    loop.trained_steps(steps)
+    assert loop.trainer.alive
     assert not {rollout_hash(r) for r in stolen.rollouts} & loop.trainer.trained_hashes
     assert loop.validator.stats().workers[loop.worker.peer].strikes == 1  # it claimed a prompt not its own

@@ -8,7 +8,6 @@ stream calls once the transport has checked the envelope) and through its forwar
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -20,7 +19,14 @@ from protocol.node_record import Role
 from protocol.peer_keys import peer_id_from_private_key
 from protocol.rollout_messages import open_forward, open_group, seal_forward, seal_group
 from protocol.rollouts_pb2 import RolloutGroup
-from tests.helpers.rl_loop import TINY, FakeJudge, LoopbackNodes, fake_group, tiny_run
+from tests.helpers.rl_loop import (
+    TINY,
+    FakeJudge,
+    LoopbackNodes,
+    assert_steps_settle_at,
+    fake_group,
+    tiny_run,
+)
 from tests.helpers.rollouts import key, verdicts_for
 from training.model import TinyGPT
 from training.rl_run import RLRunConfig
@@ -31,8 +37,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 WORKER = key("worker")
 WORKER_PEER = peer_id_from_private_key(WORKER)
 OTHER_VALIDATOR = key("standalone validator")
-SETTLE_S = 2.0
-"""Long enough for the training loop (polling every 0.5 s) to have stepped on anything it would."""
 
 
 @pytest.fixture(scope="module")
@@ -90,12 +94,6 @@ def _forward(trainer: RLTrainer, group: RolloutGroup) -> None:
     trainer.node.call(taken(), timeout_s=30)
 
 
-def _settle_at(trainer: RLTrainer, steps: int) -> None:
-    assert wait_until(lambda: len(trainer.reports) >= steps, 60.0), f"fewer than {steps} steps"
-    time.sleep(SETTLE_S)
-    assert len(trainer.reports) == steps, "the trainer stepped on more than it was given"
-
-
 def test_a_trainer_whose_validator_rejects_everything_never_steps(
     nodes: LoopbackNodes, node_name: str
 ) -> None:
@@ -103,8 +101,9 @@ def test_a_trainer_whose_validator_rejects_everything_never_steps(
     try:
         for counter in range(6):
             _submit(trainer, fake_group(counter))
-        time.sleep(SETTLE_S)
-        assert len(judge.rejected_hashes) == 6 * 4
+        # each submission returns once judged: nothing reached the training loop, so it cannot step
+        assert len(judge.rejected_hashes) == 6 * 4 and trainer.groups_delivered == 0
+        assert wait_until(lambda: trainer.settled, 60.0)
         assert trainer.reports == [] and trainer.version == 0
         assert trainer.trained_hashes == set() and not trainer.trained_from
     finally:
@@ -117,7 +116,7 @@ def test_the_trainer_trains_on_exactly_the_accepted_groups(nodes: LoopbackNodes,
     try:
         for counter in range(8):
             _submit(trainer, fake_group(counter))
-        _settle_at(trainer, 2)
+        assert_steps_settle_at(trainer, 2)
         assert [r.groups for r in trainer.reports] == [2, 2]
         assert [r.version for r in trainer.reports] == [1, 2]
         assert trainer.trained_hashes == judge.accepted_hashes
@@ -138,14 +137,14 @@ def test_a_group_delivered_twice_is_trained_on_once(nodes: LoopbackNodes, node_n
         _submit(trainer, group)
         _submit(trainer, group)
         _forward(trainer, group)
-        _settle_at(trainer, 1)
+        assert_steps_settle_at(trainer, 1)
         assert trainer.trained_from == {WORKER_PEER: 4}
 
         # and a group that arrives first by forward, then from the trainer's own validator
         other = fake_group(1)
         _forward(trainer, other)
         _submit(trainer, other)
-        _settle_at(trainer, 2)
+        assert_steps_settle_at(trainer, 2)
         assert trainer.trained_from == {WORKER_PEER: 8}
         assert trainer.trained_hashes == judge.accepted_hashes
     finally:

@@ -7,7 +7,6 @@ fetcher's the chunks it fetched, both the live peers by role, and the JSON statu
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import urllib.request
@@ -101,13 +100,8 @@ def test_each_node_serves_its_own_metrics_and_they_follow_the_events(
     )
     fetcher.call(fetching.fetch(RUN), timeout_s=120)
 
-    async def settle() -> None:  # the publisher counts a chunk once its upload is written out
-        for _ in range(100):
-            if publisher.metrics.figures().chunks_served >= manifest.num_chunks:
-                return
-            await asyncio.sleep(0.05)
-
-    publisher.call(settle(), timeout_s=10)
+    # the publisher counts a chunk once its upload is written out
+    assert wait_until(lambda: publisher.metrics.figures().chunks_served >= manifest.num_chunks, 10.0)
 
     def both_see_both() -> bool:
         for node in (publisher, fetcher):

@@ -1,12 +1,8 @@
-"""Options shared by the commands: trainer options from file/env/flags, --log-level, --json output."""
+"""Options shared by the commands: trainer options from file/env/flags, --log-level, --json."""
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,8 +14,6 @@ from cli.main import cli
 from cli.output import setup_logging
 from cli.train import build_trainer_config, resolve_trainer_options
 from protocol.errors import ConfigError
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_trainer_options_flag_over_environment_over_file(
@@ -107,32 +101,6 @@ def test_global_log_level_option_and_environment(probe_group: LevelProbe) -> Non
     )
     bad = CliRunner().invoke(probe_group.group, ["--log-level", "loud", "probe"])
     assert bad.exit_code == 2 and "loud" in bad.output and not probe_group.levels
-
-
-def _hivenet(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cli.main", *args],
-        capture_output=True, text=True, timeout=120, cwd=REPO, env={**os.environ, "COLUMNS": "200", **(env or {})},
-    )  # fmt: skip
-
-
-def test_identity_json_parses_and_follows_the_environment(tmp_path: Path) -> None:
-    key = tmp_path / "k"
-    shown = _hivenet("identity", "--create", "--json", env={"HIVENET_IDENTITY_PATH": str(key)})
-    assert shown.returncode == 0, shown.stderr
-    document = json.loads(shown.stdout)
-    assert document["key_file"] == str(key) and document["peer_id"].startswith("12D3KooW") and key.exists()
-
-
-def test_doctor_json_is_one_document_with_every_check(tmp_path: Path) -> None:
-    result = _hivenet("doctor", "--json", "--identity", str(tmp_path / "k"))
-    assert result.returncode == 1  # no seeds given: that check fails
-    document = json.loads(result.stdout)
-    names = [check["name"] for check in document["checks"]]
-    assert names[:2] == ["identity", "versions"] and "seeds" in names
-    assert document["ok"] is False
-    seeds = next(check for check in document["checks"] if check["name"] == "seeds")
-    assert seeds["ok"] is False and "initial-peers" in seeds["detail"]
 
 
 def test_every_command_that_prints_state_offers_json() -> None:

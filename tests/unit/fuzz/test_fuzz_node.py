@@ -25,7 +25,7 @@ from protocol import broadcast_pb2 as bpb
 from protocol import hivenet_pb2 as pb
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_BROADCAST_REQUEST_BYTES
-from tests.fuzz.fuzzing import arbitrary_or_mutated, fuzz_variants, run_bounded
+from tests.helpers.fuzzing import arbitrary_or_mutated, fuzz_variants, run_bounded
 
 
 def _reader(data: bytes, *, eof: bool = True) -> asyncio.StreamReader:

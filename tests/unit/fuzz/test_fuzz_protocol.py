@@ -2,7 +2,7 @@
 the module's documented error (InvalidMessage / InvalidProofError), within the 1 s deadline, and
 inputs over the size cap are refused before they are decoded.
 
-Each property runs twice (see tests.fuzz.fuzzing): a fast variant in the default suite and a
+Each property runs twice (see tests.helpers.fuzzing): a fast variant in the default suite and a
 `slow` one with thousands of derandomized cases.
 """
 
@@ -48,7 +48,7 @@ from protocol.peer_keys import peer_id_from_private_key
 from protocol.record_validator import SignedRecordValidator
 from protocol.toploc import build_proofs, verify_proofs
 from protocol.untrusted import capped_bytes, parse_untrusted
-from tests.fuzz.fuzzing import EDGE_FLOATS, arbitrary_or_mutated, fuzz_variants
+from tests.helpers.fuzzing import EDGE_FLOATS, arbitrary_or_mutated, fuzz_variants
 
 RUN = "fuzz-run"
 KEY = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"fuzz signer").digest())

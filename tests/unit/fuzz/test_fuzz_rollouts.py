@@ -6,7 +6,7 @@ every cap. Structured rollouts (edge floats, odd dtypes, wrong proof counts) are
 when the rules say so. The intake is driven without libp2p through `handle_stream` with an
 in-memory reader: it must finish, answer only well-formed capped responses, hand the handler only
 groups that opened, and ban a sender whose frame declares more than the cap without reading past
-the header (what follows is at most discarded after the refusal). Each property runs twice (see tests.fuzz.fuzzing): fast and `slow`.
+the header (what follows is at most discarded after the refusal). Each property runs twice (see tests.helpers.fuzzing): fast and `slow`.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from protocol.rollout_messages import (
     seal_group,
 )
 from protocol.toploc import num_chunks
-from tests.fuzz.fuzzing import EDGE_FLOATS, arbitrary_or_mutated, fuzz_variants, run_bounded
+from tests.helpers.fuzzing import EDGE_FLOATS, arbitrary_or_mutated, fuzz_variants, run_bounded
 from tests.helpers.rollouts import (
     RUN,
     RecordingWriter,

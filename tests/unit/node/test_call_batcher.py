@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 
 import pytest
 
 from node.rollouts.batcher import CallBatcher
+from tests.helpers.waiting import async_wait_until
 
 
 def test_items_submitted_together_are_served_by_one_call_in_arrival_order() -> None:
@@ -42,22 +42,22 @@ def test_a_full_batch_goes_without_waiting_for_the_linger_and_the_rest_follows()
 
 
 def test_items_that_arrive_while_a_batch_is_judged_form_the_next_batch() -> None:
-    release = threading.Event()
+    started, release = threading.Event(), threading.Event()
     calls: list[list[str]] = []
 
     def slow(items: list[str]) -> list[str]:
         calls.append(list(items))
         if len(calls) == 1:
+            started.set()
             release.wait(10.0)
         return [item.upper() for item in items]
 
     async def main() -> list[str]:
         batcher = CallBatcher(slow, linger_s=0.0, max_batch=8)
         first = asyncio.ensure_future(batcher.submit("a"))
-        while not calls:
-            await asyncio.sleep(0.01)
+        assert await asyncio.to_thread(started.wait, 10.0)
         later = [asyncio.ensure_future(batcher.submit(x)) for x in "bc"]
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: batcher.pending == 2, 10.0)
         release.set()
         return [await first, *[await f for f in later]]
 
@@ -90,8 +90,10 @@ def test_a_batch_function_that_returns_too_few_results_fails_the_batch() -> None
 
 
 def test_a_caller_that_stops_waiting_does_not_stop_the_others() -> None:
+    release = threading.Event()
+
     def echo(items: list[int]) -> list[int]:
-        time.sleep(0.1)
+        release.wait(10.0)  # held until the impatient caller has given up
         return items
 
     async def main() -> int:
@@ -100,6 +102,7 @@ def test_a_caller_that_stops_waiting_does_not_stop_the_others() -> None:
         patient = asyncio.ensure_future(batcher.submit(2))
         with pytest.raises(TimeoutError):
             await impatient
+        release.set()
         return await patient
 
     assert asyncio.run(main()) == 2

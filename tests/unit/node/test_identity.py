@@ -1,13 +1,11 @@
-"""Identity files: creation, persistence, p2pd compatibility, and clear errors for bad files."""
+"""Identity files: creation, persistence and clear errors for bad files (p2pd's use of them: tests/integration)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
 import pytest
-from hivemind.p2p import P2P
 from hivemind.proto import crypto_pb2
 
 from node.identity import create_identity, load_identity, load_or_create_identity
@@ -20,19 +18,6 @@ def test_created_with_mode_0600_and_reused(key_path: Path) -> None:
     second = load_or_create_identity(key_path)
     assert first.peer_id == second.peer_id
     assert first.peer_id.to_base58().startswith("12D3KooW")  # Ed25519, public key inlined
-
-
-def test_p2pd_runs_with_the_same_peer_id(key_path: Path) -> None:
-    identity = create_identity(key_path)
-
-    async def daemon_peer_id() -> str:
-        p2p = await P2P.create(identity_path=str(key_path), check_if_identity_free=False)
-        try:
-            return p2p.peer_id.to_base58()
-        finally:
-            await p2p.shutdown()
-
-    assert asyncio.run(daemon_peer_id()) == identity.peer_id.to_base58()
 
 
 def test_refuses_to_overwrite(key_path: Path) -> None:

@@ -2,25 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import http.client
-import json
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from node.bans import BanList
 from node.metrics import NodeMetrics, ban_category
-from node.status import NodeStatusSnapshot, StatusServer
-
-
-def samples(metrics_text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of a Prometheus text exposition, by (name, sorted labels)."""
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(metrics_text)
-        for sample in family.samples
-    }
+from tests.helpers.metrics import samples
 
 
 def value(metrics: NodeMetrics, name: str, **labels: str) -> float:
@@ -120,47 +107,3 @@ def test_a_ban_list_counts_its_bans_by_category() -> None:
     bans.ban(b"\x01" * 34, "protocol violation")
     assert metrics.figures().bans == {"bad request": 2, "protocol violation": 1}
     assert ban_category("x" * 500 + ": y") == "x" * 64
-
-
-def _get(port: int, path: str, host: str) -> tuple[int, str, bytes]:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    connection.putrequest("GET", path, skip_host=True)
-    connection.putheader("Host", host)
-    connection.endheaders()
-    response = connection.getresponse()
-    return response.status, response.getheader("Content-Type", ""), response.read()
-
-
-def test_the_status_server_serves_metrics_and_the_json_status_carries_them() -> None:
-    metrics = NodeMetrics()
-    server = StatusServer(0, metrics)
-    asyncio.run(server.start())
-    try:
-        assert server.port is not None
-        local = f"127.0.0.1:{server.port}"
-        server.update(
-            NodeStatusSnapshot(
-                peer_id="p", public_name="n", roles=["trainer"], run_id="r", multiaddrs=[], pid=1,
-                uptime_s=1.0, dht_peers=0, live_nodes=[], record_published=True, state="running",
-            )
-        )  # fmt: skip
-        status, content_type, body = _get(server.port, "/metrics", local)
-        assert status == 200 and content_type.startswith("text/plain")
-        assert samples(body.decode())[("hivenet_outer_steps_total", ())] == 0
-
-        metrics.outer_step_done(train_loss=3.0, tokens_trained=512, averaging_bytes_sent=64)
-        metrics.chunk_fetched()
-        parsed = samples(_get(server.port, "/metrics", local)[2].decode())
-        assert parsed[("hivenet_outer_steps_total", ())] == 1
-        assert parsed[("hivenet_chunks_fetched_total", ())] == 1
-        assert parsed[("hivenet_tokens_total", (("role", "trainer"),))] == 512
-
-        status, _, body = _get(server.port, "/status", local)
-        assert status == 200
-        figures = json.loads(body)["metrics"]
-        assert figures["outer_steps"] == 1 and figures["train_loss"] == 3.0 and figures["chunks_fetched"] == 1
-
-        status, _, body = _get(server.port, "/metrics", "attacker.example")  # DNS rebinding
-        assert status == 403 and b"hivenet_" not in body
-    finally:
-        asyncio.run(server.stop())

@@ -18,8 +18,8 @@ from node.receipts import ReceiptExchange, ReceiptsConfig
 from node.receipts.exchange import own_record_addresses
 from protocol.node_record import Capabilities, NodeRecord, Role
 from tests.helpers import receipts as make
-from tests.helpers.broadcast import async_wait_until
 from tests.helpers.receipts import RUN, new_peer
+from tests.helpers.waiting import async_wait_until
 
 
 def _identity(private_key: Any) -> Identity:

@@ -20,6 +20,7 @@ from protocol.limits import MAX_RECEIPTS_PER_PAGE, MAX_RECEIPTS_REQUEST_BYTES
 from tests.helpers import receipts as make
 from tests.helpers.receipts import RUN, new_peer
 from tests.helpers.rollouts import RecordingWriter, key, peer_bytes
+from tests.helpers.waiting import async_wait_until
 
 PULLERS = [PeerID(peer_bytes(key(f"puller {i}"))) for i in range(3)]
 
@@ -73,7 +74,7 @@ def test_an_oversized_request_is_refused_before_it_is_buffered_and_its_sender_ba
         reader.feed_data(declared.to_bytes(4, "big") + b"\x00" * 200)  # the body is never read
         writer = RecordingWriter(reader)
         task = asyncio.ensure_future(server.handle_stream(PULLERS[1], reader, writer))  # type: ignore[arg-type]
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: writer.unread_at_first_write is not None, timeout_s=10)
         assert writer.unread_at_first_write == 200  # answered after reading the length alone
         reader.feed_eof()
         await task
@@ -127,8 +128,7 @@ def test_a_peers_new_stream_replaces_its_idle_one_and_others_over_the_total_cap_
             asyncio.ensure_future(server.handle_stream(peer, reader, RecordingWriter()))  # type: ignore[arg-type]
             for peer, reader in zip(PULLERS[:2], idle_readers, strict=True)
         ]
-        await asyncio.sleep(0.05)
-        assert server.open_streams == 2
+        await async_wait_until(lambda: server.open_streams == 2, timeout_s=10)
         # a puller's next stream may arrive before the server sees its last one close: it is served,
         # and the idle stream it replaces ends (at most one stream per peer all along)
         (same_peer,) = await _serve(server, PULLERS[0], _request())
@@ -136,8 +136,7 @@ def test_a_peers_new_stream_replaces_its_idle_one_and_others_over_the_total_cap_
         await asyncio.wait_for(idle[0], timeout=10)
         idle_readers[0] = asyncio.StreamReader()  # its stream after that one, held open
         idle[0] = asyncio.ensure_future(server.handle_stream(PULLERS[0], idle_readers[0], RecordingWriter()))  # type: ignore[arg-type]
-        await asyncio.sleep(0.05)
-        assert server.open_streams == 2
+        await async_wait_until(lambda: server.open_streams == 2, timeout_s=10)
         (other_peer,) = await _serve(server, PULLERS[2], _request())
         assert "too many streams" in other_peer.error and not other_peer.receipts
         for reader in idle_readers:

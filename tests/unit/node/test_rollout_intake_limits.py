@@ -20,6 +20,7 @@ from protocol import rollouts_pb2 as rpb
 from protocol.envelope import Envelope
 from protocol.rollout_messages import seal_group
 from tests.helpers.rollouts import RUN, RecordingWriter, key, make_group, peer_bytes, verdicts_for
+from tests.helpers.waiting import async_wait_until
 
 VALIDATOR = key("limits validator")
 WORKERS = [key(f"limits worker {i}") for i in range(3)]
@@ -60,7 +61,7 @@ def test_total_stream_cap_refuses_other_peers_while_full() -> None:
         idle = asyncio.ensure_future(
             intake.handle_stream(PeerID(peer_bytes(WORKERS[0])), idle_reader, RecordingWriter())  # type: ignore[arg-type]
         )
-        await asyncio.sleep(0.05)
+        await async_wait_until(lambda: intake.open_streams == 1, timeout_s=10)
         busy = await _serve(intake, WORKERS[1], _frame(WORKERS[1]))
         (response,) = busy.responses()
         assert "busy: too many streams" in rpb.SubmitResponse.FromString(response).error

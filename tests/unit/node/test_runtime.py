@@ -54,7 +54,7 @@ def test_call_timeout_cancels_the_coroutine(runtime: NodeRuntime) -> None:
 
     async def slow() -> None:
         try:
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()  # never set: runs until cancelled
         except asyncio.CancelledError:
             cancelled.set()
             raise
@@ -113,7 +113,7 @@ def test_close_cancels_pending_tasks() -> None:
 
     async def forever() -> None:
         try:
-            await asyncio.sleep(3600)
+            await asyncio.Event().wait()  # never set: runs until cancelled
         except asyncio.CancelledError:
             cancelled.set()
             raise

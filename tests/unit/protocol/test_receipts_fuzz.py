@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from protocol.errors import InvalidMessage
 from protocol.receipts import open_receipt
-from tests.fuzz.fuzzing import arbitrary_or_mutated, fuzz_variants
 from tests.helpers import receipts as make
+from tests.helpers.fuzzing import arbitrary_or_mutated, fuzz_variants
 from tests.helpers.receipts import new_peer
 
 NOW = time.time()

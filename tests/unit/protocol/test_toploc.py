@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import random
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,8 +21,9 @@ from protocol.toploc import (
     verify_proofs,
     verify_proofs_batch,
 )
+from tests.helpers.paths import TEST_DATA
 
-GOLDEN = Path(__file__).resolve().parents[1] / "data" / "toploc" / "golden.json"
+GOLDEN = TEST_DATA / "toploc" / "golden.json"
 
 
 def _load_golden() -> list[dict]:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from protocol import rollouts_pb2
-from tests.verification.rl_workers import FakeTask, RLWorker
-from tests.verification.validator_setup import ALICE, ASYNC, BOB, GROUP, RUN, VALIDATOR_KEY, FakeClock
+from tests.helpers.rl_workers import FakeTask, RLWorker
+from tests.helpers.validator_setup import ALICE, ASYNC, BOB, GROUP, RUN, VALIDATOR_KEY, FakeClock
 from training.model import ModelConfig, TinyGPT
 from verification.validator import Validator
 

@@ -16,7 +16,7 @@ from protocol.limits import RECEIPT_TTL_S
 from protocol.receipts import ReceiptKind, open_receipt
 from protocol.rollout_messages import DOMAIN_VERDICT as VERDICT_DOMAIN
 from protocol.rollout_messages import open_verdict, rollout_hash
-from tests.verification.validator_setup import (
+from tests.helpers.validator_setup import (
     ALICE,
     ASYNC,
     BOB,

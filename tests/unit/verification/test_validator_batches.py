@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from protocol import rollouts_pb2
-from tests.verification.validator_setup import ALICE, BOB, GROUP, open_verdicts, other_seed, reasons
+from tests.helpers.validator_setup import ALICE, BOB, GROUP, open_verdicts, other_seed, reasons
 from verification import validator as validator_module
 from verification.validator import Validator
 
