@@ -17,17 +17,18 @@ Both run with the caller's torch thread count; on a small shared machine one thr
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
 from platformdirs import user_cache_dir
 
-from training.data import DataConfig, load_corpus
+from training.data import Corpus, DataConfig, load_corpus
 from training.generation import generate
 from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
 from training.model import ModelConfig, TinyGPT
@@ -50,7 +51,7 @@ RL_MODEL_CONFIG = ModelConfig(d_model=64, n_layers=2, n_heads=4, max_seq_len=128
 PRETRAIN_DATA = DataConfig(seq_len=64, batch_size=16)
 """Corpus (shakespeare, stdlib fallback) and batch shape of the brief pretraining."""
 
-_PRETRAIN_FORMAT = "hivenet-rl-pretrain-v1"
+_PRETRAIN_FORMAT = "hivenet-rl-pretrain-v2"  # v2: trained on one thread
 
 
 def policy_cache_dir() -> Path:
@@ -93,6 +94,29 @@ def pretrained_policy(
             return model
         except Exception as e:  # torch.load of a torn or foreign file raises many kinds: retrain over it
             logger.warning("ignoring unreadable cached policy %s (%s)", path, e)
+    with _one_torch_thread():  # the same weights whatever the caller's thread count
+        model = _pretrain(model_config, corpus, steps=steps, seed=seed, lr=lr)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    torch.save(model.state_dict(), tmp)
+    tmp.replace(path)
+    return model
+
+
+@contextlib.contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """Run the block's torch ops on one thread: a multi-threaded reduction sums in another order,
+    so a policy pretrained on N threads differs from one pretrained on 1, and the cache would
+    hold whichever process came first."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _pretrain(model_config: ModelConfig, corpus: Corpus, *, steps: int, seed: int, lr: float) -> TinyGPT:
     torch.manual_seed(seed)
     model = TinyGPT(model_config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, betas=(0.9, 0.95))
@@ -116,10 +140,6 @@ def pretrained_policy(
         time.monotonic() - started,
         float(loss.detach()),
     )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".tmp{os.getpid()}")
-    torch.save(model.state_dict(), tmp)
-    tmp.replace(path)
     return model
 
 

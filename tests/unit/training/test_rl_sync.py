@@ -26,6 +26,17 @@ def same_weights(a: TinyGPT, b: TinyGPT) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+def test_the_pretrained_policy_is_the_same_whatever_the_callers_thread_count(tmp_path):
+    # a multi-threaded reduction sums in another order: the cache would keep whichever came first
+    data = DataConfig(source="stdlib", max_corpus_bytes=200_000, seq_len=64, batch_size=16)
+    policies = []
+    for threads in (2, 1):
+        torch.set_num_threads(threads)
+        policies.append(pretrained_policy(steps=3, seed=0, data=data, cache_dir=tmp_path / str(threads)))
+    assert torch.get_num_threads() == 1  # the caller's setting is back
+    assert same_weights(*policies)
+
+
 def test_pretrained_policy_is_cached_by_its_settings(tmp_path):
     first = pretrained_policy(SMALL, steps=3, seed=1, data=STDLIB, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("tinygpt-*.pt"))) == 1
@@ -97,8 +108,12 @@ def test_sync_grpo_is_deterministic_and_trains_the_model_in_place():
 
 @pytest.mark.slow
 def test_sync_grpo_improves_the_pretrained_policy_on_line_length():
-    """The baseline's hyper-parameters: reward rises well above its start within 25 steps."""
-    curve = run_sync_grpo(LineLengthTask(), GRPOConfig(), 25, 0, pretrained_policy())
+    """At a stable learning rate, the reward rises well above its start within 60 steps.
+
+    At the default lr (3e-3) the synchronous loop is unstable: for some seeds its reward rises,
+    then collapses to 0 (bench/rl.py's docstring); the swarm's off-policy clipping keeps it stable.
+    """
+    curve = run_sync_grpo(LineLengthTask(), GRPOConfig(lr=1e-3), 60, 0, pretrained_policy())
     early, late = sum(curve[:5]) / 5, sum(curve[-10:]) / 10
     assert late > early + 0.1, curve
     assert late > 0.25, curve
