@@ -1,8 +1,9 @@
 """What keeps the unit tier a unit tier: a test there opens no socket, starts no process, never sleeps.
 
-Python's audit hooks (PEP 578) see every `socket.bind`/`socket.connect`, every process start
-(`subprocess.Popen`, `os.fork`, `os.posix_spawn`, `os.exec*`, `os.system`) and every
-`time.sleep` with a positive duration, in any thread, whichever library makes the call.
+Python's audit hooks (PEP 578) see every `socket.bind`/`socket.connect` and every process start
+(`subprocess.Popen`, `os.fork`, `os.posix_spawn`, `os.exec*`, `os.system`), in any thread,
+whichever library makes the call; `time.sleep` with a positive duration is seen by its audit
+event from Python 3.12 on, and before that by wrapping `time.sleep` while a test is guarded.
 `IsolationGuard` records each such event made while a guarded test runs (its setup, call and
 teardown, module-scoped fixtures included) and raises `IsolationViolation` at the call site;
 the test then fails with the events listed, even where the code under test swallowed the
@@ -20,7 +21,8 @@ import json
 import os
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,8 @@ _PROCESS_EVENTS = frozenset(
     {"subprocess.Popen", "os.fork", "os.forkpty", "os.posix_spawn", "os.exec", "os.system", "os.spawn"}
 )
 _SOCKET_EVENTS = frozenset({"socket.bind", "socket.connect"})
+_SLEEP_IS_AUDITED = sys.version_info >= (3, 12)
+"""`time.sleep` raises an audit event from Python 3.12 on; before, the guard wraps it while guarding."""
 
 
 class IsolationViolation(RuntimeError):
@@ -77,18 +81,70 @@ class IsolationGuard:
         with self._lock:
             self.events = []
         self.active = True
+        real_sleep = time.sleep
+        if not _SLEEP_IS_AUDITED:
+            time.sleep = self._sleep_through(real_sleep)  # type: ignore[assignment]
         try:
             yield self.events
         finally:
+            time.sleep = real_sleep
             self.active = False
 
+    def _sleep_through(self, real_sleep: Callable[[float], None]) -> Callable[[float], None]:
+        def sleep(secs: float) -> None:
+            self._hook("time.sleep", (secs,))
+            real_sleep(secs)
 
-def guard_phase(guard: IsolationGuard, item: pytest.Item, when: str) -> Iterator[None]:
-    """A hookwrapper body: guard the `when` phase ("setup", "call", "teardown") of `item` and
-    remember what it did."""
-    with guard.guarded() as events:
-        yield
-    item.stash.setdefault(_EVENTS, {})[when] = list(events)
+        return sleep
+
+
+class GuardedPhases:
+    """A plugin object: guards the setup, call and teardown of each item that `applies(item)`, and
+    fails such an item whose phase did something (even if the code under test swallowed the
+    IsolationViolation); with `report_to`, it instead appends one JSON line per item to that file."""
+
+    def __init__(
+        self, guard: IsolationGuard, applies: Callable[[pytest.Item], bool], report_to: Path | None = None
+    ) -> None:
+        self.guard = guard
+        self.applies = applies
+        self.report_to = report_to
+
+    def _phase(self, item: pytest.Item, when: str) -> Iterator[None]:
+        if not self.applies(item):
+            yield
+            return
+        with self.guard.guarded() as events:
+            yield
+        item.stash.setdefault(_EVENTS, {})[when] = list(events)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_setup(self, item: pytest.Item) -> Iterator[None]:
+        yield from self._phase(item, "setup")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_call(self, item: pytest.Item) -> Iterator[None]:
+        yield from self._phase(item, "call")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        yield from self._phase(item, "teardown")
+        if self.report_to is not None and self.applies(item):
+            kinds = sorted({e.split(" ")[0].split("(")[0] for e in events_of(item)})
+            with self.report_to.open("a") as report:
+                report.write(json.dumps({"test": item.nodeid, "events": kinds}) + "\n")
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+        outcome = yield
+        report: pytest.TestReport = outcome.get_result()  # type: ignore[attr-defined]
+        events = events_of(item, call.when)
+        if self.report_to is None and events and not report.failed:
+            report.outcome = "failed"
+            report.longrepr = (
+                f"a unit test may open no socket, start no process and never sleep; this one did: {events}. "
+                "Move it to tests/integration, or give the code under test a fake clock or transport."
+            )
 
 
 _EVENTS = pytest.StashKey[dict[str, list[str]]]()
@@ -104,24 +160,11 @@ def events_of(item: pytest.Item, when: str | None = None) -> list[str]:
 
 # ---- the reporting plugin (-p tests.helpers.isolation with HIVENET_ISOLATION_REPORT=FILE) ---------
 
-_REPORT = os.environ.get("HIVENET_ISOLATION_REPORT")
 
-
-if _REPORT is not None:
-    _report_path = Path(_REPORT)
-    _guard = IsolationGuard.install(raise_on_violation=False)
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
-        yield from guard_phase(_guard, item, "setup")
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
-        yield from guard_phase(_guard, item, "call")
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
-        yield from guard_phase(_guard, item, "teardown")
-        kinds = sorted({e.split(" ")[0].split("(")[0] for e in events_of(item)})
-        with _report_path.open("a") as report:
-            report.write(json.dumps({"test": item.nodeid, "events": kinds}) + "\n")
+def pytest_configure(config: pytest.Config) -> None:
+    report = os.environ.get("HIVENET_ISOLATION_REPORT")
+    if report is not None:
+        guard = IsolationGuard.install(raise_on_violation=False)
+        config.pluginmanager.register(
+            GuardedPhases(guard, lambda item: True, Path(report)), "isolation-report"
+        )

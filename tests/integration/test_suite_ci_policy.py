@@ -9,7 +9,7 @@ from tests.helpers.paths import REPO
 
 pytest_plugins = ["pytester"]
 
-SKIPPING = '''
+SKIPPING = """
 import pytest
 
 def test_needs_a_missing_tool():
@@ -17,7 +17,7 @@ def test_needs_a_missing_tool():
 
 def test_needs_a_gpu():
     pytest.skip("needs a CUDA GPU (none here)")
-'''
+"""
 
 
 @pytest.mark.parametrize(("ci", "outcomes"), [("true", {"failed": 1, "skipped": 1}), ("", {"skipped": 2})])

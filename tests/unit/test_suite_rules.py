@@ -18,14 +18,16 @@ TIERS = ("unit", "integration", "e2e")
 
 SLEEP_ALLOWED: dict[tuple[str, str], str] = {
     ("helpers/waiting.py", "async_wait_until"): "the suite's poll loop, bounded by one deadline",
-    (
-        "helpers/waiting.py",
-        "async_wait_for",
-    ): "the suite's poll loop for awaited checks, bounded by one deadline",
+    ("helpers/waiting.py", "async_wait_for"): "the poll loop for awaited checks, bounded by one deadline",
     ("unit/node/test_membership_refresh.py", "store"): (
         "a DHT store that takes 0.3 s of the loop's virtual clock: no wall-clock time passes"
     ),
-    ("unit/test_suite_tools.py", "two_timers"): "timers on the virtual clock under test: no wall-clock time passes",
+    ("unit/test_suite_tools.py", "two_timers"): (
+        "timers on the virtual clock under test: no wall-clock time passes"
+    ),
+    ("unit/test_suite_tools.py", "test_the_guard_sees_a_call_of_time_sleep_itself"): (
+        "the sleep the isolation guard must refuse: it never sleeps"
+    ),
     ("integration/diloco/test_diloco_swarm.py", "late"): (
         "the cause under test, not a wait for an effect: a trainer late by wall-clock time past the "
         "others' sender timeout (2 s) and within their reducer timeout (40 s), as a slow peer is; "
@@ -40,14 +42,14 @@ def _sleeps(tree: ast.AST) -> Iterator[tuple[str, int]]:
     stack: list[str] = []
 
     def visit(node: ast.AST) -> Iterator[tuple[str, int]]:
-        named = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            stack.append(node.name)
+        name = node.name if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else None
+        if name is not None:
+            stack.append(name)
         if isinstance(node, ast.Call) and _is_sleep(node.func) and not _is_zero(node):
             yield (stack[-1] if stack else "<module>"), node.lineno
         for child in ast.iter_child_nodes(node):
             yield from visit(child)
-        if named:
+        if name is not None:
             stack.pop()
 
     yield from visit(tree)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -43,6 +44,15 @@ def test_the_guard_refuses_sockets_processes_and_sleeps_while_guarding(
     with guard.guarded() as events, pytest.raises(IsolationViolation, match="tests/integration"):
         guard._hook(event, args)
     assert len(events) == 1 and events[0].startswith(named)
+
+
+def test_the_guard_sees_a_call_of_time_sleep_itself() -> None:
+    guard = IsolationGuard(raise_on_violation=True)
+    before = time.sleep
+    with guard.guarded() as events, pytest.raises(IsolationViolation):
+        time.sleep(0.001)  # refused before it sleeps (and before the unit tier's own guard sees it)
+    assert events == ["time.sleep(0.001)"]
+    assert time.sleep is before  # put back
 
 
 def test_the_guard_lets_the_rest_through() -> None:
