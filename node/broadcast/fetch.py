@@ -102,6 +102,8 @@ class VersionFetch:
         self.verified_bytes_by_source: Counter[bytes] = Counter()
         """Their bytes."""
         self._wake = asyncio.Event()
+        self._stores: set[asyncio.Future[None]] = set()
+        """Received chunks being verified and written (never cut short; `run` waits for them)."""
         self._rng = random.Random()
         # among equally rare chunks, each node walks the chunk list from its own offset: nodes that start
         # together then ask the publisher for different chunks instead of colliding at random
@@ -247,7 +249,10 @@ class VersionFetch:
             self.metrics.chunk_received(len(data))
             # verifying, writing and announcing a received chunk is never cut short, even when the
             # fetch completes (or a duplicate wins) meanwhile
-            await asyncio.shield(self._store(source, index, data, elapsed))
+            store = asyncio.ensure_future(self._store(source, index, data, elapsed))
+            self._stores.add(store)
+            store.add_done_callback(self._stores.discard)
+            await asyncio.shield(store)
         finally:
             if source.inflight.get(index) is asyncio.current_task():
                 del source.inflight[index]
@@ -408,4 +413,7 @@ class VersionFetch:
             ]
             pending.append(refresher)
             await asyncio.gather(*pending, return_exceptions=True)
+            # a chunk whose write completed the version may still be on its way to being counted:
+            # the sources' tallies (what transfer receipts attest) are final only once it is
+            await asyncio.gather(*self._stores, return_exceptions=True)
             self.sources.clear()

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,6 +69,21 @@ def _is_zero(call: ast.Call) -> bool:
     return len(args) == 1 and isinstance(args[0], ast.Constant) and args[0].value == 0
 
 
+def _parse(path: Path) -> ast.AST:
+    # CPython before 3.11.8 keeps the AST constructor's recursion depth in interpreter-wide state
+    # (gh-106905): a garbage collection inside the parse runs finalizers, which can let another
+    # thread parse too (3.11's tracebacks parse source for their carets), and the parse fails with
+    # a false "AST constructor recursion depth mismatch" SystemError (seen here under load). With
+    # the collector paused, no Python code runs inside the parse.
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return ast.parse(path.read_text(), str(path))
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def _test_sources() -> list[Path]:
     return sorted(p for p in TESTS.rglob("*.py") if "__pycache__" not in p.parts)
 
@@ -85,7 +101,7 @@ def test_no_test_sleeps_outside_the_allow_list() -> None:
     found: dict[tuple[str, str], list[int]] = {}
     for path in _test_sources():
         relative = path.relative_to(TESTS).as_posix()
-        for function, line in _sleeps(ast.parse(path.read_text(), str(path))):
+        for function, line in _sleeps(_parse(path)):
             found.setdefault((relative, function), []).append(line)
     unlisted = {
         f"{path}:{lines[0]} in {function}()"

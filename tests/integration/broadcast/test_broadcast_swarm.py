@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 
 from node.broadcast.errors import WeightsUnavailable
 from node.broadcast.service import PROTO_CHUNK
+from node.broadcast.store import VersionEntry
 from node.broadcast.wire import RateLimiter
 from protocol.manifest import build_manifest
 from protocol.receipts import open_receipt
@@ -88,6 +90,49 @@ def test_corrupt_source_is_banned_and_routed_around(swarm: Swarm, tmp_path: Path
             assert sum(r.byte_count for r in credited) == manifest.total_bytes
         finally:
             for b in (pub, evil, victim):
+                await b.stop()
+
+    asyncio.run(main())
+
+
+def test_the_chunk_that_completes_a_version_is_counted_in_its_sources_receipt(
+    swarm: Swarm, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fetch ends once the version is complete, which the write of its last chunk makes it while
+    that chunk's delivery is still being counted. The receipts are signed after the counting: the
+    write that completes the version is held until the receipts are signed (or 5 s), so a fetch
+    that signed them first would leave that chunk out (seen on a loaded machine: 34 of 35)."""
+    publisher, fetcher_node = swarm.nodes[1], swarm.nodes[2]
+    fetcher_dir = tmp_path / "fetcher"
+    receipted = threading.Event()
+    real_write_chunk = VersionEntry.write_chunk
+
+    def write_chunk(entry: VersionEntry, index: int, data: bytes) -> bool:
+        written = real_write_chunk(entry, index, data)
+        if written and entry.complete and fetcher_dir in entry.data_path.parents:
+            receipted.wait(5.0)
+        return written
+
+    monkeypatch.setattr(VersionEntry, "write_chunk", write_chunk)
+
+    async def main() -> None:
+        pub = await start_broadcast(publisher, tmp_path / "pub", [publisher])
+        fetcher = await start_broadcast(fetcher_node, fetcher_dir, [publisher])
+        receipts: list[bytes] = []
+
+        def on_receipts(batch: list[bytes]) -> None:
+            receipts.extend(batch)
+            receipted.set()
+
+        fetcher.on_receipts = on_receipts
+        try:
+            manifest = await pub.publish("last-chunk", 1, make_state_dict(seed=7))
+            assert (await fetcher.fetch("last-chunk")).complete
+            credited = [open_receipt(receipt, run_id="last-chunk") for receipt in receipts]
+            assert sum(r.chunks for r in credited) == manifest.num_chunks
+            assert sum(r.byte_count for r in credited) == manifest.total_bytes
+        finally:
+            for b in (pub, fetcher):
                 await b.stop()
 
     asyncio.run(main())
