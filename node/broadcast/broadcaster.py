@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ from hivemind.p2p import P2P, PeerID
 from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.dialing import HolderDialer
-from node.broadcast.errors import FetchStalled, StoreError, WeightsUnavailable
+from node.broadcast.errors import FetchStalled, StoreError, VersionSuperseded, WeightsUnavailable
 from node.broadcast.fetch import VersionFetch
 from node.broadcast.fetch_progress import FetchProgress
 from node.broadcast.manifest_fetch import obtain_manifest
@@ -103,6 +104,8 @@ class WeightBroadcast:
             on_ban=metrics.peer_banned if metrics is not None else None,
         )  # fmt: skip
         self.last_fetch: VersionFetch | None = None
+        # times a fetch of the newest version found no manifest and looked for a newer version
+        self.supersession_checks = 0
         self.on_receipts = on_receipts
         self._given_p2p = p2p
         self._running: _Running | None = None
@@ -278,20 +281,32 @@ class WeightBroadcast:
         Resumes from the chunks already on disk. Raises WeightsUnavailable if no authorised
         pointer or no manifest can be found, DiskFull if it does not fit on disk. Fetching the
         newest version, a fetch that stalls because that version was replaced (and deleted by its
-        holders) moves on to the new newest one, a few times at most.
+        holders) moves on to the new newest one, a few times at most; one whose manifest nobody
+        serves any more because a newer version replaced it moves on at once, for as long as
+        `manifest_timeout_s` lasts.
         """
-        for attempt in range(_NEWEST_ATTEMPTS):
+        deadline = time.monotonic() + manifest_timeout_s
+        attempt = 0
+        while True:
             try:
-                return await self._fetch_once(run_id, version, progress, manifest_timeout_s)
+                remaining = max(0.0, deadline - time.monotonic())
+                return await self._fetch_once(run_id, version, progress, remaining)
+            except VersionSuperseded:
+                if time.monotonic() > deadline:
+                    raise
+                logger.info(
+                    "[%s] the newest version of %s was replaced; fetching the new one", self.owner, run_id
+                )
+                continue
             except FetchStalled:
-                if version is not None or attempt == _NEWEST_ATTEMPTS - 1:
+                attempt += 1
+                if version is not None or attempt == _NEWEST_ATTEMPTS:
                     raise
                 logger.info(
                     "[%s] the newest version of %s was replaced mid-fetch; fetching the new one",
                     self.owner,
                     run_id,
                 )
-        raise AssertionError("unreachable")
 
     async def _fetch_once(
         self,
@@ -339,6 +354,9 @@ class WeightBroadcast:
                     request_timeout_s=self.config.request_timeout_s,
                     deadline_s=manifest_timeout_s,
                     owner=self.owner,
+                    superseded=None
+                    if version is not None
+                    else lambda: self._superseded(run_id, pointer.version),
                 )
                 entry = await offload(self.store.create, manifest)
             self.service.offer(entry)
@@ -370,6 +388,12 @@ class WeightBroadcast:
                 await self.records.announce_holder(entry)
         self._prune(run_id)
         return entry
+
+    async def _superseded(self, run_id: str, version: int) -> bool:
+        """Whether the newest authorised pointer of `run_id` now names a version after `version`."""
+        self.supersession_checks += 1
+        newest = await self.records.find_pointer(run_id)
+        return newest is not None and newest.version > version
 
     async def load(self, run_id: str, version: int) -> dict[str, Any]:
         """The state dict of a complete version in the store (torch tensors)."""

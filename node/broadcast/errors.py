@@ -19,3 +19,7 @@ class StoreError(HivenetError):
 
 class FetchStalled(WeightsUnavailable):
     """A fetch received nothing for too long: no reachable peer holds the chunks still missing."""
+
+
+class VersionSuperseded(WeightsUnavailable):
+    """The newest version a fetch started on was replaced, and nobody serves its manifest any more."""

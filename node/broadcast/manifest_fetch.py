@@ -22,7 +22,7 @@ from hivemind.p2p import P2P, PeerID
 
 from node.bans import BanList
 from node.broadcast.dialing import sample_holders
-from node.broadcast.errors import WeightsUnavailable
+from node.broadcast.errors import VersionSuperseded, WeightsUnavailable
 from node.broadcast.records import HolderInfo
 from node.broadcast.requests import NotHeld, request_frame
 from node.broadcast.service import PROTO_MANIFEST
@@ -78,8 +78,14 @@ async def obtain_manifest(
     request_timeout_s: float,
     deadline_s: float,
     owner: str = "",
+    superseded: Callable[[], Awaitable[bool]] | None = None,
 ) -> Manifest:
-    """The pointer's manifest from the first peer that serves a valid one; WeightsUnavailable after `deadline_s`."""
+    """The pointer's manifest from the first peer that serves a valid one; WeightsUnavailable after `deadline_s`.
+
+    After a pass in which no peer served it, `superseded()` (when given) is asked whether a newer
+    version has replaced this one; if so, VersionSuperseded is raised at once, since holders delete
+    replaced versions and waiting for this one would only run out the deadline.
+    """
     deadline = time.monotonic() + deadline_s
     publisher = PeerID(pointer.publisher)
     rng = random.Random()
@@ -111,6 +117,8 @@ async def obtain_manifest(
                 bans.ban(peer_id, f"bad manifest: {exc}")
             except Exception as exc:
                 logger.info("[%s] manifest from %s failed: %r", owner, peer_id.to_base58()[-8:], exc)
+        if superseded is not None and await superseded():
+            raise VersionSuperseded(f"{pointer.run_id} v{pointer.version} was replaced by a newer version")
         if time.monotonic() > deadline:
             raise WeightsUnavailable(
                 f"no peer served a valid manifest for {pointer.run_id} v{pointer.version}; "

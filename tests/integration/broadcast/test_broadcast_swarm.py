@@ -361,3 +361,32 @@ def test_a_fetch_whose_version_is_dropped_everywhere_gives_up(swarm: Swarm, tmp_
                 await b.stop()
 
     asyncio.run(main())
+
+
+def test_a_fetch_of_the_newest_moves_on_when_its_version_is_replaced_before_its_manifest_arrives(
+    swarm: Swarm, tmp_path: Path
+) -> None:
+    """The pointer a fetch of the newest version read names a version that its holders deleted
+    (replaced by a newer one) before anyone served its manifest: the fetch takes the newer version
+    instead of waiting out its manifest deadline and failing."""
+    publisher, fetcher = swarm.nodes[1], swarm.nodes[3]
+
+    async def main() -> None:
+        pub = await start_broadcast(publisher, tmp_path / "pub", [publisher])
+        follower = await start_broadcast(fetcher, tmp_path / "f", [publisher])
+        try:
+            await pub.publish("replaced", 1, make_state_dict(seed=31))
+            pub.service.withdraw("replaced", 1)  # deleted by its holder, but still named by the pointer
+            fetch = asyncio.create_task(follower.fetch("replaced", manifest_timeout_s=120.0))
+            await async_wait_until(lambda: follower.supersession_checks > 0, timeout_s=60)
+            assert not fetch.done()
+            state = make_state_dict(seed=32)
+            await pub.publish("replaced", 2, state)
+            entry = await asyncio.wait_for(fetch, timeout=60)
+            assert entry.version == 2
+            assert_state_dicts_equal(await follower.load("replaced", 2), state)
+        finally:
+            for b in (pub, follower):
+                await b.stop()
+
+    asyncio.run(main())
