@@ -66,7 +66,7 @@ def evaluate(model: TinyGPT, task: Task, config: GRPOConfig) -> float:
         prompt = task.prompt(assignment.prompt_seed)
         out = generate(
             model, prompt, task.max_new_tokens, config.sampling, assignment.sampling_seeds[0],
-            stop_token=task.stop_token, prove=False,
+            stop_ids=task.stop_ids, prove=False,
         )  # fmt: skip
         rewards.append(task.reward(prompt, out.completion_ids))
     return statistics.fmean(rewards)
@@ -87,7 +87,7 @@ def plain_generation(model: TinyGPT, task: Task, config: GRPOConfig, rollouts: i
                 task.max_new_tokens,
                 config.sampling,
                 seed,
-                stop_token=task.stop_token,
+                stop_ids=task.stop_ids,
                 prove=False,
             )
             done += 1

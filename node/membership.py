@@ -191,7 +191,9 @@ class Membership:
         )
         self.last_publish_ok = ok
         if not ok:
-            logger.warning("[%s] node record was not stored by any DHT peer; will retry", self.identity.short_id)
+            logger.warning(
+                "[%s] node record was not stored by any DHT peer; will retry", self.identity.short_id
+            )
         return ok
 
     async def _refresh_loop(self, first_at: float) -> None:

@@ -14,6 +14,10 @@ class ConfigError(HivenetError, ValueError):
     """A configuration value, flag or config file is invalid."""
 
 
+class ModelError(ConfigError):
+    """A model directory, tokenizer, device or starting-weights hash that a node cannot use."""
+
+
 class IdentityError(HivenetError):
     """The identity key file is missing, unreadable, malformed, insecure or already in use."""
 

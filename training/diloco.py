@@ -43,7 +43,7 @@ import torch
 
 from node.averaging.outer_state import OuterState
 from node.averaging.rounds import PendingAverage
-from training.model import TinyGPT
+from training.causal_lm import CausalLM
 from training.outer_step import DiLoCoConfig, outer_update, pseudo_gradient
 
 __all__ = [
@@ -158,7 +158,7 @@ class DiLoCoTrainer:
 
     def __init__(
         self,
-        model: TinyGPT,
+        model: CausalLM,
         config: DiLoCoConfig,
         *,
         next_batch: Callable[[], torch.Tensor],

@@ -14,14 +14,14 @@ these rows (`hidden[len(prompt) - 1 : -1]`) and the logits that must re-select e
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
 
 from protocol.toploc import CHUNK_TOKENS, TOPK, build_proofs
-from training.model import TinyGPT
+from training.causal_lm import CausalLM
 from training.sampling import SamplingParams, sample_tokens
 
 __all__ = ["Generation", "ProofBuilder", "generate"]
@@ -94,13 +94,13 @@ class Generation:
 
 @torch.inference_mode()
 def generate(
-    model: TinyGPT,
+    model: CausalLM,
     prompt_ids: Sequence[int],
     max_new_tokens: int,
     params: SamplingParams,
     seed: int,
     *,
-    stop_token: int | None = None,
+    stop_ids: Collection[int] = (),
     chunk_tokens: int = CHUNK_TOKENS,
     topk: int = TOPK,
     background_proofs: bool = True,
@@ -109,7 +109,7 @@ def generate(
 ) -> Generation:
     """Sample up to `max_new_tokens` tokens after `prompt_ids` with seeded sampling and prove them.
 
-    Runs in the model's dtype with its key/value cache. Generation stops after `stop_token`
+    Runs in the model's dtype with its key/value cache. Generation stops after any token of `stop_ids`
     (which is included) or at `max_new_tokens`. Sampling noise depends only on `(seed, i)`
     for completion index `i`, so the same call always returns the same tokens and proofs.
 
@@ -123,13 +123,14 @@ def generate(
         raise ValueError("prompt_ids must hold at least one token")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if len(prompt_ids) + max_new_tokens > model.config.max_seq_len + 1:
+    if len(prompt_ids) + max_new_tokens > model.max_seq_len + 1:
         raise ValueError(
             f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) exceeds the model's "
-            f"max_seq_len ({model.config.max_seq_len}) + 1"
+            f"max_seq_len ({model.max_seq_len}) + 1"
         )
     model.eval()
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long)
+    stops = frozenset(stop_ids)
+    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)
     logits, hidden, cache = model.prefill_cache(ids)
     step_logits, step_hidden = logits[0, -1:], hidden[0, -1:]
     builder = ProofBuilder(chunk_tokens, topk, background=background_proofs)
@@ -142,14 +143,14 @@ def generate(
             if choose is not None:
                 token = choose(i, step_logits[0], token)
             tokens.append(token)
-            row = step_hidden.to(torch.bfloat16)
+            row = step_hidden.to(device="cpu", dtype=torch.bfloat16)
             all_hidden.append(row)
             all_logits.append(step_logits)
             if prove:
                 builder.add(row)
-            if i + 1 == max_new_tokens or token == stop_token:
+            if i + 1 == max_new_tokens or token in stops:
                 break
-            step_logits, step_hidden = model.decode_step(torch.tensor([[token]]), cache)
+            step_logits, step_hidden = model.decode_step(torch.tensor([[token]], device=ids.device), cache)
             step_logits, step_hidden = step_logits[0], step_hidden[0]
         proofs = builder.finish()
     finally:
@@ -158,5 +159,5 @@ def generate(
         completion_ids=tokens,
         proofs=proofs,
         hidden=torch.cat(all_hidden, dim=0),
-        logits=torch.cat(all_logits, dim=0),
+        logits=torch.cat(all_logits, dim=0).cpu(),
     )

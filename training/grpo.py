@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch.nn import functional as F
 
 from protocol.errors import HivenetError
-from training.model import TinyGPT
+from training.causal_lm import CausalLM
 from training.sampling import SamplingParams
 
 __all__ = [
@@ -141,7 +141,7 @@ def clipped_objective(
 class GRPOLearner:
     """Owns the policy's optimizer and its recent versions; `step` applies one GRPO update."""
 
-    def __init__(self, model: TinyGPT, config: GRPOConfig, version: int = 0) -> None:
+    def __init__(self, model: CausalLM, config: GRPOConfig, version: int = 0) -> None:
         if version < 0:
             raise ValueError(f"version must be >= 0, got {version}")
         self.model = model
@@ -151,7 +151,7 @@ class GRPOLearner:
             model.parameters(), lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.99)
         )
         self._history: dict[int, dict[str, torch.Tensor]] = {}
-        self._scratch: TinyGPT | None = None
+        self._scratch: CausalLM | None = None
         self._remember()
 
     def _remember(self) -> None:
@@ -190,7 +190,7 @@ class GRPOLearner:
                         f"with async level {self.config.async_level} and holds versions {self.known_versions}"
                     )
 
-    def model_at(self, version: int) -> TinyGPT:
+    def model_at(self, version: int) -> CausalLM:
         """A model holding the weights of a known `version` (a scratch copy, reloaded on every call)."""
         if version not in self._history:
             raise StaleRolloutError(f"version {version} is not held; known versions: {self.known_versions}")
@@ -199,7 +199,7 @@ class GRPOLearner:
         self._scratch.load_state_dict(self._history[version])
         return self._scratch
 
-    def token_logprobs(self, model: TinyGPT, rollouts: Sequence[ScoredRollout]) -> list[torch.Tensor]:
+    def token_logprobs(self, model: CausalLM, rollouts: Sequence[ScoredRollout]) -> list[torch.Tensor]:
         """Log-probs (at the sampling temperature) of each rollout's completion tokens under `model`."""
         seqs = [r.prompt_ids + r.completion_ids[:-1] for r in rollouts]
         width = max(len(s) for s in seqs)
@@ -234,7 +234,7 @@ class GRPOLearner:
                 g, group_advantages([r.reward for r in g], self.config.advantage_eps), strict=True
             )
         }
-        max_len = self.model.config.max_seq_len
+        max_len = self.model.max_seq_len
         for r in rollouts:
             if len(r.prompt_ids) < 1 or len(r.prompt_ids) + len(r.completion_ids) - 1 > max_len:
                 raise ValueError(

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 from torch.nn import functional as F
 
+from training.causal_lm import CausalLM, SharedPrefixPart
 from training.ragged import Ragged, plan
 
 __all__ = ["KVCache", "ModelConfig", "TinyGPT"]
@@ -288,7 +289,7 @@ class Block(nn.Module):
             tail.index_copy_(0, bucket.flat, att.index_select(0, bucket.grid))
 
 
-class TinyGPT(nn.Module):
+class TinyGPT(CausalLM):
     """GPT-style causal LM: token + learned position embeddings, pre-norm blocks, final RMS norm."""
 
     def __init__(self, config: ModelConfig) -> None:
@@ -318,9 +319,17 @@ class TinyGPT(nn.Module):
         """Dtype of the weights (and of every activation)."""
         return self.tok_emb.weight.dtype
 
-    def num_parameters(self) -> int:
-        """Number of distinct trainable parameters (tied weights counted once)."""
-        return sum(p.numel() for p in self.parameters())
+    @property
+    def max_seq_len(self) -> int:
+        return self.config.max_seq_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.config.d_model
 
     def _embed(self, input_ids: torch.Tensor, start: int) -> torch.Tensor:
         if input_ids.dim() != 2:
@@ -354,43 +363,14 @@ class TinyGPT(nn.Module):
             raise ValueError(f"outputs_from={outputs_from} must be in [0, {input_ids.shape[-1]})")
         return self._run(self._embed(input_ids, 0), None, outputs_from)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Return next-token logits `[B, T, V]` for `input_ids` `[B, T]`."""
-        return self.forward_with_hidden(input_ids)[0]
-
-    def loss(self, input_ids: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy of `targets [B, T]` under the logits for `input_ids [B, T]`.
-
-        For next-token training pass `input_ids = seq[:, :-1]`, `targets = seq[:, 1:]`.
-        Target positions equal to -100 are ignored. The loss is computed in float32.
-        """
-        logits = self.forward(input_ids)
-        return F.cross_entropy(
-            logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100
-        )
-
     def prefill_cache(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, KVCache]:
         """Run the prompt once and return `(logits, final_hidden, cache)` for further decoding."""
         cache = KVCache(self.config.n_layers)
         logits, hidden = self._run(self._embed(input_ids, 0), cache)
         return logits, hidden, cache
 
-    def forward_shared_prefix(
-        self, prefix_ids: torch.Tensor, input_ids: torch.Tensor, lengths: Sequence[int]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Several sequences that share `prefix_ids` `[P]`, each continued by a row of `input_ids`
-        (right-padded `[B, t]`, `lengths` real tokens each), in one pass.
-
-        Norms, projections, MLP and head see each real token once: the prefix is computed once
-        for all rows and no padding is computed but in attention (a padded key comes after every
-        real query, so none sees it), which pads sequences of similar length together
-        (`training.ragged`). Returns `(logits [N, V], final_hidden [N, d])` for the
-        `N = sum(lengths)` continuation tokens, the rows of sequence 0 first.
-        """
-        return self.forward_shared_prefixes([(prefix_ids, input_ids, lengths)])[0]
-
     def forward_shared_prefixes(
-        self, parts: Sequence[tuple[torch.Tensor, torch.Tensor, Sequence[int]]]
+        self, parts: Sequence[SharedPrefixPart]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """`forward_shared_prefix` on each `(prefix_ids, input_ids, lengths)` of `parts`, all in one pass:
         the row-wise layers take every part's rows at once, attention keeps each part to itself."""

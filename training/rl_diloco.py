@@ -45,10 +45,10 @@ from node.averaging.averager import DiLoCoAverager
 from node.averaging.outer_state import OuterState
 from node.node import HivenetNode
 from protocol.dht_keys import averaging_prefix
+from training.causal_lm import CausalLM
 from training.checkpoint import CheckpointError
 from training.diloco import OuterStepReport, RoundAverager, StateSource
 from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
-from training.model import TinyGPT
 from training.outer_step import DiLoCoConfig, outer_update, pseudo_gradient
 from training.rl_run import RLDiLoCoConfig, RLRunConfig
 from training.tasks import get_task
@@ -69,7 +69,7 @@ logger = logging.getLogger(__name__)
 class OuterVersionLearner(GRPOLearner):
     """A GRPO learner whose behaviour weights are those of the run's outer versions (see module docstring)."""
 
-    def __init__(self, model: TinyGPT, config: GRPOConfig, *, inner_steps: int, outer_version: int) -> None:
+    def __init__(self, model: CausalLM, config: GRPOConfig, *, inner_steps: int, outer_version: int) -> None:
         self.spacing = inner_steps + 1
         super().__init__(model, config, version=outer_version * self.spacing)
 
@@ -275,7 +275,7 @@ def diloco_updates(
     authorized_publishers: Sequence[str] = (),
     admitted_trainers: Sequence[str] = (),
     on_round: Callable[[OuterStepReport], None] | None = None,
-) -> Callable[[TinyGPT, GRPOConfig, int], DiLoCoUpdates]:
+) -> Callable[[CausalLM, GRPOConfig, int], DiLoCoUpdates]:
     """An `RLTrainer` updates factory: GRPO with `config`'s DiLoCo, averaging over `dht` with `run_id`'s trainers.
 
     A resync takes the verified outer state of one of `authorized_publishers` (base58 PeerIDs,
@@ -286,7 +286,7 @@ def diloco_updates(
     Call the factory in the thread that owns the process (the averager forks a process).
     """
 
-    def build(policy: TinyGPT, grpo: GRPOConfig, version: int) -> DiLoCoUpdates:
+    def build(policy: CausalLM, grpo: GRPOConfig, version: int) -> DiLoCoUpdates:
         learner = OuterVersionLearner(policy, grpo, inner_steps=config.inner_steps, outer_version=version)
         averager = DiLoCoAverager(
             [p.shape for p in policy.parameters()],
@@ -329,7 +329,7 @@ def diloco_updates(
 
 def node_diloco_updates(
     node: HivenetNode, config: RLRunConfig
-) -> Callable[[TinyGPT, GRPOConfig, int], DiLoCoUpdates]:
+) -> Callable[[CausalLM, GRPOConfig, int], DiLoCoUpdates]:
     """The updates factory of an RL trainer on a started `node` training with `config.diloco`.
 
     It averages over the node's DHT, resyncs from the run's authorised publishers and, on a node

@@ -26,6 +26,7 @@ from node.broadcast.store import VersionEntry
 from node.config import check_base58_peer_ids
 from node.node import HivenetNode
 from protocol.limits import MAX_GROUPS_PER_SUBMISSION
+from training.causal_lm import CausalLM
 from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
 from training.rl_sync import RL_MODEL_CONFIG
@@ -151,8 +152,8 @@ def held_versions(broadcast: WeightBroadcast, run_id: str, newest: int) -> list[
     return [entry for entry in entries if entry is not None and entry.complete][-newest:]
 
 
-def model_from_state(config: ModelConfig, state: Mapping[str, Any], dtype: torch.dtype) -> TinyGPT:
-    """A fresh `TinyGPT` in `dtype` holding `state`, in eval mode."""
+def model_from_state(config: ModelConfig, state: Mapping[str, Any], dtype: torch.dtype) -> CausalLM:
+    """A fresh `CausalLM` in `dtype` holding `state`, in eval mode."""
     model = TinyGPT(config)
     model.load_state_dict(dict(state))
     return model.to(dtype).eval()
@@ -212,10 +213,10 @@ class ModelWindow:
         if size < 1:
             raise ValueError(f"a policy window holds at least one version, got {size}")
         self.size = size
-        self._models: dict[int, TinyGPT] = {}
+        self._models: dict[int, CausalLM] = {}
         self._changed = threading.Condition()
 
-    def add(self, version: int, model: TinyGPT) -> None:
+    def add(self, version: int, model: CausalLM) -> None:
         """Hold `model` as `version`; the oldest versions beyond the window are dropped."""
         with self._changed:
             self._models[version] = model
@@ -223,11 +224,11 @@ class ModelWindow:
                 del self._models[old]
             self._changed.notify_all()
 
-    def get(self, version: int) -> TinyGPT | None:
+    def get(self, version: int) -> CausalLM | None:
         with self._changed:
             return self._models.get(version)
 
-    def newest(self) -> tuple[int, TinyGPT] | None:
+    def newest(self) -> tuple[int, CausalLM] | None:
         with self._changed:
             if not self._models:
                 return None

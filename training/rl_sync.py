@@ -178,7 +178,7 @@ def run_sync_grpo(
                     task.max_new_tokens,
                     config.sampling,
                     rollout_seed(seed, step, g, i),
-                    stop_token=task.stop_token,
+                    stop_ids=task.stop_ids,
                     prove=False,
                 )
                 reward = task.reward(prompt, out.completion_ids)

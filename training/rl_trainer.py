@@ -51,9 +51,9 @@ from protocol.envelope import Envelope
 from protocol.manifest import Manifest
 from protocol.rollout_messages import Forwarded, parse_rollout
 from protocol.rollouts_pb2 import RolloutGroup
+from training.causal_lm import CausalLM
 from training.checkpoint import CheckpointError
 from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
-from training.model import TinyGPT
 from training.rl_run import JUDGE_LINGER_S, JUDGE_MAX_BATCH, RLRunConfig, RoleThread, group_id
 
 __all__ = [
@@ -82,7 +82,7 @@ class RolloutJudge(Protocol):
         ones with recomputed rewards (as if judged one after another)."""
         ...
 
-    def add_version(self, version: int, model: TinyGPT) -> None: ...
+    def add_version(self, version: int, model: CausalLM) -> None: ...
 
     def set_trainer_step(self, step: int) -> None: ...
 
@@ -141,11 +141,11 @@ class EveryStepUpdates:
         pass
 
 
-UpdatesFactory = Callable[[TinyGPT, GRPOConfig, int], PolicyUpdates]
+UpdatesFactory = Callable[[CausalLM, GRPOConfig, int], PolicyUpdates]
 """Builds a trainer's `PolicyUpdates` from (policy, GRPO config, the version it starts at)."""
 
 
-def every_step_updates(policy: TinyGPT, config: GRPOConfig, version: int) -> PolicyUpdates:
+def every_step_updates(policy: CausalLM, config: GRPOConfig, version: int) -> PolicyUpdates:
     return EveryStepUpdates(GRPOLearner(policy, config, version=version))
 
 
@@ -181,7 +181,7 @@ class RLTrainer(RoleThread):
         node: HivenetNode,
         config: RLRunConfig,
         judge: RolloutJudge,
-        policy: TinyGPT,
+        policy: CausalLM,
         *,
         checkpoint_dir: Path | None = None,
         on_step: Callable[[RLStepReport], None] | None = None,

@@ -42,8 +42,8 @@ from protocol.assignment import derive_assignment
 from protocol.node_record import Role
 from protocol.rollout_messages import UNKNOWN_VERSION, seal_group
 from protocol.rollouts_pb2 import Rollout, RolloutGroup
+from training.causal_lm import CausalLM
 from training.generation import generate
-from training.model import TinyGPT
 from training.rl_run import (
     DTYPES,
     ModelWindow,
@@ -167,7 +167,7 @@ class InferenceWorker(RoleThread):
         self.received_at.setdefault(entry.version, time.time())
         logger.info("[%s] policy version %d ready", self.node.short_id, entry.version)
 
-    def _generating_model(self, model: TinyGPT) -> TinyGPT:
+    def _generating_model(self, model: CausalLM) -> CausalLM:
         if self.cheat is CheatMode.PRECISION:
             other = torch.bfloat16 if model.dtype != torch.bfloat16 else torch.float32
             return copy.deepcopy(model).to(other).eval()
@@ -230,7 +230,7 @@ class InferenceWorker(RoleThread):
         if self.on_group is not None:
             self.on_group(report)
 
-    def _generate(self, counter: int, version: int, model: TinyGPT) -> _Generated:
+    def _generate(self, counter: int, version: int, model: CausalLM) -> _Generated:
         """Generate, prove and seal the group of assignment `counter` with policy `version`."""
         grpo = self.config.grpo
         me = self.node.identity.peer_id_bytes
@@ -251,7 +251,7 @@ class InferenceWorker(RoleThread):
                 self.task.max_new_tokens,
                 sampling,
                 seed,
-                stop_token=self.task.stop_token,
+                stop_ids=self.task.stop_ids,
                 background_proofs=False,
             )
             tokens += len(out.completion_ids)

@@ -33,6 +33,7 @@ from protocol import hivenet_pb2 as hpb
 from protocol.envelope import Envelope
 from protocol.node_record import Role
 from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict
+from training.causal_lm import CausalLM
 from training.grpo import ScoredRollout
 from training.model import TinyGPT
 from training.rl_diloco import node_diloco_updates
@@ -121,7 +122,7 @@ class TrainerJudge:
             results.append((verdicts, [scored(r) for r in accepted]))
         return results
 
-    def add_version(self, version: int, model: TinyGPT) -> None:
+    def add_version(self, version: int, model: CausalLM) -> None:
         self.validator.add_version(version, model)
 
     def set_trainer_step(self, step: int) -> None:
@@ -131,7 +132,7 @@ class TrainerJudge:
 def start_rl_trainer(
     node: HivenetNode,
     config: RLRunConfig,
-    policy: TinyGPT,
+    policy: CausalLM,
     *,
     checkpoint_dir: Path | None = None,
     on_step: Callable[[RLStepReport], None] | None = None,

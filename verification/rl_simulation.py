@@ -34,7 +34,7 @@ from node.node import HivenetNode
 from protocol.errors import HivenetError
 from protocol.manifest import Manifest
 from protocol.node_record import Role
-from training.model import TinyGPT
+from training.causal_lm import CausalLM
 from training.rl_diloco import DiLoCoUpdates, OuterStepRecord
 from training.rl_run import RLRunConfig
 from training.rl_trainer import RLStepReport, RLTrainer
@@ -120,7 +120,7 @@ def _node(
 
 def simulate_rl(
     config: RLRunConfig,
-    policy: TinyGPT,
+    policy: CausalLM,
     *,
     workers: int = 3,
     trainers: int = 1,

@@ -103,7 +103,7 @@ class RewardTask(Protocol):
     def max_new_tokens(self) -> int: ...
 
     @property
-    def stop_token(self) -> int | None: ...
+    def stop_ids(self) -> frozenset[int]: ...
 
     def prompt(self, prompt_seed: int) -> list[int]: ...
 
@@ -216,13 +216,14 @@ def _precheck(
 
 def completion_length_problem(completion: list[int], task: RewardTask) -> str | None:
     """Why `completion` cannot be where the task's generation ends, or None if it can."""
-    n, budget, stop = len(completion), task.max_new_tokens, task.stop_token
+    n, budget, stops = len(completion), task.max_new_tokens, task.stop_ids
     if n > budget:
         return f"{n} completion tokens, above the task's budget of {budget}"
-    if stop is not None and stop in completion[:-1]:
-        return f"the completion goes on after the stop token {stop} (generation stops there)"
-    if n < budget and (stop is None or completion[-1] != stop):
-        ending = "" if stop is None else f" nor at the stop token {stop}"
+    early = next((t for t in completion[:-1] if t in stops), None)
+    if early is not None:
+        return f"the completion goes on after the stop token {early} (generation stops there)"
+    if n < budget and (not completion or completion[-1] not in stops):
+        ending = " nor at a stop token" if stops else ""
         return f"{n} completion tokens: cut before the task's budget of {budget}{ending}"
     return None
 

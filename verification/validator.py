@@ -34,7 +34,7 @@ from protocol.assignment import derive_assignment
 from protocol.limits import MAX_VERDICT_BAN_S
 from protocol.peer_keys import Signer
 from protocol.rollout_messages import seal_verdict
-from training.model import TinyGPT
+from training.causal_lm import CausalLM
 from training.sampling import SamplingParams
 from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.rollout_checks import (
@@ -115,7 +115,7 @@ class Validator:
 
     # --- policy versions ---
 
-    def add_version(self, version: int, model: TinyGPT) -> None:
+    def add_version(self, version: int, model: CausalLM) -> None:
         """Hold `version` (a private copy of `model`), dropping versions beyond the newest async_level + 1."""
         with self._lock:
             self._window.add(version, model)

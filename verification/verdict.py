@@ -30,7 +30,7 @@ import torch
 
 from protocol.errors import InvalidProofError
 from protocol.toploc import CHUNK_TOKENS, TOPK, ChunkCheck, verify_proofs_batch
-from training.model import TinyGPT
+from training.causal_lm import CausalLM
 from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.rollout import CLAIM_DTYPES, RolloutClaim
 from verification.sampling_check import SamplingCheck, check_sampling, check_sampling_batch
@@ -191,12 +191,11 @@ def judge(
 
 def _check_claim(
     claim: RolloutClaim,
-    model: TinyGPT,
+    model: CausalLM,
     expected_policy_version: int | None,
     assigned_prompt_ids: Sequence[int] | None,
     assigned_seed: int | None,
 ) -> Verdict | None:
-    cfg = model.config
     if expected_policy_version is not None and claim.policy_version != expected_policy_version:
         return _reject(
             RejectReason.POLICY_VERSION,
@@ -209,21 +208,21 @@ def _check_claim(
     if claim.dtype not in CLAIM_DTYPES:
         return _reject(RejectReason.MALFORMED_CLAIM, f"unsupported precision {claim.dtype!r}")
     top = max(max(claim.prompt_ids), max(claim.completion_ids))
-    if top >= cfg.vocab_size:
+    if top >= model.vocab_size:
         return _reject(
-            RejectReason.MALFORMED_CLAIM, f"token id {top} outside the vocabulary of {cfg.vocab_size}"
+            RejectReason.MALFORMED_CLAIM, f"token id {top} outside the vocabulary of {model.vocab_size}"
         )
     positions = len(claim.prompt_ids) + len(claim.completion_ids) - 1
-    if positions > cfg.max_seq_len:
+    if positions > model.max_seq_len:
         return _reject(
             RejectReason.MALFORMED_CLAIM,
-            f"prompt + completion need {positions} positions, the model has {cfg.max_seq_len}",
+            f"prompt + completion need {positions} positions, the model has {model.max_seq_len}",
         )
     return None
 
 
 @torch.inference_mode()
-def recompute(claim: RolloutClaim, model: TinyGPT) -> tuple[torch.Tensor, torch.Tensor]:
+def recompute(claim: RolloutClaim, model: CausalLM) -> tuple[torch.Tensor, torch.Tensor]:
     """One prefill of `prompt + completion[:-1]`; returns the completion rows `(hidden, logits)`."""
     ids = torch.tensor([list(claim.prompt_ids) + list(claim.completion_ids[:-1])], dtype=torch.long)
     model.eval()
@@ -233,16 +232,16 @@ def recompute(claim: RolloutClaim, model: TinyGPT) -> tuple[torch.Tensor, torch.
 
 @torch.inference_mode()
 def recompute_batch(
-    claims: Sequence[RolloutClaim], model: TinyGPT
+    claims: Sequence[RolloutClaim], model: CausalLM
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """`recompute` for several claims at once: the same `(hidden, logits)` rows per claim.
 
     All claims go through one pass, and claims that answer the same prompt (a group's rollouts
     all answer its one assigned prompt) share their prompt's rows: the prompt is computed once,
     and the completions after it as one right-padded batch whose padding only attention sees
-    (`TinyGPT.forward_shared_prefixes`).
+    (`CausalLM.forward_shared_prefixes`).
     Neither the padding nor the sharing changes a real row: under causal attention a position
-    sees only the positions before it, and `TinyGPT`'s inference path (float64 accumulation,
+    sees only the positions before it, and `CausalLM`'s inference path (float64 accumulation,
     one rounding) makes a row's result independent of the other rows computed with it, so
     each claim's rows are bit for bit those of its own prefill. Against one prefill per claim
     this saves the per-call overhead of every layer and the prompt's repeated rows, which
@@ -272,7 +271,7 @@ def recompute_batch(
 
 def verify_rollout(
     claim: RolloutClaim,
-    model: TinyGPT,
+    model: CausalLM,
     *,
     expected_policy_version: int | None = None,
     assigned_prompt_ids: Sequence[int] | None = None,
@@ -300,14 +299,14 @@ class RolloutVerifier:
     """Verifies rollouts for one policy version, keeping one model copy per claimed precision."""
 
     def __init__(
-        self, model: TinyGPT, policy_version: int, policy: VerificationPolicy = DEFAULT_POLICY
+        self, model: CausalLM, policy_version: int, policy: VerificationPolicy = DEFAULT_POLICY
     ) -> None:
         self.policy_version = policy_version
         self.policy = policy
         self._master = model
-        self._copies: dict[torch.dtype, TinyGPT] = {model.dtype: model}
+        self._copies: dict[torch.dtype, CausalLM] = {model.dtype: model}
 
-    def model_for(self, dtype: torch.dtype) -> TinyGPT:
+    def model_for(self, dtype: torch.dtype) -> CausalLM:
         """The policy model in `dtype` (cast once from the master copy, then cached)."""
         if dtype not in self._copies:
             self._copies[dtype] = copy.deepcopy(self._master).to(dtype).eval()

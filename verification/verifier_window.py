@@ -21,7 +21,7 @@ import copy
 import enum
 from dataclasses import dataclass
 
-from training.model import TinyGPT
+from training.causal_lm import CausalLM
 from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.verdict import RolloutVerifier
 
@@ -62,7 +62,7 @@ class VerifierWindow:
         """Versions held, oldest first."""
         return sorted(self._verifiers)
 
-    def add(self, version: int, model: TinyGPT) -> list[int]:
+    def add(self, version: int, model: CausalLM) -> list[int]:
         """Hold `version` (a private copy of `model`); returns the versions dropped to make room."""
         if version < 0:
             raise ValueError(f"policy version must be >= 0, got {version}")

@@ -31,9 +31,10 @@ from protocol.node_record import Role
 from protocol.rollout_messages import rollout_hash, seal_group, seal_verdict
 from protocol.rollouts_pb2 import Rollout, RolloutGroup, RolloutVerdict
 from protocol.toploc import proof_length
+from training.causal_lm import CausalLM
 from training.generation import generate
 from training.grpo import GRPOConfig, ScoredRollout
-from training.model import ModelConfig, TinyGPT
+from training.model import ModelConfig
 from training.rl_run import RLRunConfig, group_id
 from training.rl_trainer import RLTrainer
 from training.sampling import SamplingParams
@@ -117,7 +118,7 @@ def loopback_nodes(root: Path, run_id: str) -> Iterator[LoopbackNodes]:
 
 
 def honest_group(
-    model: TinyGPT, config: RLRunConfig, worker: bytes, version: int, counter: int
+    model: CausalLM, config: RLRunConfig, worker: bytes, version: int, counter: int
 ) -> RolloutGroup:
     """The group an honest worker generates with `model` (policy `version`) for its `counter`-th assignment."""
     grpo = config.grpo
@@ -133,7 +134,7 @@ def honest_group(
             task.max_new_tokens,
             sampling,
             seed,
-            stop_token=task.stop_token,
+            stop_ids=task.stop_ids,
             background_proofs=False,
         )
         rollouts.append(
@@ -293,7 +294,7 @@ class FakeJudge:
             for i, (r, h) in enumerate(zip(rollouts, hashes, strict=True))
         ]
 
-    def add_version(self, version: int, model: TinyGPT) -> None:
+    def add_version(self, version: int, model: CausalLM) -> None:
         self.versions.append(version)
 
     def set_trainer_step(self, step: int) -> None:

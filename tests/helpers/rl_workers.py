@@ -27,11 +27,11 @@ class FakeTask:
     """A tiny task: the prompt is the bytes of a short question, the reward the share of low bytes."""
 
     def __init__(
-        self, name: str = "lowbytes", max_new_tokens: int = 40, stop_token: int | None = None
+        self, name: str = "lowbytes", max_new_tokens: int = 40, stop_ids: frozenset[int] = frozenset()
     ) -> None:
         self.name = name
         self.max_new_tokens = max_new_tokens
-        self.stop_token = stop_token
+        self.stop_ids = stop_ids
 
     def prompt(self, prompt_seed: int) -> list[int]:
         return list(f"Q{prompt_seed % 997}: low bytes?".encode())
@@ -121,7 +121,7 @@ class RLWorker:
                 max_new_tokens or self.task.max_new_tokens,
                 sampling,
                 seed,
-                stop_token=self.task.stop_token,
+                stop_ids=self.task.stop_ids,
                 choose=choose,
                 background_proofs=False,
             )

@@ -31,6 +31,7 @@ from tests.helpers.rl_diloco import (
     fetch_published,
     scored_groups,
 )
+from training.causal_lm import CausalLM
 from training.checkpoint import CheckpointError
 from training.diloco import OuterStepReport, RoundAverager
 from training.grpo import GRPOConfig, StaleRolloutError
@@ -44,12 +45,12 @@ TINY = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=96)
 GRPO = GRPOConfig(group_size=4, groups_per_step=1, async_level=1, lr=1e-2)
 
 
-def updates_for(policy: TinyGPT, averager: RoundAverager, inner_steps: int = 2) -> DiLoCoUpdates:
+def updates_for(policy: CausalLM, averager: RoundAverager, inner_steps: int = 2) -> DiLoCoUpdates:
     learner = OuterVersionLearner(policy, GRPO, inner_steps=inner_steps, outer_version=0)
     return DiLoCoUpdates(learner, RLDiLoCoConfig(inner_steps=inner_steps), averager)
 
 
-def params(model: TinyGPT) -> list[torch.Tensor]:
+def params(model: CausalLM) -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 

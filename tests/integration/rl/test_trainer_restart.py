@@ -25,6 +25,7 @@ from tests.helpers.broadcast import assert_state_dicts_equal
 from tests.helpers.rl_diloco import LoneAverager
 from tests.helpers.rl_loop import TINY, FakeJudge, LoopbackNodes, fake_group, tiny_run
 from tests.helpers.rollouts import key
+from training.causal_lm import CausalLM
 from training.checkpoint import CheckpointError
 from training.grpo import GRPOConfig
 from training.model import TinyGPT
@@ -51,7 +52,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNodes]:
         nodes.close()
 
 
-def _lone_diloco(policy: TinyGPT, grpo: GRPOConfig, version: int) -> PolicyUpdates:
+def _lone_diloco(policy: CausalLM, grpo: GRPOConfig, version: int) -> PolicyUpdates:
     """DiLoCo with H=1 and no other trainer: every GRPO step is an outer step, with outer momentum."""
     learner = OuterVersionLearner(policy, grpo, inner_steps=1, outer_version=version)
     return DiLoCoUpdates(learner, RLDiLoCoConfig(inner_steps=1), LoneAverager())

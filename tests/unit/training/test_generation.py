@@ -51,11 +51,11 @@ def test_background_proofs_are_identical(model):
     assert a.proofs == b.proofs
 
 
-def test_stop_token_and_limits(model):
+def test_stop_tokens_and_limits(model):
     out = generate(model, [1], 50, PARAMS, seed=3)
     stop = out.completion_ids[9]
     first = out.completion_ids.index(stop)
-    cut = generate(model, [1], 50, PARAMS, seed=3, stop_token=stop)
+    cut = generate(model, [1], 50, PARAMS, seed=3, stop_ids={stop, 999})
     assert cut.completion_ids == out.completion_ids[: first + 1]
     assert len(cut.proofs) == 1
     with pytest.raises(ValueError):

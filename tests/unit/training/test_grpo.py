@@ -7,6 +7,7 @@ import copy
 import pytest
 import torch
 
+from training.causal_lm import CausalLM
 from training.grpo import (
     GRPOConfig,
     GRPOLearner,
@@ -37,7 +38,7 @@ def group(version: int, gid: bytes = b"g") -> list[ScoredRollout]:
     ]
 
 
-def logprob_sum(learner: GRPOLearner, model: TinyGPT, completion: list[int]) -> float:
+def logprob_sum(learner: GRPOLearner, model: CausalLM, completion: list[int]) -> float:
     with torch.no_grad():
         (lp,) = learner.token_logprobs(model, [ScoredRollout(PROMPT, completion, 0.0, 0, b"x")])
     return float(lp.sum())

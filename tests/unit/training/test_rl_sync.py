@@ -13,7 +13,7 @@ from training.data import DataConfig
 from training.grpo import GRPOConfig, GRPOStepReport
 from training.model import ModelConfig, TinyGPT
 from training.rl_sync import pretrained_policy, rollout_seed, run_sync_grpo
-from training.tasks import LineLengthTask, Task
+from training.tasks import Task, get_task
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -72,7 +72,7 @@ class LowBytesTask:
 
     name: str = "low-bytes"
     max_new_tokens: int = 6
-    stop_token: int | None = None
+    stop_ids: frozenset[int] = frozenset()
 
     def prompt(self, prompt_seed: int) -> list[int]:
         return [64 + prompt_seed % 128]
@@ -113,7 +113,7 @@ def test_sync_grpo_improves_the_pretrained_policy_on_line_length():
     At the default lr (3e-3) the synchronous loop is unstable: for some seeds its reward rises,
     then collapses to 0 (bench/rl.py's docstring); the swarm's off-policy clipping keeps it stable.
     """
-    curve = run_sync_grpo(LineLengthTask(), GRPOConfig(lr=1e-3), 60, 0, pretrained_policy())
+    curve = run_sync_grpo(get_task("line-length"), GRPOConfig(lr=1e-3), 60, 0, pretrained_policy())
     early, late = sum(curve[:5]) / 5, sum(curve[-10:]) / 10
     assert late > early + 0.1, curve
     assert late > 0.25, curve

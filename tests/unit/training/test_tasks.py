@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from protocol.errors import ConfigError
-from training.tasks import NEWLINE, TASKS, LineLengthTask, Task, get_task
+from training.tasks import BUILTIN_TASKS, NEWLINE, LineLengthTask, Task, get_task
 
-TASK = LineLengthTask()
+TASK = get_task("line-length")
+LINES = LineLengthTask()
 
 
 def prompt_for(n: int) -> list[int]:
@@ -21,18 +22,19 @@ def line(n: int, byte: int = ord("a")) -> list[int]:
 def test_registry_builds_tasks_and_names_the_known_ones_for_an_unknown_name():
     task = get_task("line-length")
     assert isinstance(task, Task) and task.name == "line-length"
-    assert set(TASKS) == {"line-length"}
+    assert {"line-length", "arithmetic", "countdown"} <= set(BUILTIN_TASKS)
+    assert TASK.stop_ids == {NEWLINE}
     with pytest.raises(ConfigError, match="line-length"):
         get_task("no-such-task")
 
 
 def test_prompt_is_deterministic_and_states_its_target():
     assert TASK.prompt(123) == TASK.prompt(123)
-    targets = {TASK.target(seed) for seed in range(200)}
-    assert targets == set(range(TASK.min_len, TASK.max_len + 1))
+    targets = {LINES.target(seed) for seed in range(200)}
+    assert targets == set(range(LINES.min_len, LINES.max_len + 1))
     for seed in (0, 7, 2**64 - 1):
-        assert bytes(TASK.prompt(seed)) == b"Write %d letters:\n" % TASK.target(seed)
-    assert TASK.max_new_tokens == TASK.max_len + TASK.tolerance
+        assert bytes(TASK.prompt(seed)) == b"Write %d letters:\n" % LINES.target(seed)
+    assert TASK.max_new_tokens == LINES.max_len + LINES.tolerance
 
 
 def test_reward_is_one_on_target_and_falls_linearly_to_zero():
@@ -71,7 +73,7 @@ def test_no_constant_output_scores_well_but_reading_the_prompt_does():
     constants = [line(n) for n in range(0, 60)] + [[ord("x")] * 20, []]
     best_constant = max(sum(TASK.reward(p, c) for p in prompts) / len(prompts) for c in constants)
     assert best_constant < 0.35  # ~ tolerance / number of targets = 8 / 26
-    reader = sum(TASK.reward(p, line(TASK.target(seed))) for seed, p in enumerate(prompts)) / len(prompts)
+    reader = sum(TASK.reward(p, line(LINES.target(seed))) for seed, p in enumerate(prompts)) / len(prompts)
     assert reader == 1.0
 
 

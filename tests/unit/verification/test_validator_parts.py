@@ -171,7 +171,7 @@ def test_unparseable_rollouts_are_malformed_claims(data) -> None:
 
 
 class _StopTask:
-    name, max_new_tokens, stop_token = "stops", 6, 10
+    name, max_new_tokens, stop_ids = "stops", 6, frozenset({10, 11})
 
     def prompt(self, prompt_seed: int) -> list[int]:
         return [1]
@@ -186,6 +186,8 @@ class _StopTask:
         ([1, 2, 3, 4, 5, 6], True),  # the whole budget
         ([1, 2, 10], True),  # ended by the stop token
         ([1, 2, 3, 4, 5, 10], True),
+        ([1, 11], True),  # any of the stop tokens
+        ([1, 11, 10], False),
         ([1, 2, 3], False),  # cut where it scored best
         ([1, 10, 2, 10], False),  # went on after the stop token
         ([1, 2, 3, 4, 5, 6, 7], False),  # beyond the budget
