@@ -109,8 +109,10 @@ def test_a_trainer_node_serves_the_versions_it_publishes(tmp_path: Path) -> None
 
     from training.model import ModelConfig, TinyGPT
 
-    # -v: each publication is a debug line (the progress line already shows the outer step)
-    args = ["--outer-steps", "1000", "--inner-steps", "3", "--seq-len", "32", "--batch-size", "2", "-v"]
+    # -v: each publication is a debug line (the progress line already shows the outer step). No
+    # --outer-steps: the trainer trains (and serves) until the swarm stops it, however long the
+    # fetch below takes on a loaded machine (a bounded run may end, and take its versions with it).
+    args = ["--inner-steps", "3", "--seq-len", "32", "--batch-size", "2", "-v"]
     with LocalSwarm(run_id="cli-serve", workdir=tmp_path) as swarm:
         swarm.start_seed()
         node = swarm.nodes[swarm.add_node(roles=["trainer"], wait=True, extra_args=args)]
