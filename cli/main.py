@@ -9,6 +9,7 @@ import click
 
 from cli.dashboard import dashboard
 from cli.ledger import ledger
+from cli.model import model
 from cli.node_commands import doctor, identity, join, peers, seed, simulate
 from cli.output import log_level_option
 from cli.weights import weights
@@ -29,7 +30,7 @@ def cli() -> None:
     """
 
 
-for command in (identity, join, seed, peers, doctor, simulate, weights, ledger, dashboard):
+for command in (identity, join, seed, peers, doctor, simulate, weights, ledger, dashboard, model):
     cli.add_command(command)
 
 

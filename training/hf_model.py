@@ -1,0 +1,151 @@
+"""The `hf` backend: any `transformers` causal LM behind the `CausalLM` interface, on native kernels.
+
+`HFCausalLM` wraps an `AutoModelForCausalLM` model (Llama, Qwen2/Qwen3, Mistral, GPT-2 and the
+other families `transformers` implements itself). Its passes call the model's *base* model (the
+decoder stack ending in its final norm), whose `last_hidden_state` is the final hidden state that
+TOPLOC proves, then the output embedding (the LM head) on the rows asked for. The key/value cache
+is `transformers`' own. `state_dict` is the wrapped model's, under the names its safetensors
+files use, so checkpoints, the weight broadcast and `weights_hash` see the usual tensor names.
+
+`load_hf_model` loads a checked directory (`training.model_dir.check_model_dir`) with remote code
+off and safetensors only; `hf_model_from_config` builds a model with a seeded random init.
+`transformers` is imported only here, when an `hf` model is first used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from protocol.errors import ModelError
+from training.causal_lm import CausalLM, SharedPrefixPart
+from training.model_dir import check_model_dir
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel
+
+__all__ = ["HFCausalLM", "hf_model_from_config", "load_hf_model"]
+
+
+class HFCausalLM(CausalLM):
+    """A `transformers` causal LM as a `CausalLM` (see the module docstring)."""
+
+    def __init__(self, hf: PreTrainedModel) -> None:
+        super().__init__()
+        self.hf = hf
+
+    @property
+    def family(self) -> str:
+        """The architecture's `model_type` ("llama", "qwen2", "gpt2", ...)."""
+        return str(self.hf.config.model_type)
+
+    @property
+    def max_seq_len(self) -> int:
+        config = self.hf.config
+        return int(getattr(config, "max_position_embeddings", None) or config.n_positions)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self._head().weight.shape[0])
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.hf.config.hidden_size)
+
+    def _head(self) -> torch.nn.Linear:
+        head = self.hf.get_output_embeddings()
+        if not isinstance(head, torch.nn.Linear):
+            raise ModelError(f"{type(self.hf).__name__} has no linear LM head; it is not a causal LM")
+        return head
+
+    def _check_length(self, length: int) -> None:
+        if length > self.max_seq_len:
+            raise ValueError(
+                f"sequence of {length} tokens exceeds max_seq_len={self.max_seq_len}; "
+                "shorten the prompt or completion"
+            )
+
+    def forward_with_hidden(
+        self, input_ids: torch.Tensor, outputs_from: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [batch, time], got shape {tuple(input_ids.shape)}")
+        if not 0 <= outputs_from < input_ids.shape[-1]:
+            raise ValueError(f"outputs_from={outputs_from} must be in [0, {input_ids.shape[-1]})")
+        self._check_length(input_ids.shape[1])
+        out = self.hf.base_model(input_ids=input_ids, use_cache=False)
+        hidden = out.last_hidden_state[:, outputs_from:]
+        return self._head()(hidden), hidden
+
+    def prefill_cache(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        self._check_length(input_ids.shape[1])
+        out = self.hf.base_model(input_ids=input_ids, use_cache=True)
+        hidden = out.last_hidden_state
+        return self._head()(hidden), hidden, out.past_key_values
+
+    def decode_step(self, input_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        self._check_length(cache.get_seq_length() + input_ids.shape[1])
+        out = self.hf.base_model(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        hidden = out.last_hidden_state
+        return self._head()(hidden), hidden
+
+    def forward_shared_prefixes(
+        self, parts: Sequence[SharedPrefixPart]
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One right-padded batch per part (the prompt repeated before each continuation), masked so
+        that no real position attends to padding; returns the real continuation rows."""
+        results = []
+        for prefix_ids, input_ids, lengths in parts:
+            b, t = input_ids.shape
+            p = prefix_ids.shape[0]
+            if prefix_ids.dim() != 1 or len(lengths) != b or not all(0 <= n <= t for n in lengths):
+                raise ValueError(
+                    f"lengths {list(lengths)} do not fit input_ids of shape {(b, t)} after a prefix of shape "
+                    f"{tuple(prefix_ids.shape)}"
+                )
+            width = p + max(lengths, default=0)
+            self._check_length(width)
+            ids = torch.cat([prefix_ids.unsqueeze(0).expand(b, p), input_ids], dim=1)[:, :width]
+            mask = (torch.arange(width) < torch.tensor([p + n for n in lengths]).unsqueeze(1)).long()
+            out = self.hf.base_model(input_ids=ids, attention_mask=mask.to(ids.device), use_cache=False)
+            rows = torch.cat([out.last_hidden_state[i, p : p + n] for i, n in enumerate(lengths)])
+            results.append((self._head()(rows), rows))
+        return results
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        """The wrapped model's state dict (the tensor names of its safetensors files)."""
+        return self.hf.state_dict(*args, **kwargs)
+
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> Any:
+        return self.hf.load_state_dict(state_dict, strict=strict, assign=assign)
+
+
+def load_hf_model(
+    path: Path | str, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> HFCausalLM:
+    """The model saved in `path` (checked first), in `dtype` on `device`, in eval mode."""
+    info = check_model_dir(path)
+    from transformers import AutoModelForCausalLM
+
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(
+            info.path, trust_remote_code=False, use_safetensors=True, local_files_only=True, dtype=dtype
+        )
+    except Exception as e:  # a damaged file fails deep inside transformers or safetensors, in many kinds
+        raise ModelError(f"could not load the model in {info.path}: {e}; check its files are complete") from e
+    return HFCausalLM(hf).to(device).eval()
+
+
+def hf_model_from_config(config: PretrainedConfig, *, seed: int) -> HFCausalLM:
+    """A model of `config`'s architecture with the random init `transformers` gives it under `seed`."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        hf = AutoModelForCausalLM.from_config(config, trust_remote_code=False)
+    return HFCausalLM(hf).eval()
