@@ -79,6 +79,14 @@ def screenshot(driver: Any, tmp_path: Path, name: str) -> None:
     print(f"dashboard screenshot: {path} (copied to {ARTIFACTS / name})")
 
 
+def table_rows(driver: Any, rows_css: str) -> list[list[str]]:
+    """The cell texts of every row matching `rows_css`, read in one script call: the page redraws its
+    tables (replacing their rows) on live updates, so rows found one call and read the next may be gone."""
+    script = "return Array.from(document.querySelectorAll(arguments[0]), (row) => Array.from(row.cells, (c) => c.textContent.trim()));"
+    rows: list[list[str]] = driver.execute_script(script, rows_css)
+    return rows
+
+
 def leaderboard_cells(driver: Any, peer: str) -> list[str]:
     """The cells of a contributor's leaderboard row, read in one script call (the page may redraw meanwhile)."""
     script = """
@@ -123,15 +131,14 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
         and cells[3] == f"{credit.roles['inference'].total:,.0f}"
         and cells[7] == f"{credit.total:,.0f}"
     )
-    reasons = {row.find_elements(By.TAG_NAME, "td")[0].text: row.find_elements(By.TAG_NAME, "td")[1].text
-               for row in driver.find_elements(By.CSS_SELECTOR, "#reasons tbody tr")}  # fmt: skip
+    reasons = {cells[0]: cells[1] for cells in table_rows(driver, "#reasons tbody tr")}
     api_reasons = {r["reason"]: str(r["count"]) for r in fetch(url + "api/verification")["by_reason"]}
     ledger_reasons = Counter(r.reason for r in ledger.receipts() if r.reason)
     assert reasons == api_reasons == {reason: str(n) for reason, n in ledger_reasons.items()}
     assert reasons["sampling"] == "1"
     # the ban that rejection caused is on record, and listed with a link to the verdict behind it
     [banned] = fetch(url + "api/verification")["banned"]
-    row = [c.text for c in driver.find_elements(By.CSS_SELECTOR, "#banned tbody tr td")]
+    [row] = table_rows(driver, "#banned tbody tr")
     assert (
         banned["peer_id"] == worker
         and row[2] == "1"
@@ -160,10 +167,8 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
     assert not driver.find_element(By.ID, "overview").is_displayed()
     assert driver.find_element(By.ID, "node-name").text == name
     assert driver.find_element(By.ID, "node-total").text == f"{total:,.0f}"
-    rejection = driver.find_element(By.CSS_SELECTOR, "#node-rejections tbody tr").find_elements(
-        By.TAG_NAME, "td"
-    )
-    assert rejection[1].text == "sampling"
+    rejection = table_rows(driver, "#node-rejections tbody tr")[0]
+    assert rejection[1] == "sampling"
     screenshot(driver, tmp_path, "dashboard-node.png")
 
 
