@@ -127,3 +127,19 @@ def test_the_rule_sees_each_form_of_sleep() -> None:
         "def d(x):\n    time.sleep(8 * x)\n"
     )
     assert [f for f, _ in _sleeps(ast.parse(source))] == ["a", "b", "c", "d"]
+
+
+def test_no_property_test_has_a_wall_clock_deadline() -> None:
+    """A hypothesis deadline asserts a wall-clock time, which a loaded machine misses for correct code."""
+    from tests.helpers.fuzzing import FAST, SLOW
+
+    assert FAST.deadline is None and SLOW.deadline is None
+    timed = [
+        f"{path.relative_to(TESTS).as_posix()}:{node.lineno}"
+        for path in _test_sources()
+        for node in ast.walk(_parse(path))
+        if isinstance(node, ast.keyword)
+        and node.arg == "deadline"
+        and not (isinstance(node.value, ast.Constant) and node.value.value is None)
+    ]
+    assert not timed, f"hypothesis settings with a deadline (use deadline=None): {timed}"
