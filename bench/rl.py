@@ -48,10 +48,10 @@ from protocol.assignment import derive_assignment  # noqa: E402
 from training.generation import generate  # noqa: E402
 from training.grpo import GRPOConfig  # noqa: E402
 from training.model import TinyGPT  # noqa: E402
-from training.rl_run import RLRunConfig  # noqa: E402
+from training.rl_run import RLRunConfig, run_task  # noqa: E402
 from training.rl_sync import pretrained_policy, run_sync_grpo  # noqa: E402
 from training.rl_worker import CheatMode  # noqa: E402
-from training.tasks import Task, get_task  # noqa: E402
+from training.tasks import Task  # noqa: E402
 from verification.rl_simulation import RLSimulation, simulate_rl  # noqa: E402
 
 EVAL_PROMPTS = 192
@@ -118,7 +118,7 @@ def main() -> None:
     base = RLRunConfig(run_id="bench-rl", max_trainer_steps=steps)
     grpo = base.grpo.model_copy(update={"async_level": args.async_level, "lr": args.lr or base.grpo.lr})
     config = base.model_copy(update={"grpo": grpo})
-    task = get_task(config.task)
+    task = run_task(config)
     policy = pretrained_policy(config.model)
     r0 = evaluate(policy, task, grpo)
 

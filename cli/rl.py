@@ -18,7 +18,17 @@ def rl_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Click options that configure an RL run (all optional)."""
     options = [
         click.option("--rl", "rl", is_flag=True, help="Run (or join) a decentralized RL run instead of DiLoCo."),
-        click.option("--task", help="RL task (default: length)."),
+        click.option("--task", help="RL task: line-length (default), arithmetic, countdown, or an installed plugin's."),
+        click.option(
+            "--model", "model_dir",
+            help="RL policy: 'tiny' (default: the built-in byte-level model) or a Hugging Face model directory "
+            "(create one with `hivenet model init DIR`).",
+        ),
+        click.option(
+            "--model-sha256",
+            help="With --model DIR: the hash of the run's starting weights; this node refuses to start if its "
+            "copy differs (default: the copy's own hash, printed for the other nodes).",
+        ),
         click.option("--rl-steps", "max_trainer_steps", type=int, help="Stop the RL trainer after this many steps."),
         click.option("--group-size", type=int, help="Completions per prompt (GRPO group)."),
         click.option("--async-level", type=int, help="Rollouts may lag the trainer by this many versions (0: sync)."),
@@ -39,6 +49,8 @@ def rl_options(func: Callable[..., Any]) -> Callable[..., Any]:
 RL_OPTION_NAMES = (
     "rl",
     "task",
+    "model_dir",
+    "model_sha256",
     "max_trainer_steps",
     "group_size",
     "async_level",
@@ -62,15 +74,39 @@ def build_rl_config(run_id: str, **options: Any) -> Any:
     for key in ("authorized_publishers", "trusted_validators"):
         if options.get(key):
             top[key] = list(options[key])
+    model_dir = options.get("model_dir")
+    if model_dir not in (None, "tiny"):
+        top["hf_model"] = _hf_model_ref(model_dir, options.get("model_sha256"))
+    elif options.get("model_sha256"):
+        raise ConfigError("--model-sha256 names the weights of a --model DIR; pass the directory too")
     try:
-        from training.tasks import get_task
+        from training.rl_run import run_task
 
         config = RLRunConfig(grpo=GRPOConfig(**grpo), **top)
-        get_task(config.task)
+        run_task(config)
         return config
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"invalid RL options: {problems}") from None
+
+
+def _hf_model_ref(model_dir: str, sha256: str | None) -> Any:
+    """The run's model reference, checked against this node's copy of the directory."""
+    from cli.model import quiet_transformers
+
+    quiet_transformers()
+    from training.run_model import HFModelRef, load_run_model
+
+    ref = HFModelRef.of_directory(model_dir)
+    if sha256 is None:
+        click.echo(f"starting weights of {model_dir}: --model-sha256 {ref.weights_sha256}", err=True)
+        return ref
+    try:
+        claimed = HFModelRef(path=ref.path, weights_sha256=sha256.lower())
+    except ValueError:
+        raise ConfigError(f"--model-sha256 {sha256!r} is not a SHA-256 (64 hex digits)") from None
+    load_run_model(claimed)  # refuses a copy whose weights are not the run's
+    return claimed
 
 
 def run_rl_simulation(config: Any, *, workers: int, cheat: str) -> None:
@@ -79,7 +115,7 @@ def run_rl_simulation(config: Any, *, workers: int, cheat: str) -> None:
     from rich.table import Table
 
     from node.shutdown import StopRequest
-    from training.rl_sync import pretrained_policy
+    from training.rl_run import initial_policy
     from training.rl_worker import CheatMode, GroupReport
     from verification.rl_simulation import simulate_rl
 
@@ -104,7 +140,7 @@ def run_rl_simulation(config: Any, *, workers: int, cheat: str) -> None:
         )
 
     with console.status("pretraining the initial policy briefly on the default corpus..."):
-        policy = pretrained_policy(config.model)
+        policy = initial_policy(config)
     console.print(
         f"RL run {config.run_id!r}: task {config.task!r}, a seed, a trainer with its validator, {workers} workers"
         + (f" (worker{workers - 1} cheats: {cheat})" if cheaters else "")
@@ -161,11 +197,11 @@ class RLRoles:
         self.validator: Any = None
         roles = set(node.config.roles)
         if Role.TRAINER in roles:
-            from training.rl_sync import pretrained_policy
+            from training.rl_run import initial_policy
             from verification.rl_roles import start_rl_trainer
 
             self.trainer, self.validator = start_rl_trainer(
-                node, config, pretrained_policy(config.model), on_step=lambda r: print_line(r.describe())
+                node, config, initial_policy(config), on_step=lambda r: print_line(r.describe())
             )
         elif Role.VALIDATOR in roles:
             from verification.rl_roles import StandaloneValidator

@@ -50,8 +50,7 @@ from training.checkpoint import CheckpointError
 from training.diloco import OuterStepReport, RoundAverager, StateSource
 from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
 from training.outer_step import DiLoCoConfig, outer_update, pseudo_gradient
-from training.rl_run import RLDiLoCoConfig, RLRunConfig
-from training.tasks import get_task
+from training.rl_run import RLDiLoCoConfig, RLRunConfig, run_task
 from training.trainer_node import sign_training_receipts
 
 __all__ = [
@@ -259,10 +258,7 @@ def rl_tokens_per_outer_step(config: RLRunConfig) -> int:
     assert config.diloco is not None, "an RL run trains with DiLoCo only with `diloco` set"
     grpo = config.grpo
     return (
-        config.diloco.inner_steps
-        * grpo.groups_per_step
-        * grpo.group_size
-        * get_task(config.task).max_new_tokens
+        config.diloco.inner_steps * grpo.groups_per_step * grpo.group_size * run_task(config).max_new_tokens
     )
 
 

@@ -2,7 +2,9 @@
 
 `RLRunConfig` is what every role of a decentralized RL run must agree on: the run, the task,
 the model, the GRPO hyper-parameters (group size, async level) and who may publish weights.
-`RoleThread` is the loop thread a role (trainer, inference worker) runs its work on.
+`run_task`, `run_tokenizer`, `initial_policy` and `model_from_state` give every role the run's task on
+the run's tokenizer and its model, whichever backend the run names (`model` for `tiny`, `hf_model`
+for a Hugging Face model). `RoleThread` is the loop thread a role (trainer, inference worker) runs its work on.
 `add_policy_follower` hosts the weight broadcast through which inference workers and standalone
 validators follow the run's policy. `ModelWindow` holds the newest `async_level + 1` policy versions as models, which is all an
 inference worker may generate with; threads wait on it for the first version. (The validator's
@@ -29,7 +31,10 @@ from protocol.limits import MAX_GROUPS_PER_SUBMISSION
 from training.causal_lm import CausalLM
 from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
-from training.rl_sync import RL_MODEL_CONFIG
+from training.rl_sync import RL_MODEL_CONFIG, pretrained_policy
+from training.run_model import HFModelRef, load_run_model, model_skeleton
+from training.tasks import Task, get_task
+from training.tokenizer import ByteTokenizer, Tokenizer
 
 __all__ = [
     "DTYPES",
@@ -42,7 +47,10 @@ __all__ = [
     "add_policy_follower",
     "group_id",
     "held_versions",
+    "initial_policy",
     "model_from_state",
+    "run_task",
+    "run_tokenizer",
 ]
 
 DTYPES: dict[str, torch.dtype] = {
@@ -102,6 +110,9 @@ class RLRunConfig(BaseModel):
     task: str = "line-length"
     """Name of the task (see `training.tasks.TASKS`)."""
     model: ModelConfig = RL_MODEL_CONFIG
+    """Shape of the run's `tiny` model (used when `hf_model` is None)."""
+    hf_model: HFModelRef | None = None
+    """The run's Hugging Face model and the hash of its starting weights (None: the `tiny` backend)."""
     grpo: GRPOConfig = GRPOConfig()
     worker_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Precision honest workers generate in (validators recompute in the claimed one)."""
@@ -152,11 +163,33 @@ def held_versions(broadcast: WeightBroadcast, run_id: str, newest: int) -> list[
     return [entry for entry in entries if entry is not None and entry.complete][-newest:]
 
 
-def model_from_state(config: ModelConfig, state: Mapping[str, Any], dtype: torch.dtype) -> CausalLM:
-    """A fresh `CausalLM` in `dtype` holding `state`, in eval mode."""
-    model = TinyGPT(config)
+def model_from_state(config: RLRunConfig, state: Mapping[str, Any], dtype: torch.dtype) -> CausalLM:
+    """A fresh model of the run's architecture in `dtype` holding `state`, in eval mode."""
+    model: CausalLM = TinyGPT(config.model) if config.hf_model is None else model_skeleton(config.hf_model)
     model.load_state_dict(dict(state))
     return model.to(dtype).eval()
+
+
+def run_tokenizer(config: RLRunConfig) -> Tokenizer:
+    """The run's tokenizer: the byte vocabulary, or the one saved with its Hugging Face model."""
+    if config.hf_model is None:
+        return ByteTokenizer()
+    from training.run_model import run_tokenizer as hf_tokenizer
+
+    return hf_tokenizer(config.hf_model)
+
+
+def run_task(config: RLRunConfig) -> Task:
+    """The run's task on the run's tokenizer (ConfigError if this node does not have it)."""
+    return get_task(config.task, run_tokenizer(config))
+
+
+def initial_policy(config: RLRunConfig) -> CausalLM:
+    """The policy a run starts from: the briefly pretrained `tiny` model, or the run's Hugging Face
+    model from this node's copy (ModelError if its weights are not the run's)."""
+    if config.hf_model is None:
+        return pretrained_policy(config.model)
+    return load_run_model(config.hf_model)
 
 
 class RoleThread:

@@ -52,9 +52,10 @@ from training.rl_run import (
     add_policy_follower,
     held_versions,
     model_from_state,
+    run_task,
 )
 from training.sampling import SamplingParams
-from training.tasks import Task, get_task
+from training.tasks import Task
 
 __all__ = ["CheatMode", "GroupReport", "InferenceWorker"]
 
@@ -126,7 +127,7 @@ class InferenceWorker(RoleThread):
         assert node.dht is not None, "start the node first"
         self.node = node
         self.config = config
-        self.task: Task = get_task(config.task)
+        self.task: Task = run_task(config)
         self.cheat = cheat
         self.on_group = on_group
         self.max_groups = max_groups
@@ -162,7 +163,7 @@ class InferenceWorker(RoleThread):
 
     async def _on_version(self, entry: VersionEntry) -> None:
         state = await offload(entry.load_state_dict)
-        model = await offload(model_from_state, self.config.model, state, DTYPES[self.config.worker_dtype])
+        model = await offload(model_from_state, self.config, state, DTYPES[self.config.worker_dtype])
         self.window.add(entry.version, model)
         self.received_at.setdefault(entry.version, time.time())
         logger.info("[%s] policy version %d ready", self.node.short_id, entry.version)

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from node.broadcast.store import VersionEntry
 from node.metrics import NodeMetrics
 from node.node import HivenetNode
@@ -35,7 +37,6 @@ from protocol.node_record import Role
 from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict
 from training.causal_lm import CausalLM
 from training.grpo import ScoredRollout
-from training.model import TinyGPT
 from training.rl_diloco import node_diloco_updates
 from training.rl_run import (
     JUDGE_LINGER_S,
@@ -45,9 +46,9 @@ from training.rl_run import (
     group_id,
     held_versions,
     model_from_state,
+    run_task,
 )
 from training.rl_trainer import RLStepReport, RLTrainer, UpdatesFactory, every_step_updates
-from training.tasks import get_task
 from verification.validator import Validator, VerifiedRollout
 
 __all__ = ["StandaloneValidator", "TrainerJudge", "scored", "start_rl_trainer"]
@@ -74,7 +75,7 @@ def make_validator(node: HivenetNode, config: RLRunConfig) -> Validator:
     return Validator(
         private_key=node.identity.private_key,
         run_id=config.run_id,
-        task=get_task(config.task),
+        task=run_task(config),
         group_size=config.grpo.group_size,
         async_level=config.grpo.async_level,
         sampling=config.grpo.sampling,
@@ -189,7 +190,7 @@ class StandaloneValidator:
 
     async def _on_version(self, entry: VersionEntry) -> None:
         state = await offload(entry.load_state_dict)
-        model = await offload(model_from_state, self.config.model, state, TinyGPT(self.config.model).dtype)
+        model = await offload(model_from_state, self.config, state, torch.float32)
         self.validator.add_version(entry.version, model)
         self.validator.set_trainer_step(entry.version)
 

@@ -35,10 +35,9 @@ from training.causal_lm import CausalLM
 from training.generation import generate
 from training.grpo import GRPOConfig, ScoredRollout
 from training.model import ModelConfig
-from training.rl_run import RLRunConfig, group_id
+from training.rl_run import RLRunConfig, group_id, run_task
 from training.rl_trainer import RLTrainer
 from training.sampling import SamplingParams
-from training.tasks import get_task
 
 __all__ = [
     "TINY",
@@ -122,7 +121,7 @@ def honest_group(
 ) -> RolloutGroup:
     """The group an honest worker generates with `model` (policy `version`) for its `counter`-th assignment."""
     grpo = config.grpo
-    task = get_task(config.task)
+    task = run_task(config)
     assignment = derive_assignment(config.run_id, version, worker, counter, grpo.group_size)
     prompt = task.prompt(assignment.prompt_seed)
     sampling = SamplingParams(temperature=grpo.temperature, top_p=grpo.top_p)

@@ -1,0 +1,62 @@
+"""A run names its Hugging Face model by the hash of its starting weights: a node holding other
+weights refuses to start, and versions arriving by broadcast load into the run's architecture."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cli.rl import build_rl_config
+from protocol.errors import ConfigError, ModelError
+from training.causal_lm import weights_hash
+from training.hf_model import HFCausalLM
+from training.model_init import init_model_dir
+from training.rl_run import RLRunConfig, initial_policy, model_from_state, run_tokenizer
+from training.run_model import HFModelRef, load_run_model
+from training.tokenizer import ByteTokenizer, HFTokenizer
+
+pytest.importorskip("transformers", reason="the hf backend needs transformers installed")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return init_model_dir(tmp_path_factory.mktemp("models") / "micro", size="micro", pretrain_steps=2)
+
+
+def test_a_copy_with_other_weights_is_refused_naming_both_hashes(model_dir: Path) -> None:
+    ref = HFModelRef.of_directory(model_dir)
+    assert weights_hash(load_run_model(ref).state_dict()) == ref.weights_sha256
+    wrong = HFModelRef(path=model_dir, weights_sha256="0" * 64)
+    with pytest.raises(
+        ModelError, match=rf"holds weights {ref.weights_sha256[:16]}.*starts from 0000000000000000"
+    ):
+        load_run_model(wrong)
+    with pytest.raises(ModelError, match="same starting weights"):
+        build_rl_config("r", model_dir=str(model_dir), model_sha256="a" * 64)
+    with pytest.raises(ConfigError, match="not a SHA-256"):
+        build_rl_config("r", model_dir=str(model_dir), model_sha256="abc")
+    with pytest.raises(ConfigError, match="pass the directory too"):
+        build_rl_config("r", model_sha256="a" * 64)
+
+
+def test_the_run_config_names_the_model_and_every_role_builds_it_from_that(model_dir: Path) -> None:
+    config = build_rl_config("r", model_dir=str(model_dir), task="arithmetic")
+    assert isinstance(config, RLRunConfig) and config.hf_model is not None
+    assert RLRunConfig.model_validate_json(config.model_dump_json()) == config
+    assert isinstance(run_tokenizer(config), HFTokenizer)
+    policy = initial_policy(config)
+    assert isinstance(policy, HFCausalLM)
+    version = model_from_state(config, policy.state_dict(), torch.float32)
+    assert not version.training and weights_hash(version.state_dict()) == weights_hash(policy.state_dict())
+    assert model_from_state(config, policy.state_dict(), torch.bfloat16).dtype == torch.bfloat16
+    tiny = build_rl_config("r", model_dir="tiny")
+    assert tiny.hf_model is None and isinstance(run_tokenizer(tiny), ByteTokenizer)
+
+
+def test_an_unknown_task_or_a_missing_model_directory_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="unknown task 'nope'"):
+        build_rl_config("r", task="nope")
+    with pytest.raises(ModelError, match="does not exist"):
+        build_rl_config("r", model_dir=str(tmp_path / "missing"))
