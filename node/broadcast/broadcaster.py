@@ -209,6 +209,11 @@ class WeightBroadcast:
             for (run, version) in self._fetch_locks
             if run == run_id and self._fetch_locks[(run, version)].locked()
         }
+        kept = set(self.store.versions(run_id)[-self.config.keep_versions :])
+        serving = [
+            v for v in self.service.recently_served(run_id, self.config.serving_grace_s) if v not in kept
+        ]
+        protect.update(serving[: self.config.keep_versions])
         for version in self.store.prune(run_id, self.config.keep_versions, protect=protect):
             logger.info("[%s] pruned version %s of run %s", self.owner, version, run_id)
             self.service.withdraw(run_id, version)

@@ -23,6 +23,10 @@ class BroadcastConfig(BaseModel):
     """Chunk size used when publishing."""
     keep_versions: int = Field(default=2, ge=1)
     """How many of a run's newest versions are kept on disk and announced; older ones are deleted."""
+    serving_grace_s: float = Field(default=30.0, ge=0)
+    """An older version whose manifest or chunks this node served (or watched) this recently is kept a
+    while past `keep_versions`, so that fetches in progress finish instead of stalling on a version
+    deleted under them (at most `keep_versions` such versions beyond the newest)."""
     max_inflight_per_peer: int = Field(default=1, ge=1, le=64)
     """Most chunk requests outstanding to one source at a time. One keeps every uploader's FIFO short, so
     a chunk waits where it will be served soon instead of queueing behind a busy peer while an idle one

@@ -102,6 +102,7 @@ class BroadcastService:
         self.uploaded_bytes = 0
         """Payload bytes sent to other peers (chunks and manifests)."""
         self._entries: dict[tuple[str, int], VersionEntry] = {}
+        self._last_served: dict[tuple[str, int], float] = {}
         self._watchers: dict[tuple[str, int], set[asyncio.Queue[int]]] = {}
         self.uploads = StreamSlots(config.max_upload_streams, config.max_upload_streams_per_peer)
         """The manifest and chunk streams being served (counts, preemptions)."""
@@ -136,6 +137,7 @@ class BroadcastService:
     def withdraw(self, run_id: str, version: int) -> None:
         """Stop serving a version; watchers are told it was dropped."""
         self._entries.pop((run_id, version), None)
+        self._last_served.pop((run_id, version), None)
         self._notify((run_id, version), _DROPPED)
 
     def offered(self) -> list[VersionEntry]:
@@ -157,7 +159,20 @@ class BroadcastService:
         entry = self._entries.get((run_id, version))
         if entry is None or entry.closed or entry.manifest.content_id != content_id:
             return None
+        self._last_served[(run_id, version)] = time.monotonic()
         return entry
+
+    def recently_served(self, run_id: str, within_s: float) -> list[int]:
+        """Versions of `run_id` whose manifest, chunks or bitmap a peer asked for in the last `within_s`
+        seconds (or is watching now), newest first."""
+        now = time.monotonic()
+        watched = {version for (run, version) in self._watchers if run == run_id}
+        recent = {
+            version
+            for (run, version), at in self._last_served.items()
+            if run == run_id and now - at <= within_s
+        }
+        return sorted(watched | recent, reverse=True)
 
     def _guarded(
         self, handler: _Handler

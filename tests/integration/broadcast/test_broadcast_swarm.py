@@ -390,3 +390,35 @@ def test_a_fetch_of_the_newest_moves_on_when_its_version_is_replaced_before_its_
                 await b.stop()
 
     asyncio.run(main())
+
+
+def test_a_version_being_served_outlives_its_replacement_until_its_fetch_completes(
+    swarm: Swarm, tmp_path: Path
+) -> None:
+    """A publisher that keeps one version publishes the next while a peer is still downloading the
+    previous one: the version being served is kept, so the fetch completes instead of stalling."""
+    publisher, fetcher = swarm.nodes[1], swarm.nodes[4]
+
+    async def main() -> None:
+        pub = await start_broadcast(
+            publisher, tmp_path / "pub", [publisher], keep_versions=1, upload_bytes_per_s=200_000
+        )
+        follower = await start_broadcast(fetcher, tmp_path / "f", [publisher], stall_timeout_s=20.0)
+        try:
+            state = make_state_dict(seed=41)
+            await pub.publish("served", 1, state)
+            fetch = asyncio.create_task(follower.fetch("served", 1))
+            await async_wait_until(
+                lambda: follower.last_fetch is not None and follower.last_fetch.bytes_downloaded > 0,
+                timeout_s=60,
+            )
+            await pub.publish("served", 2, make_state_dict(seed=42))
+            assert pub.store.versions("served") == [1, 2]  # v1 is being served: kept past keep_versions
+            entry = await asyncio.wait_for(fetch, timeout=120)
+            assert entry.version == 1
+            assert_state_dicts_equal(await follower.load("served", 1), state)
+        finally:
+            for b in (pub, follower):
+                await b.stop()
+
+    asyncio.run(main())
