@@ -10,6 +10,7 @@ interfaces (`diloco.RoundAverager`, `diloco.StateSource`); `trainer` plugs `node
   causal LMs on native kernels); `model_dir`: `check_model_dir` (what a model directory must hold:
   safetensors only, no remote code); `model_init`: `init_model_dir` (`hivenet model init`).
 - `tokenizer`: `Tokenizer`, `ByteTokenizer`, `HFTokenizer` (prompts, chat templates, stop tokens).
+- `run_model`: `HFModelRef`, `load_run_model` (a run's hf model and the hash of its starting weights).
 - `model`: `ModelConfig`, `TinyGPT` (the `tiny` backend: byte-level causal LM; `forward`, `forward_with_hidden`,
   `loss`, `prefill_cache`, `decode_step`; decode and prefill agree bit for bit at inference).
 - `data`: `DataConfig`, `Corpus`, `load_corpus`, `prefetch_shakespeare` (shakespeare plays,
@@ -32,4 +33,6 @@ interfaces (`diloco.RoundAverager`, `diloco.StateSource`); `trainer` plugs `node
   token-level loss, behaviour log-probs of rollouts up to `async_level` versions old), `StaleRolloutError`.
 - `rl_sync`: `pretrained_policy` (brief, cached pretraining of the RL policy) and `run_sync_grpo`
   (the single-process synchronous GRPO baseline).
+- `rl_run`: `RLRunConfig` (what a run's roles agree on, its model included), `run_task`,
+  `run_tokenizer`, `initial_policy`, `model_from_state`.
 """
