@@ -15,8 +15,6 @@ from training.run_model import HFModelRef
 from training.tasks import TokenizedTask
 from verification.rl_simulation import simulate_rl
 
-pytest.importorskip("transformers", reason="the hf backend needs transformers installed")
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

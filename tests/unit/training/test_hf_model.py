@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 import torch
+import transformers
 
 from training.causal_lm import CausalLM, weights_hash
 from training.hf_model import HFCausalLM, hf_model_from_config
-
-transformers = pytest.importorskip("transformers", reason="the hf backend needs transformers installed")
 
 SMALL: dict[str, Any] = {
     "vocab_size": 300,
@@ -105,3 +104,18 @@ def test_the_state_dict_uses_the_checkpoint_names_and_hashes_by_content(model: H
 def test_sequences_longer_than_the_model_are_refused(model: HFCausalLM) -> None:
     with pytest.raises(ValueError, match="max_seq_len"):
         model.forward_with_hidden(torch.zeros(1, model.max_seq_len + 1, dtype=torch.long))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@torch.inference_mode()
+def test_on_cuda_generation_and_the_verifier_pass_agree_with_the_cpu_model(model: HFCausalLM) -> None:
+    from training.generation import generate
+    from training.sampling import SamplingParams
+
+    gpu = hf_model_from_config(model.hf.config, seed=3).to("cuda")
+    out = generate(gpu, [1, 2, 3], 20, SamplingParams(), seed=5, stop_ids=())
+    assert len(out.completion_ids) == 20 and out.hidden.device.type == "cpu"
+    ids = torch.tensor([[1, 2, 3, *out.completion_ids]])
+    _, on_gpu = gpu.forward_with_hidden(ids.to("cuda"))
+    _, on_cpu = model.forward_with_hidden(ids)
+    torch.testing.assert_close(on_gpu.cpu(), on_cpu, rtol=1e-3, atol=1e-3)

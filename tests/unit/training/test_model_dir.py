@@ -18,8 +18,6 @@ from training.model_init import END_OF_TEXT, IM_END, init_model_dir
 from training.tasks import get_task
 from training.tokenizer import HFTokenizer, check_vocab_fits
 
-pytest.importorskip("transformers", reason="the hf backend needs transformers installed")
-
 
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:

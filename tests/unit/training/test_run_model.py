@@ -17,8 +17,6 @@ from training.rl_run import RLRunConfig, initial_policy, model_from_state, run_t
 from training.run_model import HFModelRef, load_run_model
 from training.tokenizer import ByteTokenizer, HFTokenizer
 
-pytest.importorskip("transformers", reason="the hf backend needs transformers installed")
-
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
