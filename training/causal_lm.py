@@ -26,10 +26,23 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-__all__ = ["CausalLM", "SharedPrefixPart", "weights_hash"]
+__all__ = ["CausalLM", "SharedPrefixPart", "part_shape", "weights_hash"]
 
 SharedPrefixPart = tuple[torch.Tensor, torch.Tensor, Sequence[int]]
 """`(prefix_ids [P], input_ids [B, t] right-padded, lengths)`: B continuations of one prompt."""
+
+
+def part_shape(
+    prefix_ids: torch.Tensor, input_ids: torch.Tensor, lengths: Sequence[int]
+) -> tuple[int, int, int]:
+    """`(continuations, padded width, prefix length)` of a shared-prefix part; ValueError if it is inconsistent."""
+    b, t = input_ids.shape
+    if prefix_ids.dim() != 1 or len(lengths) != b or not all(0 <= n <= t for n in lengths):
+        raise ValueError(
+            f"lengths {list(lengths)} do not fit input_ids of shape {(b, t)} after a prefix of shape "
+            f"{tuple(prefix_ids.shape)}"
+        )
+    return b, t, prefix_ids.shape[0]
 
 
 class CausalLM(nn.Module, abc.ABC):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from protocol.errors import ModelError
-from training.causal_lm import CausalLM, SharedPrefixPart
+from training.causal_lm import CausalLM, SharedPrefixPart, part_shape
 from training.model_dir import check_model_dir
 
 if TYPE_CHECKING:
@@ -99,13 +99,7 @@ class HFCausalLM(CausalLM):
         that no real position attends to padding; returns the real continuation rows."""
         results = []
         for prefix_ids, input_ids, lengths in parts:
-            b, t = input_ids.shape
-            p = prefix_ids.shape[0]
-            if prefix_ids.dim() != 1 or len(lengths) != b or not all(0 <= n <= t for n in lengths):
-                raise ValueError(
-                    f"lengths {list(lengths)} do not fit input_ids of shape {(b, t)} after a prefix of shape "
-                    f"{tuple(prefix_ids.shape)}"
-                )
+            b, _, p = part_shape(prefix_ids, input_ids, lengths)
             width = p + max(lengths, default=0)
             self._check_length(width)
             ids = torch.cat([prefix_ids.unsqueeze(0).expand(b, p), input_ids], dim=1)[:, :width]

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 from torch.nn import functional as F
 
-from training.causal_lm import CausalLM, SharedPrefixPart
+from training.causal_lm import CausalLM, SharedPrefixPart, part_shape
 from training.ragged import Ragged, plan
 
 __all__ = ["KVCache", "ModelConfig", "TinyGPT"]
@@ -377,13 +377,7 @@ class TinyGPT(CausalLM):
         chunks, layouts, outputs = [], [], []
         start = 0
         for prefix_ids, input_ids, lengths in parts:
-            b, t = input_ids.shape
-            p = prefix_ids.shape[0]
-            if prefix_ids.dim() != 1 or len(lengths) != b or not all(0 <= n <= t for n in lengths):
-                raise ValueError(
-                    f"lengths {list(lengths)} do not fit input_ids of shape {(b, t)} after a prefix of shape "
-                    f"{tuple(prefix_ids.shape)}"
-                )
+            b, t, p = part_shape(prefix_ids, input_ids, lengths)
             rows = torch.tensor(
                 [row * t + c for row, n in enumerate(lengths) for c in range(n)], dtype=torch.long
             )
