@@ -11,7 +11,7 @@ import click
 
 from cli.errors import friendly_errors
 from cli.output import echo_json, json_option, setup_logging
-from cli.rl import CHEAT_CHOICES, RL_OPTION_NAMES, build_rl_config, rl_options
+from cli.rl import CHEAT_CHOICES, RL_OPTION_NAMES, build_rl_config, hf_model_option, rl_options
 from cli.running import run_until_interrupted
 from cli.train import (
     TRAINER_OPTION_NAMES,
@@ -173,7 +173,12 @@ def join(
     from node.node import HivenetNode
 
     trainer = (
-        build_trainer_config(config.run_id, authorized_publishers=list(publishers) or None, **trainer_flags)
+        build_trainer_config(
+            config.run_id,
+            authorized_publishers=list(publishers) or None,
+            hf_model=hf_model_option(rl_flags.get("model_dir"), rl_flags.get("model_sha256")),
+            **trainer_flags,
+        )
         if Role.TRAINER in config.roles and not is_rl
         else None
     )
@@ -390,7 +395,10 @@ def simulate(
             trainer_flags["max_outer_steps"] = 10
         if trainer_flags.get("inner_steps") is None:
             trainer_flags["inner_steps"] = 50
-        run_training_simulation(num_trainers, build_trainer_config(run_id, **trainer_flags))
+        hf_model = hf_model_option(rl_flags.get("model_dir"), rl_flags.get("model_sha256"))
+        run_training_simulation(
+            num_trainers, build_trainer_config(run_id, hf_model=hf_model, **trainer_flags)
+        )
         return
     from cli.simulate import run_simulation
 

@@ -21,8 +21,8 @@ def rl_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--task", help="RL task: line-length (default), arithmetic, countdown, or an installed plugin's."),
         click.option(
             "--model", "model_dir",
-            help="RL policy: 'tiny' (default: the built-in byte-level model) or a Hugging Face model directory "
-            "(create one with `hivenet model init DIR`).",
+            help="The model to train (RL policy or DiLoCo model): 'tiny' (default: the built-in byte-level "
+            "model) or a Hugging Face model directory (create one with `hivenet model init DIR`).",
         ),
         click.option(
             "--model-sha256",
@@ -74,11 +74,9 @@ def build_rl_config(run_id: str, **options: Any) -> Any:
     for key in ("authorized_publishers", "trusted_validators"):
         if options.get(key):
             top[key] = list(options[key])
-    model_dir = options.get("model_dir")
-    if model_dir not in (None, "tiny"):
-        top["hf_model"] = _hf_model_ref(model_dir, options.get("model_sha256"))
-    elif options.get("model_sha256"):
-        raise ConfigError("--model-sha256 names the weights of a --model DIR; pass the directory too")
+    hf_model = hf_model_option(options.get("model_dir"), options.get("model_sha256"))
+    if hf_model is not None:
+        top["hf_model"] = hf_model
     try:
         from training.rl_run import run_task
 
@@ -90,8 +88,13 @@ def build_rl_config(run_id: str, **options: Any) -> Any:
         raise ConfigError(f"invalid RL options: {problems}") from None
 
 
-def _hf_model_ref(model_dir: str, sha256: str | None) -> Any:
-    """The run's model reference, checked against this node's copy of the directory."""
+def hf_model_option(model_dir: str | None, sha256: str | None) -> Any:
+    """The run's `HFModelRef` from `--model DIR [--model-sha256 H]`, checked against this node's copy
+    of the directory; None for the `tiny` model."""
+    if model_dir in (None, "tiny"):
+        if sha256:
+            raise ConfigError("--model-sha256 names the weights of a --model DIR; pass the directory too")
+        return None
     from cli.model import quiet_transformers
 
     quiet_transformers()

@@ -29,7 +29,7 @@ import sys
 import sysconfig
 import tarfile
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -118,12 +118,14 @@ class DataConfig(BaseModel):
 
 
 class Corpus:
-    """A byte corpus cut into blocks, with a seeded held-out split and seeded disjoint shards."""
+    """A corpus of byte (or token) ids cut into blocks, with a seeded held-out split and seeded
+    disjoint shards. `data` is bytes (byte-level models), or a 1-D tensor of token ids (a model
+    with a tokenizer: `block_bytes` and `seq_len` then count tokens)."""
 
-    def __init__(self, data: bytes, config: DataConfig, *, name: str) -> None:
+    def __init__(self, data: bytes | torch.Tensor, config: DataConfig, *, name: str) -> None:
         if len(data) < 4 * config.block_bytes:
             raise ConfigError(
-                f"corpus {name!r} has {len(data)} bytes; need at least {4 * config.block_bytes} "
+                f"corpus {name!r} has {len(data)} ids; need at least {4 * config.block_bytes} "
                 "(add text or lower block_bytes)"
             )
         if config.seq_len + 1 > config.block_bytes:
@@ -133,8 +135,8 @@ class Corpus:
         self.name = name
         self.config = config
         num_blocks = len(data) // config.block_bytes
-        self.blocks = torch.frombuffer(bytearray(data[: num_blocks * config.block_bytes]), dtype=torch.uint8)
-        self.blocks = self.blocks.view(num_blocks, config.block_bytes)
+        ids = data if isinstance(data, torch.Tensor) else torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        self.blocks = ids[: num_blocks * config.block_bytes].reshape(num_blocks, config.block_bytes)
         threshold = int(config.eval_fraction * 2**32)
         held_out = [i for i in range(num_blocks) if _block_hash(config.seed, i) < threshold]
         if not held_out:
@@ -333,8 +335,11 @@ def _user_texts(paths: tuple[Path, ...]) -> list[tuple[str, bytes]]:
     return [(str(f), f.read_bytes()) for f in files]
 
 
-def load_corpus(config: DataConfig) -> Corpus:
-    """Load the configured corpus (shakespeare falls back to the stdlib sources if it cannot be fetched)."""
+def load_corpus(config: DataConfig, encode: Callable[[str], list[int]] | None = None) -> Corpus:
+    """Load the configured corpus (shakespeare falls back to the stdlib sources if it cannot be fetched).
+
+    With `encode` (a tokenizer's text-to-ids function) the corpus holds token ids instead of bytes.
+    """
     name: str = config.source
     if config.source == "files":
         texts = _user_texts(config.paths)
@@ -347,7 +352,10 @@ def load_corpus(config: DataConfig) -> Corpus:
     else:
         texts = stdlib_texts(config.max_corpus_bytes)
     data = b"\n\n".join(text for _, text in texts)[: config.max_corpus_bytes]
-    return Corpus(data, config, name=name)
+    if encode is None:
+        return Corpus(data, config, name=name)
+    ids = torch.tensor(encode(data.decode("utf-8", errors="replace")), dtype=torch.int32)
+    return Corpus(ids, config, name=name)
 
 
 if __name__ == "__main__":  # `python -m training.data`: pre-fetch the default corpus (used by setup)

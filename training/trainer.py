@@ -38,6 +38,7 @@ from node.config import check_base58_peer_ids
 from node.identity import Identity
 from protocol.dht_keys import averaging_prefix, validate_run_id
 from protocol.errors import HivenetError
+from training.causal_lm import CausalLM
 from training.checkpoint import (
     CheckpointError,
     latest_checkpoint,
@@ -48,6 +49,7 @@ from training.checkpoint import (
 from training.data import DataConfig, load_corpus
 from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterStepReport
 from training.model import ModelConfig, TinyGPT
+from training.run_model import HFModelRef, load_run_model, run_tokenizer
 
 __all__ = ["TrainerConfig", "TrainerRuntime", "run_trainer"]
 
@@ -63,7 +65,11 @@ class TrainerConfig(BaseModel):
     """The run to train; trainers of the same run average with each other."""
 
     model: ModelConfig = ModelConfig()
-    """Shape of the model (must be the same on every trainer of the run)."""
+    """Shape of the `tiny` model (the same on every trainer of the run; used when `hf_model` is None)."""
+
+    hf_model: HFModelRef | None = None
+    """The run's Hugging Face model and the hash of its starting weights (None: the `tiny` backend);
+    its tokenizer cuts the corpus into tokens."""
 
     data: DataConfig = DataConfig()
     """Corpus, sequence length and batch size."""
@@ -190,8 +196,13 @@ class TrainerRuntime:
         self.dht = dht
         self.name = name
         torch.manual_seed(config.seed)
-        self.model = TinyGPT(config.model)
-        corpus = load_corpus(config.data)
+        self.model: CausalLM
+        if config.hf_model is None:
+            self.model = TinyGPT(config.model)
+            corpus = load_corpus(config.data)
+        else:
+            self.model = load_run_model(config.hf_model).train()
+            corpus = load_corpus(config.data, run_tokenizer(config.hf_model).encode)
         peer_bytes = dht.peer_id.to_bytes()
         shard = _shard_for(config, peer_bytes)
         # Peers that share a shard (PeerID-derived shards can collide) still draw different batches.

@@ -58,3 +58,27 @@ def test_an_unknown_task_or_a_missing_model_directory_is_refused_before_anything
         build_rl_config("r", task="nope")
     with pytest.raises(ModelError, match="does not exist"):
         build_rl_config("r", model_dir=str(tmp_path / "missing"))
+
+
+def test_a_corpus_for_a_hugging_face_model_is_cut_into_its_tokens(model_dir: Path) -> None:
+    from training.data import DataConfig, load_corpus
+    from training.run_model import run_tokenizer
+
+    tokenizer = run_tokenizer(HFModelRef.of_directory(model_dir))
+    config = DataConfig(source="stdlib", max_corpus_bytes=100_000, block_bytes=256, seq_len=32, batch_size=2)
+    corpus = load_corpus(config, tokenizer.encode)
+    batch = corpus.sampler(0, 2).next_batch()
+    assert batch.shape == (2, 33) and int(batch.max()) < tokenizer.vocab_size
+    assert int(corpus.blocks.max()) > 255  # merged BPE tokens, not bytes
+    text = tokenizer.decode(corpus.blocks[0].tolist())
+    assert text and tokenizer.encode(text)[:8] == corpus.blocks[0, :8].tolist()
+
+
+def test_a_diloco_trainer_config_names_the_model_the_same_way(model_dir: Path) -> None:
+    from cli.rl import hf_model_option
+    from cli.train import build_trainer_config
+
+    ref = hf_model_option(str(model_dir), None)
+    config = build_trainer_config("r", hf_model=ref)
+    assert config.hf_model == ref and hf_model_option("tiny", None) is None
+    assert build_trainer_config("r", hf_model=None).hf_model is None
