@@ -19,6 +19,8 @@ trainer and validator sharing the machine's cores with the worker do not decide 
     python bench/rl.py --quick   # K = 6 steps
     python bench/rl.py           # K = 30 steps
     python bench/rl.py --lr 1e-3 # both loops at another GRPO learning rate
+    python bench/rl.py --model hf --quick   # the same on a `hivenet model init` llama (float32, native
+                                            # kernels; the micro size with --quick, tiny otherwise)
 
 The first run also pretrains the policy and caches it; after that, on 2 cores, `--quick` takes
 about 35 s and the full run about 100 s. With K = 6 the sync loop's gain is small and noisy, so
@@ -36,6 +38,7 @@ import copy
 import logging
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -45,12 +48,14 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from protocol.assignment import derive_assignment  # noqa: E402
+from training.causal_lm import CausalLM  # noqa: E402
 from training.generation import generate  # noqa: E402
 from training.grpo import GRPOConfig  # noqa: E402
-from training.model import TinyGPT  # noqa: E402
-from training.rl_run import RLRunConfig, run_task  # noqa: E402
-from training.rl_sync import pretrained_policy, run_sync_grpo  # noqa: E402
+from training.model_init import init_model_dir  # noqa: E402
+from training.rl_run import RLRunConfig, initial_policy, run_task  # noqa: E402
+from training.rl_sync import run_sync_grpo  # noqa: E402
 from training.rl_worker import CheatMode  # noqa: E402
+from training.run_model import HFModelRef  # noqa: E402
 from training.tasks import Task  # noqa: E402
 from verification.rl_simulation import RLSimulation, simulate_rl  # noqa: E402
 
@@ -58,7 +63,7 @@ EVAL_PROMPTS = 192
 SEED = 1234
 
 
-def evaluate(model: TinyGPT, task: Task, config: GRPOConfig) -> float:
+def evaluate(model: CausalLM, task: Task, config: GRPOConfig) -> float:
     """Mean reward of `model` on fixed held-out prompts and sampling seeds (one completion each)."""
     rewards = []
     for i in range(EVAL_PROMPTS):
@@ -72,7 +77,7 @@ def evaluate(model: TinyGPT, task: Task, config: GRPOConfig) -> float:
     return statistics.fmean(rewards)
 
 
-def plain_generation(model: TinyGPT, task: Task, config: GRPOConfig, rollouts: int) -> float:
+def plain_generation(model: CausalLM, task: Task, config: GRPOConfig, rollouts: int) -> float:
     """Rollouts per thread CPU-second of the bare generation loop (no network, proofs or checks)."""
     started = time.thread_time()
     done = 0
@@ -96,7 +101,7 @@ def plain_generation(model: TinyGPT, task: Task, config: GRPOConfig, rollouts: i
 
 
 def swarm_run(
-    config: RLRunConfig, policy: TinyGPT, cheaters: dict[int, CheatMode], workers: int
+    config: RLRunConfig, policy: CausalLM, cheaters: dict[int, CheatMode], workers: int
 ) -> RLSimulation:
     return simulate_rl(config, copy.deepcopy(policy), workers=workers, cheaters=cheaters)
 
@@ -109,6 +114,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, help="trainer steps K (default: 30, quick: 6)")
     parser.add_argument("--async-level", type=int, default=2)
     parser.add_argument(
+        "--model", default="tiny",
+        help="tiny (TinyGPT), hf (a `hivenet model init` llama, built here) or a Hugging Face model directory",
+    )  # fmt: skip
+    parser.add_argument(
         "--lr", type=float, help="GRPO learning rate of both runs (default: the run's default)"
     )
     args = parser.parse_args()
@@ -117,9 +126,16 @@ def main() -> None:
     steps = args.steps or (6 if args.quick else 30)
     base = RLRunConfig(run_id="bench-rl", max_trainer_steps=steps)
     grpo = base.grpo.model_copy(update={"async_level": args.async_level, "lr": args.lr or base.grpo.lr})
-    config = base.model_copy(update={"grpo": grpo})
+    scratch = tempfile.TemporaryDirectory()
+    hf_model = None
+    if args.model == "hf":
+        size = "micro" if args.quick else "tiny"
+        hf_model = HFModelRef.of_directory(init_model_dir(Path(scratch.name) / "model", size=size))
+    elif args.model != "tiny":
+        hf_model = HFModelRef.of_directory(args.model)
+    config = base.model_copy(update={"grpo": grpo, "hf_model": hf_model})
     task = run_task(config)
-    policy = pretrained_policy(config.model)
+    policy = initial_policy(config)
     r0 = evaluate(policy, task, grpo)
 
     started = time.monotonic()

@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from platformdirs import user_cache_dir
 
+from training.causal_lm import CausalLM
 from training.data import Corpus, DataConfig, load_corpus
 from training.generation import generate
 from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
@@ -154,7 +155,7 @@ def run_sync_grpo(
     config: GRPOConfig,
     steps: int,
     seed: int,
-    model: TinyGPT,
+    model: CausalLM,
     *,
     on_step: Callable[[int, GRPOStepReport], None] | None = None,
 ) -> list[float]:
