@@ -25,6 +25,10 @@ def rl_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "model) or a Hugging Face model directory (create one with `hivenet model init DIR`).",
         ),
         click.option(
+            "--dtype", "worker_dtype", type=click.Choice(["float32", "bfloat16", "float16"]),
+            help="Precision the run's inference workers generate in (validators recompute in it; default float32).",
+        ),
+        click.option(
             "--model-sha256",
             help="With --model DIR: the hash of the run's starting weights; this node refuses to start if its "
             "copy differs (default: the copy's own hash, printed for the other nodes).",
@@ -51,6 +55,7 @@ RL_OPTION_NAMES = (
     "task",
     "model_dir",
     "model_sha256",
+    "worker_dtype",
     "max_trainer_steps",
     "group_size",
     "async_level",
@@ -68,7 +73,7 @@ def build_rl_config(run_id: str, **options: Any) -> Any:
 
     grpo = {key: options[key] for key in ("group_size", "async_level") if options.get(key) is not None}
     top: dict[str, Any] = {"run_id": run_id}
-    for key in ("task", "max_trainer_steps", "groups_per_submission"):
+    for key in ("task", "max_trainer_steps", "groups_per_submission", "worker_dtype"):
         if options.get(key) is not None:
             top[key] = options[key]
     for key in ("authorized_publishers", "trusted_validators"):

@@ -142,6 +142,16 @@ class RLRunConfig(BaseModel):
         return check_base58_peer_ids(value)
 
     @model_validator(mode="after")
+    def _verifiable_precision(self) -> RLRunConfig:
+        if self.hf_model is not None and self.worker_dtype != "float32":
+            raise ValueError(
+                f"workers of a Hugging Face model generate in float32 only: in {self.worker_dtype} its native "
+                "kernels round differently from a verifier's pass, and honest rollouts would be refused "
+                "(that calibration is not built yet)"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _whole_rounds(self) -> RLRunConfig:
         steps, diloco = self.max_trainer_steps, self.diloco
         if steps is not None and diloco is not None and steps % diloco.inner_steps:

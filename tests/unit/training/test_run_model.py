@@ -82,3 +82,9 @@ def test_a_diloco_trainer_config_names_the_model_the_same_way(model_dir: Path) -
     config = build_trainer_config("r", hf_model=ref)
     assert config.hf_model == ref and hf_model_option("tiny", None) is None
     assert build_trainer_config("r", hf_model=None).hf_model is None
+
+
+def test_a_precision_whose_honest_rollouts_would_be_refused_is_refused_up_front(model_dir: Path) -> None:
+    assert build_rl_config("r", worker_dtype="bfloat16").worker_dtype == "bfloat16"  # tiny: exact kernels
+    with pytest.raises(ConfigError, match="float32 only"):
+        build_rl_config("r", model_dir=str(model_dir), worker_dtype="bfloat16")
