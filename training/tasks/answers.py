@@ -10,18 +10,24 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
-__all__ = ["final_answer", "parse_number"]
+__all__ = ["final_answer", "parse_number", "tagged_answer"]
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _NUMBER = re.compile(r"-?\$?\d[\d,]*(?:\.\d+)?(?:/\d+)?")
 _MAX_NUMBER_CHARS = 64
 
 
+def tagged_answer(text: str) -> str | None:
+    """The content of the completion's last `<answer>...</answer>` block (stripped), or None."""
+    tagged = _ANSWER_TAG.findall(text)
+    return str(tagged[-1]).strip() if tagged else None
+
+
 def final_answer(text: str) -> str | None:
     """The completion's final answer as written (stripped), or None if it gives none."""
-    tagged = _ANSWER_TAG.findall(text)
-    if tagged:
-        return str(tagged[-1]).strip()
+    tagged = tagged_answer(text)
+    if tagged is not None:
+        return tagged
     boxed = _last_boxed(text)
     if boxed is not None:
         return boxed.strip()

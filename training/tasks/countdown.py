@@ -17,10 +17,11 @@ from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
 
+from training.tasks.answers import tagged_answer
+
 __all__ = ["CountdownTask", "evaluate_expression"]
 
 _PROMPT = re.compile(r"Numbers: ((?:\d{1,4}, )*\d{1,4})\. Target: (\d{1,6})\.")
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _MAX_EXPRESSION_CHARS = 200
 _OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.Div: "/"}
 
@@ -93,9 +94,9 @@ class CountdownTask:
             raise ValueError(f"not a {self.name!r} prompt: {prompt_text[:80]!r}")
         numbers = Counter(int(n) for n in found[0][0].split(", "))
         target = Fraction(int(found[0][1]))
-        tagged = _ANSWER_TAG.findall(completion_text)
+        tagged = tagged_answer(completion_text)
         lines = completion_text.strip().splitlines()
-        expression = tagged[-1] if tagged else (lines[-1] if lines else "")
+        expression = tagged if tagged is not None else (lines[-1] if lines else "")
         result = evaluate_expression(expression)
         if result is None:
             return 0.0
