@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from node.node import HivenetNode
 
 DEFAULT_SEED_PORT = 31337
+DEVICE_HELP = "Where this node runs its models: cpu, cuda, cuda:N or mps"
 
 
 def _node_options(func: Any) -> Any:
@@ -128,6 +129,7 @@ def identity(identity_path: Path | None, create: bool, as_json: bool) -> None:
     "--new-swarm", is_flag=True,
     help="Start a new swarm when no --initial-peers are given (otherwise that is an error).",
 )  # fmt: skip
+@click.option("--device", help=f"{DEVICE_HELP} (env HIVENET_DEVICE).")
 @friendly_errors
 def join(
     roles: tuple[str, ...],
@@ -151,6 +153,10 @@ def join(
     )
     rl_flags = {key: flags.pop(key) for key in RL_OPTION_NAMES}
     config = _build_config(config_file, roles=roles, **flags)
+    if set(config.roles) & {Role.TRAINER, Role.INFERENCE, Role.VALIDATOR}:
+        from training.devices import resolve_device
+
+        resolve_device(config.device)  # a missing GPU is refused before the node starts
     if config.ledger_path is None:
         from node.config import default_ledger_path
 
@@ -177,6 +183,7 @@ def join(
             config.run_id,
             authorized_publishers=list(publishers) or None,
             hf_model=hf_model_option(rl_flags.get("model_dir"), rl_flags.get("model_sha256")),
+            device=config.device,
             **trainer_flags,
         )
         if Role.TRAINER in config.roles and not is_rl
@@ -361,6 +368,7 @@ def doctor(
     "--cheat", type=click.Choice(CHEAT_CHOICES), default="precision", show_default=True,
     help="With --rl: how the last worker cheats (precision swap, other weights, or none).",
 )  # fmt: skip
+@click.option("--device", default="cpu", show_default=True, envvar="HIVENET_DEVICE", help=DEVICE_HELP)
 @friendly_errors
 def simulate(
     num_nodes: int,
@@ -370,6 +378,7 @@ def simulate(
     num_trainers: int,
     workers: int,
     cheat: str,
+    device: str,
     **flags: Any,
 ) -> None:
     """Start a seed and N nodes on 127.0.0.1, show the swarm, and tear it all down at the end.
@@ -380,12 +389,16 @@ def simulate(
     """
     rl_flags = {key: flags.pop(key) for key in RL_OPTION_NAMES}
     trainer_flags = flags
+    if rl_flags["rl"] or num_trainers:
+        from training.devices import resolve_device
+
+        resolve_device(device)
     if rl_flags.pop("rl"):
         from cli.rl import run_rl_simulation
 
         if rl_flags.get("max_trainer_steps") is None:
             rl_flags["max_trainer_steps"] = 20
-        run_rl_simulation(build_rl_config(run_id, **rl_flags), workers=workers, cheat=cheat)
+        run_rl_simulation(build_rl_config(run_id, **rl_flags), workers=workers, cheat=cheat, device=device)
         return
     if num_trainers:
         from cli.simulate import run_training_simulation
@@ -397,7 +410,7 @@ def simulate(
             trainer_flags["inner_steps"] = 50
         hf_model = hf_model_option(rl_flags.get("model_dir"), rl_flags.get("model_sha256"))
         run_training_simulation(
-            num_trainers, build_trainer_config(run_id, hf_model=hf_model, **trainer_flags)
+            num_trainers, build_trainer_config(run_id, hf_model=hf_model, device=device, **trainer_flags)
         )
         return
     from cli.simulate import run_simulation

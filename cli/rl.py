@@ -117,7 +117,7 @@ def hf_model_option(model_dir: str | None, sha256: str | None) -> Any:
     return claimed
 
 
-def run_rl_simulation(config: Any, *, workers: int, cheat: str) -> None:
+def run_rl_simulation(config: Any, *, workers: int, cheat: str, device: str = "cpu") -> None:
     """`hivenet simulate --rl`: run the loop on this machine and print a row per trainer step."""
     from rich.console import Console
     from rich.table import Table
@@ -148,14 +148,14 @@ def run_rl_simulation(config: Any, *, workers: int, cheat: str) -> None:
         )
 
     with console.status("pretraining the initial policy briefly on the default corpus..."):
-        policy = initial_policy(config)
+        policy = initial_policy(config, device)
     console.print(
         f"RL run {config.run_id!r}: task {config.task!r}, a seed, a trainer with its validator, {workers} workers"
         + (f" (worker{workers - 1} cheats: {cheat})" if cheaters else "")
     )
     stop = StopRequest()
     result = simulate_rl(config, policy, workers=workers, cheaters=cheaters, on_step=on_step, on_group=on_group,
-                         stop_event=stop.event)  # fmt: skip
+                         stop_event=stop.event, device=device)  # fmt: skip
     curve = Table(title=f"reward per trainer step ({result.seconds:,.0f} s)")
     for column in ("step", "version", "mean reward", "staleness"):
         curve.add_column(column)
@@ -205,11 +205,13 @@ class RLRoles:
         self.validator: Any = None
         roles = set(node.config.roles)
         if Role.TRAINER in roles:
+            from training.devices import resolve_device
             from training.rl_run import initial_policy
             from verification.rl_roles import start_rl_trainer
 
+            policy = initial_policy(config, resolve_device(node.config.device))
             self.trainer, self.validator = start_rl_trainer(
-                node, config, initial_policy(config), on_step=lambda r: print_line(r.describe())
+                node, config, policy, on_step=lambda r: print_line(r.describe())
             )
         elif Role.VALIDATOR in roles:
             from verification.rl_roles import StandaloneValidator

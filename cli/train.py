@@ -121,8 +121,9 @@ def build_trainer_config(run_id: str, **options: Any) -> Any:
     ):
         if options.get(key) is not None:
             top[key] = list(options[key]) if key == "admitted_trainers" else options[key]
-    if options.get("hf_model") is not None:
-        top["hf_model"] = options["hf_model"]
+    for key in ("hf_model", "device"):
+        if options.get(key) is not None:
+            top[key] = options[key]
     try:
         return TrainerConfig(diloco=DiLoCoConfig(**diloco), data=DataConfig(**data), **top)
     except ValidationError as exc:

@@ -11,6 +11,7 @@ components as arguments.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -29,6 +30,8 @@ from protocol.node_record import Role
 INITIAL_PEER_EXAMPLE = "/ip4/203.0.113.5/tcp/31337/p2p/12D3KooWExamplePeerId..."
 ENV_PREFIX = "HIVENET_"
 """Prefix of the environment variables that configure a node (`HIVENET_RUN_ID`, ...)."""
+DEVICE_NAME_PATTERN = r"^(cpu|mps|cuda(:[0-9]+)?)$"
+"""The device names a node accepts (`training.devices.resolve_device` checks the device is there)."""
 TRAINER_TABLE = "trainer"
 """The config file's table of trainer options (read by the trainer, not by NodeConfig)."""
 
@@ -116,6 +119,8 @@ class NodeConfig(BaseModel):
     ledger_path: Path | None = None
     """If set, the node keeps its receipts in this ledger (SQLite), serves it to peers and pulls theirs
     into it (`node.receipts`); `hivenet join` sets it (`default_ledger_path`) unless given."""
+    device: str = "cpu"
+    """Where this node's roles run their models: cpu, cuda, cuda:N or mps (checked when they start)."""
     reachability_check: Literal["auto", "on", "off"] = "auto"
     """Whether `hivenet join` asks its seeds to dial it back once it has joined, and prints whether peers
     can reach it (the seed that did earns a receipt); auto: unless every initial peer is on loopback,
@@ -136,6 +141,13 @@ class NodeConfig(BaseModel):
                 raise ValueError(
                     f"invalid announce address {item!r}: {exc}; e.g. /ip4/203.0.113.5/tcp/31337"
                 ) from None
+        return value
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if not re.fullmatch(DEVICE_NAME_PATTERN, value):
+            raise ValueError(f"unknown device {value!r}: use cpu, cuda, cuda:N (N: the GPU's number) or mps")
         return value
 
     @field_validator("run_id")

@@ -222,7 +222,7 @@ class DiLoCoTrainer:
 
     def inner_step(self) -> float:
         """One AdamW step on one batch; returns its loss."""
-        batch = self.next_batch()
+        batch = self.next_batch().to(self.model.device)
         for group in self.inner_optimizer.param_groups:
             group["lr"] = self._inner_lr()
         self.model.train()
@@ -244,7 +244,10 @@ class DiLoCoTrainer:
         self.model.eval()
         saved = [p.detach().clone() for p in self.model.parameters()]
         self._load_into_model(self.state)
-        losses = [float(self.model.loss(b[:, :-1], b[:, 1:])) for b in self.eval_batches]
+        device = self.model.device
+        losses = [
+            float(self.model.loss(b[:, :-1].to(device), b[:, 1:].to(device))) for b in self.eval_batches
+        ]
         for p, s in zip(self.model.parameters(), saved, strict=True):
             p.copy_(s)
         return sum(losses) / len(losses)
@@ -277,7 +280,7 @@ class DiLoCoTrainer:
                 self.model.parameters(), new_state.params, pending.start_params, strict=True
             ):
                 if not torch.equal(o, start):  # o + (p - o) can differ from p by rounding
-                    p.copy_(o + (p.detach() - start))
+                    p.copy_(o + (p.detach().to(o.device) - start))
         steps_until_average = self.inner_steps_done - pending.inner_steps_at_send
         resynced = False
         if not outcome.in_sync and self.state_source is not None:
@@ -348,7 +351,7 @@ class DiLoCoTrainer:
             reports.append(report)
             self._prepare(0)
         self._note_step_time(inner, self.config.inner_steps)
-        params = [p.detach().clone() for p in self.model.parameters()]
+        params = [p.detach().to("cpu", copy=True) for p in self.model.parameters()]
         delta = pseudo_gradient(self.state.params, params)
         handle = self.averager.start_average(delta, step=self.state.step, outer_hash=self.state.hash())
         eager = outer_update(self.state, delta, self.config)

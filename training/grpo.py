@@ -167,8 +167,8 @@ class GRPOLearner:
         return sorted(self._history)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
-        """A detached copy of the current weights."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """A detached copy of the current weights, on the CPU (what is published, checkpointed and kept)."""
+        return {k: v.detach().to("cpu", copy=True) for k, v in self.model.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, torch.Tensor], version: int) -> None:
         """Replace the weights with `state` as `version`; older versions are forgotten."""
@@ -203,9 +203,9 @@ class GRPOLearner:
         """Log-probs (at the sampling temperature) of each rollout's completion tokens under `model`."""
         seqs = [r.prompt_ids + r.completion_ids[:-1] for r in rollouts]
         width = max(len(s) for s in seqs)
-        ids = torch.zeros(len(seqs), width, dtype=torch.long)
+        ids = torch.zeros(len(seqs), width, dtype=torch.long, device=model.device)
         for i, s in enumerate(seqs):
-            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long, device=model.device)
         start = min(len(r.prompt_ids) for r in rollouts) - 1
         logits, _ = model.forward_with_hidden(ids, outputs_from=start)
         logp = F.log_softmax(logits.float() / self.config.temperature, dim=-1)
@@ -213,7 +213,8 @@ class GRPOLearner:
         for i, r in enumerate(rollouts):
             first = len(r.prompt_ids) - 1 - start
             rows = logp[i, first : first + len(r.completion_ids)]
-            out.append(rows.gather(-1, torch.tensor(r.completion_ids, dtype=torch.long)[:, None])[:, 0])
+            picked = torch.tensor(r.completion_ids, dtype=torch.long, device=rows.device)
+            out.append(rows.gather(-1, picked[:, None])[:, 0])
         return out
 
     def step(self, groups: Sequence[Sequence[ScoredRollout]]) -> GRPOStepReport:
@@ -256,7 +257,12 @@ class GRPOLearner:
             [behaviour.get(id(r), lp.detach()) for r, lp in zip(rollouts, current, strict=True)]
         )
         adv = torch.cat(
-            [torch.full((len(r.completion_ids),), advantage_of[id(r)], dtype=torch.float32) for r in rollouts]
+            [
+                torch.full(
+                    (len(r.completion_ids),), advantage_of[id(r)], dtype=torch.float32, device=new_lp.device
+                )
+                for r in rollouts
+            ]
         )
         ratio = torch.exp(new_lp - old_lp)
         objective = clipped_objective(ratio, adv, self.config.clip_eps, self.config.negative_ratio_cap)

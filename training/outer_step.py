@@ -104,7 +104,10 @@ def pseudo_gradient(
     outer_params: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
 ) -> list[torch.Tensor]:
     """`outer - current` per tensor: the direction the inner steps moved, with the sign of a gradient."""
-    return [o - p.detach().to(torch.float32) for o, p in zip(outer_params, params, strict=True)]
+    return [
+        o - p.detach().to(device=o.device, dtype=torch.float32)
+        for o, p in zip(outer_params, params, strict=True)
+    ]
 
 
 @torch.no_grad()

@@ -173,11 +173,13 @@ def held_versions(broadcast: WeightBroadcast, run_id: str, newest: int) -> list[
     return [entry for entry in entries if entry is not None and entry.complete][-newest:]
 
 
-def model_from_state(config: RLRunConfig, state: Mapping[str, Any], dtype: torch.dtype) -> CausalLM:
-    """A fresh model of the run's architecture in `dtype` holding `state`, in eval mode."""
+def model_from_state(
+    config: RLRunConfig, state: Mapping[str, Any], dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> CausalLM:
+    """A fresh model of the run's architecture in `dtype` on `device` holding `state`, in eval mode."""
     model: CausalLM = TinyGPT(config.model) if config.hf_model is None else model_skeleton(config.hf_model)
     model.load_state_dict(dict(state))
-    return model.to(dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def run_tokenizer(config: RLRunConfig) -> Tokenizer:
@@ -194,12 +196,12 @@ def run_task(config: RLRunConfig) -> Task:
     return get_task(config.task, run_tokenizer(config))
 
 
-def initial_policy(config: RLRunConfig) -> CausalLM:
-    """The policy a run starts from: the briefly pretrained `tiny` model, or the run's Hugging Face
-    model from this node's copy (ModelError if its weights are not the run's)."""
+def initial_policy(config: RLRunConfig, device: torch.device | str = "cpu") -> CausalLM:
+    """The policy a run starts from, on `device`: the briefly pretrained `tiny` model, or the run's
+    Hugging Face model from this node's copy (ModelError if its weights are not the run's)."""
     if config.hf_model is None:
-        return pretrained_policy(config.model)
-    return load_run_model(config.hf_model)
+        return pretrained_policy(config.model).to(device)
+    return load_run_model(config.hf_model, device=device)
 
 
 class RoleThread:

@@ -43,6 +43,7 @@ from protocol.node_record import Role
 from protocol.rollout_messages import UNKNOWN_VERSION, seal_group
 from protocol.rollouts_pb2 import Rollout, RolloutGroup
 from training.causal_lm import CausalLM
+from training.devices import resolve_device
 from training.generation import generate
 from training.rl_run import (
     DTYPES,
@@ -128,6 +129,7 @@ class InferenceWorker(RoleThread):
         self.node = node
         self.config = config
         self.task: Task = run_task(config)
+        self.device = resolve_device(node.config.device)
         self.cheat = cheat
         self.on_group = on_group
         self.max_groups = max_groups
@@ -163,7 +165,9 @@ class InferenceWorker(RoleThread):
 
     async def _on_version(self, entry: VersionEntry) -> None:
         state = await offload(entry.load_state_dict)
-        model = await offload(model_from_state, self.config, state, DTYPES[self.config.worker_dtype])
+        model = await offload(
+            model_from_state, self.config, state, DTYPES[self.config.worker_dtype], self.device
+        )
         self.window.add(entry.version, model)
         self.received_at.setdefault(entry.version, time.time())
         logger.info("[%s] policy version %d ready", self.node.short_id, entry.version)

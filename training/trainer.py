@@ -47,6 +47,7 @@ from training.checkpoint import (
     save_checkpoint,
 )
 from training.data import DataConfig, load_corpus
+from training.devices import resolve_device
 from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterStepReport
 from training.model import ModelConfig, TinyGPT
 from training.run_model import HFModelRef, load_run_model, run_tokenizer
@@ -141,6 +142,9 @@ class TrainerConfig(BaseModel):
     state_download_timeout_s: float = Field(default=60.0, gt=0.0)
     """Timeout of one state download."""
 
+    device: str = "cpu"
+    """Where the model trains (cpu, cuda, cuda:N, mps; checked at start); the outer state stays on the CPU."""
+
     torch_threads: int | None = Field(default=None, ge=1)
     """torch intra-op threads (None: leave torch's default)."""
 
@@ -197,11 +201,12 @@ class TrainerRuntime:
         self.name = name
         torch.manual_seed(config.seed)
         self.model: CausalLM
+        device = resolve_device(config.device)
         if config.hf_model is None:
-            self.model = TinyGPT(config.model)
+            self.model = TinyGPT(config.model).to(device)
             corpus = load_corpus(config.data)
         else:
-            self.model = load_run_model(config.hf_model).train()
+            self.model = load_run_model(config.hf_model, device=device).train()
             corpus = load_corpus(config.data, run_tokenizer(config.hf_model).encode)
         peer_bytes = dht.peer_id.to_bytes()
         shard = _shard_for(config, peer_bytes)

@@ -36,6 +36,7 @@ from protocol.envelope import Envelope
 from protocol.node_record import Role
 from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict
 from training.causal_lm import CausalLM
+from training.devices import resolve_device
 from training.grpo import ScoredRollout
 from training.rl_diloco import node_diloco_updates
 from training.rl_run import (
@@ -166,6 +167,7 @@ class StandaloneValidator:
         self.node = node
         self.config = config
         self.validator = make_validator(node, config)
+        self.device = resolve_device(node.config.device)
         self.broadcast = add_policy_follower(node, config)
         self.judging: CallBatcher[tuple[bytes, RolloutGroup], tuple[list[bytes], list[VerifiedRollout]]] = (
             CallBatcher(self.validator.judge_groups, linger_s=JUDGE_LINGER_S, max_batch=JUDGE_MAX_BATCH)
@@ -190,7 +192,7 @@ class StandaloneValidator:
 
     async def _on_version(self, entry: VersionEntry) -> None:
         state = await offload(entry.load_state_dict)
-        model = await offload(model_from_state, self.config, state, torch.float32)
+        model = await offload(model_from_state, self.config, state, torch.float32, self.device)
         self.validator.add_version(entry.version, model)
         self.validator.set_trainer_step(entry.version)
 

@@ -35,6 +35,7 @@ from protocol.errors import HivenetError
 from protocol.manifest import Manifest
 from protocol.node_record import Role
 from training.causal_lm import CausalLM
+from training.devices import resolve_device
 from training.rl_diloco import DiLoCoUpdates, OuterStepRecord
 from training.rl_run import RLRunConfig
 from training.rl_trainer import RLStepReport, RLTrainer
@@ -102,7 +103,14 @@ class RLSimulation:
 
 
 def _node(
-    root: Path, name: str, run_id: str, roles: list[Role], peers: list[str], *, dht_only: bool = False
+    root: Path,
+    name: str,
+    run_id: str,
+    roles: list[Role],
+    peers: list[str],
+    *,
+    dht_only: bool = False,
+    device: str = "cpu",
 ) -> HivenetNode:
     config = NodeConfig(
         identity_path=root / f"{name}.key",
@@ -114,6 +122,7 @@ def _node(
         host="127.0.0.1",
         record_ttl_s=20.0,
         refresh_interval_s=4.0,
+        device=device,
     )
     return HivenetNode(config, dht_only=dht_only)
 
@@ -132,13 +141,14 @@ def simulate_rl(
     min_groups_each: int = 0,
     min_groups_timeout_s: float = 300.0,
     after_training: Callable[[list[str], RLRunConfig], None] | None = None,
+    device: str = "cpu",
 ) -> RLSimulation:
     """Run the RL loop on this machine until every trainer made `config.max_trainer_steps` steps.
 
     With `min_groups_each`, the run also goes on (the validator judging, the trainer done) until
     every worker had that many groups judged, or `min_groups_timeout_s` passed. Then
     `after_training(seed addresses, the run's config as the nodes got it)` runs while every node
-    is still up (e.g. to fetch weights from each publisher).
+    is still up (e.g. to fetch weights from each publisher). Every node runs its models on `device`.
     """
     if config.max_trainer_steps is None:
         raise HivenetError("simulate_rl needs max_trainer_steps so that the run ends")
@@ -168,15 +178,17 @@ def simulate_rl(
                 update={"authorized_publishers": publishers, "admitted_trainers": admitted}
             )
             for name in names:
-                trainer_node = _node(root, name, config.run_id, [Role.TRAINER, Role.VALIDATOR], peers)
+                trainer_node = _node(
+                    root, name, config.run_id, [Role.TRAINER, Role.VALIDATOR], peers, device=device
+                )
                 nodes.append(trainer_node)
                 trainer_node.start()
                 # every trainer starts from the same weights: DiLoCo keeps them bit-identical
-                own_policy = policy if trainers == 1 else copy.deepcopy(policy)
+                own_policy = (policy if trainers == 1 else copy.deepcopy(policy)).to(resolve_device(device))
                 started_trainers[name] = start_rl_trainer(trainer_node, config, own_policy, on_step=on_step)
             for i in range(workers):
                 name = f"worker{i}"
-                node = _node(root, name, config.run_id, [Role.INFERENCE], peers)
+                node = _node(root, name, config.run_id, [Role.INFERENCE], peers, device=device)
                 nodes.append(node)
                 node.start()
                 cheat = cheaters.get(i)

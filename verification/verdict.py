@@ -224,10 +224,12 @@ def _check_claim(
 @torch.inference_mode()
 def recompute(claim: RolloutClaim, model: CausalLM) -> tuple[torch.Tensor, torch.Tensor]:
     """One prefill of `prompt + completion[:-1]`; returns the completion rows `(hidden, logits)`."""
-    ids = torch.tensor([list(claim.prompt_ids) + list(claim.completion_ids[:-1])], dtype=torch.long)
+    ids = torch.tensor(
+        [list(claim.prompt_ids) + list(claim.completion_ids[:-1])], dtype=torch.long, device=model.device
+    )
     model.eval()
     logits, hidden = model.forward_with_hidden(ids, outputs_from=len(claim.prompt_ids) - 1)
-    return hidden[0], logits[0]
+    return hidden[0].cpu(), logits[0].cpu()
 
 
 @torch.inference_mode()
@@ -259,12 +261,15 @@ def recompute_batch(
         tails = [[prompt[-1], *claims[i].completion_ids[:-1]] for i in members]
         lengths = [len(tail) for tail in tails]
         width = max(lengths)
-        ids = torch.tensor([tail + [0] * (width - len(tail)) for tail in tails], dtype=torch.long)
-        parts.append((torch.tensor(list(prompt[:-1]), dtype=torch.long), ids, lengths))
+        ids = torch.tensor(
+            [tail + [0] * (width - len(tail)) for tail in tails], dtype=torch.long, device=model.device
+        )
+        parts.append((torch.tensor(list(prompt[:-1]), dtype=torch.long, device=model.device), ids, lengths))
     rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for members, (logits, hidden), (_, _, lengths) in zip(
         by_prompt.values(), model.forward_shared_prefixes(parts), parts, strict=True
     ):
+        hidden, logits = hidden.cpu(), logits.cpu()
         rows.update(zip(members, zip(hidden.split(lengths), logits.split(lengths), strict=True), strict=True))
     return [rows[i] for i in range(len(claims))]
 

@@ -35,8 +35,8 @@ class OuterState:
 
     @classmethod
     def from_model(cls, model: torch.nn.Module, step: int = 0) -> OuterState:
-        """The outer state of a freshly initialised model: its parameters, zero momentum."""
-        params = [p.detach().to(torch.float32).clone() for p in model.parameters()]
+        """The outer state of a freshly initialised model: its parameters (on the CPU), zero momentum."""
+        params = [p.detach().to(device="cpu", dtype=torch.float32, copy=True) for p in model.parameters()]
         return cls(params, [torch.zeros_like(p) for p in params], step)
 
     def matches(self, model: torch.nn.Module) -> bool:
