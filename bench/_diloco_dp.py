@@ -24,14 +24,13 @@ from hivemind.utils.asyncio import achain, aiter_with_timeout, anext, as_aiter
 from node.averaging.codecs import codec_for
 from node.averaging.runner import RobustAllReduceRunner
 from node.averaging.traffic import count_sent_bytes
-from training.data import load_corpus
-from training.model import TinyGPT
-from training.trainer import TrainerConfig
+from training.causal_lm import CausalLM
+from training.trainer import TrainerConfig, trainer_corpus, trainer_model
 
 NUM_TRAINERS = 4
 
 
-def held_out_loss(model: TinyGPT, batches: list[torch.Tensor]) -> float:
+def held_out_loss(model: CausalLM, batches: list[torch.Tensor]) -> float:
     model.eval()
     with torch.no_grad():
         return sum(float(model.loss(b[:, :-1], b[:, 1:])) for b in batches) / len(batches)
@@ -162,8 +161,8 @@ class DataParallelGroup:
 
 def run_data_parallel(config: TrainerConfig, steps: int) -> dict[str, float]:
     torch.manual_seed(config.seed)
-    model = TinyGPT(config.model)
-    corpus = load_corpus(config.data)
+    model = trainer_model(config)
+    corpus = trainer_corpus(config)
     samplers = [corpus.sampler(i, NUM_TRAINERS) for i in range(NUM_TRAINERS)]
     eval_batches = corpus.eval_batches(config.eval_batches)
     c = config.diloco

@@ -51,6 +51,7 @@ DiLoCo); DHT traffic is not counted in either mode.
     python bench/diloco.py             # H=125, 100 outer steps (~40 minutes on 2 cores)
     python bench/diloco.py --skip-dp   # DiLoCo and single only (~7 minutes)
     python bench/diloco.py --no-audit  # DiLoCo rounds without the reducer audit (half the bytes)
+    python bench/diloco.py --model hf --quick   # the same three modes on a `hivenet model init` llama
 
 Ends with one line `RESULT key=value ...`.
 """
@@ -63,6 +64,7 @@ import math
 import os
 import statistics
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -73,16 +75,19 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench._diloco_dp import NUM_TRAINERS, held_out_loss, run_data_parallel  # noqa: E402
-from training.data import DataConfig, load_corpus  # noqa: E402
+from training.data import DataConfig  # noqa: E402
 from training.diloco import DiLoCoConfig, OuterStepReport  # noqa: E402
-from training.model import ModelConfig, TinyGPT  # noqa: E402
+from training.model import ModelConfig  # noqa: E402
+from training.model_init import init_model_dir  # noqa: E402
+from training.run_model import HFModelRef  # noqa: E402
 from training.simulation import simulate_diloco  # noqa: E402
-from training.trainer import TrainerConfig  # noqa: E402
+from training.trainer import TrainerConfig, trainer_corpus, trainer_model  # noqa: E402
 
 
-def make_config(args: argparse.Namespace) -> TrainerConfig:
+def make_config(args: argparse.Namespace, hf_model: HFModelRef | None) -> TrainerConfig:
     return TrainerConfig(
         run_id="bench",
+        hf_model=hf_model,
         model=ModelConfig(d_model=args.d_model, n_layers=args.n_layers, n_heads=4, max_seq_len=args.seq_len),
         data=DataConfig(seq_len=args.seq_len, batch_size=args.batch_size, block_bytes=512, seed=0),
         diloco=DiLoCoConfig(
@@ -160,8 +165,8 @@ def run_diloco(config: TrainerConfig) -> dict[str, float]:
 
 def run_single(config: TrainerConfig, steps: int) -> dict[str, float]:
     torch.manual_seed(config.seed)
-    model = TinyGPT(config.model)
-    corpus = load_corpus(config.data)
+    model = trainer_model(config)
+    corpus = trainer_corpus(config)
     sampler = corpus.sampler(0, 1)
     eval_batches = corpus.eval_batches(config.eval_batches)
     c = config.diloco
@@ -214,6 +219,11 @@ def main() -> None:
     )
     parser.add_argument("--skip-dp", action="store_true", help="skip the data-parallel baseline")
     parser.add_argument(
+        "--model", default="tiny",
+        help="tiny (TinyGPT), hf (a `hivenet model init` llama built here: micro with --quick, else tiny) "
+        "or a Hugging Face model directory",
+    )  # fmt: skip
+    parser.add_argument(
         "--no-audit",
         action="store_true",
         help="DiLoCo without the reducer audit (one all-reduce per round instead of two)",
@@ -227,10 +237,17 @@ def main() -> None:
     os.environ.setdefault("HIVEMIND_LOGLEVEL", "ERROR")
     torch.set_num_threads(1)
 
-    config = make_config(args)
+    scratch = tempfile.TemporaryDirectory()
+    hf_model = None
+    if args.model == "hf":
+        size = "micro" if args.quick else "tiny"
+        hf_model = HFModelRef.of_directory(init_model_dir(Path(scratch.name) / "model", size=size))
+    elif args.model != "tiny":
+        hf_model = HFModelRef.of_directory(args.model)
+    config = make_config(args, hf_model)
     inner_total = args.inner_steps * args.outer_steps
-    params = sum(p.numel() for p in TinyGPT(config.model).parameters())
-    print(f"model {params} parameters; {NUM_TRAINERS} trainers; H={args.inner_steps}, {args.outer_steps} outer steps, "
+    params = sum(p.numel() for p in trainer_model(config).parameters())
+    print(f"model {args.model}, {params} parameters; {NUM_TRAINERS} trainers; H={args.inner_steps}, {args.outer_steps} outer steps, "
           f"{inner_total} inner steps per trainer, batch {args.batch_size}x{args.seq_len} tokens")  # fmt: skip
 
     print("(a) DiLoCo", flush=True)
@@ -271,6 +288,7 @@ def main() -> None:
         "H": str(args.inner_steps),
         "outer_steps": str(args.outer_steps),
         "identical_final": str(int(diloco["identical_final"])),
+        "model": args.model if args.model in ("tiny", "hf") else "dir",
         "audit_reducers": str(int(not args.no_audit)),
         "lr_schedule": args.lr_schedule,
         "outer_lr": str(args.outer_lr),

@@ -46,13 +46,13 @@ from training.checkpoint import (
     prune_checkpoints,
     save_checkpoint,
 )
-from training.data import DataConfig, load_corpus
+from training.data import Corpus, DataConfig, load_corpus
 from training.devices import resolve_device
 from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterStepReport
 from training.model import ModelConfig, TinyGPT
 from training.run_model import HFModelRef, load_run_model, run_tokenizer
 
-__all__ = ["TrainerConfig", "TrainerRuntime", "run_trainer"]
+__all__ = ["TrainerConfig", "TrainerRuntime", "run_trainer", "trainer_corpus", "trainer_model"]
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +165,22 @@ class TrainerConfig(BaseModel):
         return check_base58_peer_ids(value)
 
 
+def trainer_model(config: TrainerConfig) -> CausalLM:
+    """The run's starting model on the trainer's device: a seeded `tiny` model, or this node's copy of
+    the run's Hugging Face model (ModelError if its weights are not the run's or the device is missing)."""
+    device = resolve_device(config.device)
+    if config.hf_model is None:
+        return TinyGPT(config.model).to(device)
+    return load_run_model(config.hf_model, device=device).train()
+
+
+def trainer_corpus(config: TrainerConfig) -> Corpus:
+    """The run's corpus, cut into the run's tokens (bytes for `tiny`, the model's tokenizer for `hf`)."""
+    if config.hf_model is None:
+        return load_corpus(config.data)
+    return load_corpus(config.data, run_tokenizer(config.hf_model).encode)
+
+
 def _shard_for(config: TrainerConfig, peer_id: bytes) -> int:
     if config.shard_index is not None:
         if config.shard_index >= config.num_shards:
@@ -200,14 +216,8 @@ class TrainerRuntime:
         self.dht = dht
         self.name = name
         torch.manual_seed(config.seed)
-        self.model: CausalLM
-        device = resolve_device(config.device)
-        if config.hf_model is None:
-            self.model = TinyGPT(config.model).to(device)
-            corpus = load_corpus(config.data)
-        else:
-            self.model = load_run_model(config.hf_model, device=device).train()
-            corpus = load_corpus(config.data, run_tokenizer(config.hf_model).encode)
+        self.model = trainer_model(config)
+        corpus = trainer_corpus(config)
         peer_bytes = dht.peer_id.to_bytes()
         shard = _shard_for(config, peer_bytes)
         # Peers that share a shard (PeerID-derived shards can collide) still draw different batches.
