@@ -51,7 +51,7 @@ DiLoCo); DHT traffic is not counted in either mode.
     python bench/diloco.py             # H=125, 100 outer steps (~40 minutes on 2 cores)
     python bench/diloco.py --skip-dp   # DiLoCo and single only (~7 minutes)
     python bench/diloco.py --no-audit  # DiLoCo rounds without the reducer audit (half the bytes)
-    python bench/diloco.py --model hf --quick   # the same three modes on a `hivenet model init` llama
+    python bench/diloco.py --model hf --quick   # the same three modes on a `hivenet model init` llama (micro; 6 rounds)
 
 Ends with one line `RESULT key=value ...`.
 """
@@ -77,6 +77,7 @@ import torch  # noqa: E402
 from bench._diloco_dp import NUM_TRAINERS, held_out_loss, run_data_parallel  # noqa: E402
 from training.data import DataConfig  # noqa: E402
 from training.diloco import DiLoCoConfig, OuterStepReport  # noqa: E402
+from training.hf_model import quiet_transformers  # noqa: E402
 from training.model import ModelConfig  # noqa: E402
 from training.model_init import init_model_dir  # noqa: E402
 from training.run_model import HFModelRef  # noqa: E402
@@ -197,7 +198,12 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="small run, under 3 minutes")
     parser.add_argument("--inner-steps", type=int, default=None, help="H (default 125; quick: 50)")
-    parser.add_argument("--outer-steps", type=int, default=None, help="outer steps (default 100; quick: 12)")
+    parser.add_argument(
+        "--outer-steps",
+        type=int,
+        default=None,
+        help="outer steps (default 100; quick: 12, 6 with --model hf)",
+    )
     parser.add_argument(
         "--lr-schedule",
         choices=("constant", "cosine"),
@@ -230,13 +236,15 @@ def main() -> None:
     )
     args = parser.parse_args()
     args.inner_steps = args.inner_steps or (50 if args.quick else 125)
-    args.outer_steps = args.outer_steps or (12 if args.quick else 100)
+    # a Hugging Face model's steps cost more than TinyGPT's: fewer quick rounds keep it under 3 minutes
+    args.outer_steps = args.outer_steps or (100 if not args.quick else 12 if args.model == "tiny" else 6)
     args.d_model, args.n_layers = 32, 1
     args.seq_len, args.warmup = 32, 50
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HIVEMIND_LOGLEVEL", "ERROR")
     torch.set_num_threads(1)
 
+    quiet_transformers()
     scratch = tempfile.TemporaryDirectory()
     hf_model = None
     if args.model == "hf":

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -13,15 +12,6 @@ from cli.output import echo_json, json_option, setup_logging
 
 _FAMILIES = ("llama", "qwen2")
 _SIZES = ("micro", "tiny")
-
-
-def quiet_transformers() -> None:
-    """Keep `transformers`' download and loading progress bars off the terminal (hivenet shows its own)."""
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
 
 
 @click.group()
@@ -52,6 +42,8 @@ def init(directory: Path, family: str, size: str, seed: int, pretrain_steps: int
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     setup_logging()
+    from training.hf_model import quiet_transformers
+
     quiet_transformers()
     from training.model_init import check_target, init_model_dir
 
@@ -80,6 +72,8 @@ def info(directory: Path, as_json: bool) -> None:
     """Describe the model in DIRECTORY: family, size, tokenizer and the content hash of its weights
     (what a run's config names as its starting weights)."""
     setup_logging()
+    from training.hf_model import quiet_transformers
+
     quiet_transformers()
     from training.causal_lm import weights_hash
     from training.hf_model import load_hf_model

@@ -100,7 +100,7 @@ def hf_model_option(model_dir: str | None, sha256: str | None) -> Any:
         if sha256:
             raise ConfigError("--model-sha256 names the weights of a --model DIR; pass the directory too")
         return None
-    from cli.model import quiet_transformers
+    from training.hf_model import quiet_transformers
 
     quiet_transformers()
     from training.run_model import HFModelRef, load_run_model

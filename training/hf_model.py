@@ -14,6 +14,7 @@ off and safetensors only; `hf_model_from_config` builds a model with a seeded ra
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,16 @@ from training.model_dir import check_model_dir
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
-__all__ = ["HFCausalLM", "hf_model_from_config", "load_hf_model"]
+__all__ = ["HFCausalLM", "hf_model_from_config", "load_hf_model", "quiet_transformers"]
+
+
+def quiet_transformers() -> None:
+    """Keep `transformers`' download and loading progress bars off the terminal (hivenet shows its own)."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
 
 
 class HFCausalLM(CausalLM):
