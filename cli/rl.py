@@ -164,6 +164,7 @@ def run_rl_simulation(config: Any, *, workers: int, cheat: str, device: str = "c
             str(step.step), str(step.version), f"{step.mean_reward:.3f}", f"{step.mean_staleness:.2f}"
         )
     console.print(curve)
+    console.print(learning_summary([step.mean_reward for step in result.steps]))
     workers_table = Table(title="workers, as their validator saw them")
     for column in (
         "worker",
@@ -190,6 +191,20 @@ def run_rl_simulation(config: Any, *, workers: int, cheat: str, device: str = "c
             str(seen.strikes) if seen else "0",
         )
     console.print(workers_table)
+
+
+def learning_summary(rewards: list[float]) -> str:
+    """Whether the policy learned, in one line: the mean reward of the first and the last quarter of
+    the trainer's steps (one step's reward is too noisy to read a trend from)."""
+    if len(rewards) < 4:
+        return f"{len(rewards)} trainer steps: too few to compare the start with the end"
+    quarter = len(rewards) // 4
+    first, last = sum(rewards[:quarter]) / quarter, sum(rewards[-quarter:]) / quarter
+    trend = "learned" if last > first else "did not improve"
+    return (
+        f"mean reward of steps 0-{quarter - 1}: {first:.3f}; of the last {quarter}: {last:.3f} "
+        f"({last - first:+.3f}: the policy {trend})"
+    )
 
 
 class RLRoles:

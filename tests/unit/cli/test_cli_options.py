@@ -120,3 +120,12 @@ def test_rl_options_build_the_run_config_and_bad_values_are_clear_errors() -> No
     result = CliRunner().invoke(cli, ["simulate", "--rl", "--groups-per-submission", "0"])
     assert result.exit_code != 0 and "groups_per_submission" in result.output, result.output
     assert "Traceback" not in result.output
+
+
+def test_the_rl_demo_summarises_learning_by_quarters() -> None:
+    from cli.rl import learning_summary
+
+    assert learning_summary([0.1, 0.2]) == "2 trainer steps: too few to compare the start with the end"
+    line = learning_summary([0.1, 0.1, 0.3, 0.3, 0.2, 0.2, 0.5, 0.3])
+    assert line == "mean reward of steps 0-1: 0.100; of the last 2: 0.400 (+0.300: the policy learned)"
+    assert "did not improve" in learning_summary([0.5, 0.4, 0.3, 0.2])
