@@ -51,6 +51,7 @@ from protocol.assignment import derive_assignment  # noqa: E402
 from training.causal_lm import CausalLM  # noqa: E402
 from training.generation import generate  # noqa: E402
 from training.grpo import GRPOConfig  # noqa: E402
+from training.hf_model import quiet_transformers  # noqa: E402
 from training.model_init import init_model_dir  # noqa: E402
 from training.rl_run import RLRunConfig, initial_policy, run_task  # noqa: E402
 from training.rl_sync import run_sync_grpo  # noqa: E402
@@ -123,6 +124,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
+    quiet_transformers()
     steps = args.steps or (6 if args.quick else 30)
     base = RLRunConfig(run_id="bench-rl", max_trainer_steps=steps)
     grpo = base.grpo.model_copy(update={"async_level": args.async_level, "lr": args.lr or base.grpo.lr})

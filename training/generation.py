@@ -14,6 +14,7 @@ these rows (`hidden[len(prompt) - 1 : -1]`) and the logits that must re-select e
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ class ProofBuilder:
 
     With `background=True` each chunk's proof is built on a single worker thread while the
     caller keeps decoding; `finish()` builds the last (partial) chunk and returns all proofs
-    in chunk order.
+    in chunk order. `cpu_seconds` counts the CPU time spent building proofs, on whichever thread.
     """
 
     def __init__(self, chunk_tokens: int = CHUNK_TOKENS, topk: int = TOPK, background: bool = False) -> None:
@@ -41,18 +42,33 @@ class ProofBuilder:
         self._rows: list[torch.Tensor] = []
         self._pending: list[Future[list[bytes]] | list[bytes]] = []
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="toploc") if background else None
+        self._caller_cpu_s = 0.0
+        self._background_cpu_s = 0.0  # written by the background thread only
+
+    @property
+    def cpu_seconds(self) -> float:
+        """CPU time spent on the proofs so far, on the caller's thread and the background one."""
+        return self._caller_cpu_s + self._background_cpu_s
+
+    def _build_in_background(self, chunk: torch.Tensor) -> list[bytes]:
+        started = time.thread_time()
+        proofs = build_proofs(chunk, self.chunk_tokens, self.topk)
+        self._background_cpu_s += time.thread_time() - started
+        return proofs
 
     def _submit(self) -> None:
+        started = time.thread_time()
         chunk = torch.cat(self._rows, dim=0)
         self._rows = []
         if self._pool is None:
             self._pending.append(build_proofs(chunk, self.chunk_tokens, self.topk))
         else:
-            self._pending.append(self._pool.submit(build_proofs, chunk, self.chunk_tokens, self.topk))
+            self._pending.append(self._pool.submit(self._build_in_background, chunk))
+        self._caller_cpu_s += time.thread_time() - started
 
     def add(self, rows: torch.Tensor) -> None:
         """Append bf16 hidden rows `[n, H]`; a proof starts as soon as a chunk is full."""
-        for row in rows.split(1, dim=0):
+        for row in rows.split(1, dim=0) if rows.shape[0] > 1 else (rows,):
             self._rows.append(row)
             if len(self._rows) == self.chunk_tokens:
                 self._submit()
@@ -90,6 +106,9 @@ class Generation:
 
     logits: torch.Tensor = field(repr=False)
     """The logits each token was sampled from, `[len(completion_ids), vocab]` in the model's dtype."""
+
+    proof_cpu_seconds: float = 0.0
+    """CPU time spent building `proofs` (the proof overhead of this generation)."""
 
 
 @torch.inference_mode()
@@ -160,4 +179,5 @@ def generate(
         proofs=proofs,
         hidden=torch.cat(all_hidden, dim=0),
         logits=torch.cat(all_logits, dim=0).cpu(),
+        proof_cpu_seconds=builder.cpu_seconds,
     )

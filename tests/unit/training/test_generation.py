@@ -51,6 +51,13 @@ def test_background_proofs_are_identical(model):
     assert a.proofs == b.proofs
 
 
+def test_a_generation_counts_the_cpu_time_of_its_proofs_on_either_thread(model):
+    for background in (False, True):
+        proved = generate(model, [7], 100, PARAMS, seed=2, background_proofs=background)
+        assert len(proved.proofs) == 4 and proved.proof_cpu_seconds > 0
+    assert generate(model, [7], 100, PARAMS, seed=2, prove=False).proof_cpu_seconds == 0.0
+
+
 def test_stop_tokens_and_limits(model):
     out = generate(model, [1], 50, PARAMS, seed=3)
     stop = out.completion_ids[9]
