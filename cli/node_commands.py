@@ -11,7 +11,7 @@ import click
 
 from cli.errors import friendly_errors
 from cli.output import echo_json, json_option, setup_logging
-from cli.rl import CHEAT_CHOICES, RL_OPTION_NAMES, build_rl_config, hf_model_option, rl_options
+from cli.rl import CHEAT_CHOICES, RL_OPTION_NAMES, build_rl_config, hf_model_option, rl_node_roles, rl_options
 from cli.running import run_until_interrupted
 from cli.train import (
     TRAINER_OPTION_NAMES,
@@ -160,7 +160,7 @@ def join(
     if config.ledger_path is None:
         from node.config import default_ledger_path
 
-        config.ledger_path = default_ledger_path(config.run_id)
+        config.ledger_path = default_ledger_path(config.identity_path, config.run_id)
     is_rl = rl_flags.pop("rl") or Role.INFERENCE in config.roles
     rl_config = None
     if is_rl:
@@ -170,6 +170,7 @@ def join(
                 "on an RL run, give the PeerID of the run's trainer with --publisher (its `hivenet join` prints it): "
                 "policy versions are only taken from publishers you name"
             )
+        config.roles = rl_node_roles(config.roles)
     if not config.initial_peers and not new_swarm:
         raise click.UsageError(
             "no --initial-peers: give the multiaddr of a seed of the swarm to join (a seed prints its own), "

@@ -93,6 +93,17 @@ def build_rl_config(run_id: str, **options: Any) -> Any:
         raise ConfigError(f"invalid RL options: {problems}") from None
 
 
+def rl_node_roles(roles: list[Any]) -> list[Any]:
+    """The roles a node of an RL run announces: a trainer validates what workers submit to it (its own
+    validator judges every group before it trains on it), so it announces the validator role too, or
+    no worker would ever find it."""
+    from protocol.node_record import Role
+
+    if Role.TRAINER in roles and Role.VALIDATOR not in roles:
+        return [*roles, Role.VALIDATOR]
+    return list(roles)
+
+
 def hf_model_option(model_dir: str | None, sha256: str | None) -> Any:
     """The run's `HFModelRef` from `--model DIR [--model-sha256 H]`, checked against this node's copy
     of the directory; None for the `tiny` model."""

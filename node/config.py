@@ -41,14 +41,15 @@ def default_identity_path() -> Path:
     return Path(platformdirs.user_data_dir("hivenet")) / "identity.key"
 
 
-def default_weights_dir() -> Path:
-    """Where a node keeps the weight versions it publishes or holds unless told otherwise."""
-    return Path(platformdirs.user_data_dir("hivenet")) / "weights"
+def node_state_dir(identity_path: Path) -> Path:
+    """The directory of a node's own state (weights, ledgers, counters), beside its key file and named
+    after it: two processes never run with one key (it is locked), so they never share state by default."""
+    return identity_path.with_name(f"{identity_path.stem}-state")
 
 
-def default_ledger_path(run_id: str) -> Path:
+def default_ledger_path(identity_path: Path, run_id: str) -> Path:
     """Where `hivenet join` keeps a run's receipts ledger unless told otherwise."""
-    return Path(platformdirs.user_data_dir("hivenet")) / "ledgers" / f"{run_id}.db"
+    return node_state_dir(identity_path) / "ledgers" / f"{run_id}.db"
 
 
 def parse_initial_peer(text: str) -> str:
@@ -88,8 +89,9 @@ class NodeConfig(BaseModel):
 
     identity_path: Path = Field(default_factory=default_identity_path)
     """Ed25519 key file (created on first start, mode 0600)."""
-    weights_dir: Path = Field(default_factory=default_weights_dir)
-    """Chunk store of the weight broadcast: the versions this node publishes (a trainer) or holds."""
+    weights_dir: Path = Field(default_factory=lambda data: node_state_dir(data["identity_path"]) / "weights")
+    """Chunk store of the weight broadcast: the versions this node publishes (a trainer) or holds
+    (and a worker's next assignment counter); by default in the node's own state directory."""
     initial_peers: list[str] = Field(default_factory=list)
     """Multiaddrs of seed nodes (or any live node) to bootstrap from."""
     roles: list[Role] = Field(default_factory=lambda: [Role.VALIDATOR], min_length=1)
@@ -118,7 +120,8 @@ class NodeConfig(BaseModel):
     """If set, serve the status snapshot as JSON over HTTP on 127.0.0.1 at this port."""
     ledger_path: Path | None = None
     """If set, the node keeps its receipts in this ledger (SQLite), serves it to peers and pulls theirs
-    into it (`node.receipts`); `hivenet join` sets it (`default_ledger_path`) unless given."""
+    into it (`node.receipts`); `hivenet join` sets it (`default_ledger_path`, in the node's own state
+    directory) unless given."""
     device: str = "cpu"
     """Where this node's roles run their models: cpu, cuda, cuda:N or mps (checked when they start)."""
     reachability_check: Literal["auto", "on", "off"] = "auto"

@@ -129,3 +129,12 @@ def test_the_rl_demo_summarises_learning_by_quarters() -> None:
     line = learning_summary([0.1, 0.1, 0.3, 0.3, 0.2, 0.2, 0.5, 0.3])
     assert line == "mean reward of steps 0-1: 0.100; of the last 2: 0.400 (+0.300: the policy learned)"
     assert "did not improve" in learning_summary([0.5, 0.4, 0.3, 0.2])
+
+
+def test_an_rl_trainer_announces_the_validator_it_runs() -> None:
+    from cli.rl import rl_node_roles
+    from protocol.node_record import Role
+
+    assert rl_node_roles([Role.TRAINER]) == [Role.TRAINER, Role.VALIDATOR]
+    assert rl_node_roles([Role.TRAINER, Role.VALIDATOR]) == [Role.TRAINER, Role.VALIDATOR]
+    assert rl_node_roles([Role.INFERENCE]) == [Role.INFERENCE]

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from node.config import load_config
+from node.config import NodeConfig, load_config
 from protocol.errors import ConfigError
 
 SEED = "/ip4/127.0.0.1/tcp/31337/p2p/12D3KooWJUW8TJkrraxJRkC9EqBfTAGLumGNHJczTAy783LYjpkV"
@@ -102,3 +102,17 @@ def test_the_trainer_table_of_the_file_is_not_a_node_setting(tmp_path: Path) -> 
     config_file = tmp_path / "node.toml"
     config_file.write_text('run_id = "r"\n[trainer]\ninner_steps = 7\n')
     assert load_config(config_file).run_id == "r"
+
+
+def test_nodes_with_their_own_keys_never_share_state_by_default(tmp_path: Path) -> None:
+    from node.config import default_ledger_path, node_state_dir
+
+    worker, trainer = (NodeConfig(identity_path=tmp_path / f"{name}.key") for name in ("worker", "trainer"))
+    assert worker.weights_dir == tmp_path / "worker-state" / "weights"
+    assert trainer.weights_dir == tmp_path / "trainer-state" / "weights"
+    assert default_ledger_path(worker.identity_path, "r") != default_ledger_path(trainer.identity_path, "r")
+    assert default_ledger_path(worker.identity_path, "r").parent.parent == node_state_dir(
+        worker.identity_path
+    )
+    given = NodeConfig(identity_path=tmp_path / "worker.key", weights_dir=tmp_path / "shared")
+    assert given.weights_dir == tmp_path / "shared"  # told to share: they do
