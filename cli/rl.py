@@ -258,6 +258,8 @@ class RLRoles:
             parts.append(f"policy v{self.trainer.version}")
         if self.worker is not None:
             parts.append(f"groups {len(self.worker.reports)}")
+            if self.worker.waiting_for:
+                parts.append(f"waiting: {self.worker.waiting_for}")
         if self.validator is not None:
             parts.append(self.validator.stats().describe_totals())
         return " | ".join(parts)

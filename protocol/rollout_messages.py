@@ -51,10 +51,12 @@ from protocol.toploc import CHUNK_TOKENS, num_chunks
 from protocol.untrusted import capped_bytes, parse_untrusted
 
 __all__ = [
+    "BANNED",
     "DOMAIN_FORWARD",
     "DOMAIN_GROUP",
     "DOMAIN_VERDICT",
     "ROLLOUT_DTYPES",
+    "STALE",
     "UNKNOWN_VERSION",
     "Forwarded",
     "check_group",
@@ -80,6 +82,12 @@ ROLLOUT_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 UNKNOWN_VERSION = "unknown_version"
 """The verdict reason of a group whose policy version the validator does not hold (yet): nothing was
 judged or used up, and the worker may submit the group again, there or elsewhere."""
+
+BANNED = "banned"
+"""The verdict reason of every rollout from a worker the validator has banned (for a while)."""
+
+STALE = "stale"
+"""The verdict reason of a rollout whose policy version is older than the validator accepts."""
 
 _MAX_ROLLOUT_BYTES = (
     (MAX_ROLLOUT_PROMPT_TOKENS + MAX_ROLLOUT_COMPLETION_TOKENS) * 6

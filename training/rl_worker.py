@@ -40,7 +40,7 @@ from node.rollouts.peers import connect_member
 from node.runtime import offload
 from protocol.assignment import derive_assignment
 from protocol.node_record import Role
-from protocol.rollout_messages import UNKNOWN_VERSION, seal_group
+from protocol.rollout_messages import BANNED, STALE, UNKNOWN_VERSION, seal_group
 from protocol.rollouts_pb2 import Rollout, RolloutGroup
 from training.causal_lm import CausalLM
 from training.devices import resolve_device
@@ -113,6 +113,22 @@ class GroupReport:
         )
 
 
+def _refusal(outcomes: list[tuple[str, list[Receipt], str]]) -> str | None:
+    """What stands in the worker's way after a submission: every validator that judged it banned it, or
+    found its version stale (None when anything was judged on its merits)."""
+    reasons = {
+        (validator, receipt.verdict.reason) for validator, receipts, _ in outcomes for receipt in receipts
+    }
+    if not reasons or any(reason not in (BANNED, STALE) for _, reason in reasons):
+        return None
+    banned_by = sorted(validator for validator, reason in reasons if reason == BANNED)
+    if banned_by:
+        return f"banned by validator(s) {', '.join(banned_by)}; their bans expire, then it submits again"
+    return (
+        "its groups arrive stale (the trainer moved past their policy version); it follows the newest version"
+    )
+
+
 class InferenceWorker(RoleThread):
     """Generates and submits rollout groups for one RL run on a started node, in a thread of its own."""
 
@@ -147,6 +163,18 @@ class InferenceWorker(RoleThread):
         self.counter_path = node.config.weights_dir / f"{config.run_id}.next-counter"
         """The next assignment counter, kept so that a restarted worker does not redo used ones (replays)."""
         self.broadcast = add_policy_follower(node, config)
+        self.waiting_for: str | None = None
+        """Why the worker is not generating or submitting right now (None while it is), as last logged."""
+
+    def _waiting(self, reason: str | None) -> None:
+        """Say what the worker waits for, once each time that changes (and when it stops waiting)."""
+        if reason == self.waiting_for:
+            return
+        if reason is not None:
+            logger.warning("[%s] waiting: %s", self.node.short_id, reason)
+        elif self.waiting_for is not None:
+            logger.info("[%s] no longer waiting (%s)", self.node.short_id, self.waiting_for)
+        self.waiting_for = reason
 
     # ---- lifecycle -----------------------------------------------------------------------
 
@@ -211,8 +239,13 @@ class InferenceWorker(RoleThread):
                 if newest is None:
                     if generated:
                         break  # submit what is ready rather than sit on it
+                    self._waiting(
+                        f"no policy version of run {self.config.run_id!r} yet, from its publishers "
+                        f"{', '.join(p[:8] for p in self.config.authorized_publishers) or '(none named)'}"
+                    )
                     self._stop.wait(_NO_VERSION_WAIT_S)
                     continue
+                self._waiting(None)
                 version, model = newest
                 if generated and version != generated[-1].version:
                     break  # the policy moved on: what is ready goes now, before it grows staler
@@ -309,6 +342,7 @@ class InferenceWorker(RoleThread):
         while not self._stop.is_set():
             validators = self.node.discover(Role.VALIDATOR)
             if not validators:
+                self._waiting(f"no validator of run {self.config.run_id!r} found yet")
                 self._stop.wait(_NO_VALIDATOR_WAIT_S)
                 continue
             self._validator_turn += 1
@@ -344,7 +378,13 @@ class InferenceWorker(RoleThread):
                     outcomes[i] = outcome
             done = [outcome for outcome in outcomes if outcome is not None]
             if len(done) == len(generated):
+                self._waiting(_refusal(done))
                 return done
+            if unjudged:
+                self._waiting(
+                    f"validators do not hold policy v{max(generated[i].version for i in unjudged)} yet "
+                    "(they answer unknown_version); resubmitting"
+                )
             if errors:
                 logger.warning(
                     "[%s] no validator judged the group: %s", self.node.short_id, "; ".join(errors)

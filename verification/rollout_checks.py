@@ -31,7 +31,7 @@ from typing import Protocol
 from protocol import rollouts_pb2
 from protocol.assignment import Assignment
 from protocol.errors import InvalidMessage
-from protocol.rollout_messages import UNKNOWN_VERSION, parse_rollout, rollout_hash
+from protocol.rollout_messages import BANNED, STALE, UNKNOWN_VERSION, parse_rollout, rollout_hash
 from training.sampling import SamplingParams
 from verification.rollout import RolloutClaim
 from verification.rollout_wire import SAMPLING_PARAMS, WireRejection, claim_from_rollout
@@ -52,14 +52,14 @@ __all__ = [
 class GroupReason(enum.StrEnum):
     """Rejection reasons of the validator, beyond the rollout verdict's `RejectReason`."""
 
-    BANNED = "banned"
+    BANNED = BANNED
     REPLAY = "replay"
     """The assignment counter was judged already (or written off as abandoned), or a rollout was
     accepted before."""
     UNKNOWN_VERSION = UNKNOWN_VERSION
     WRONG_TASK = "wrong_task"
     GROUP_SIZE = "group_size"
-    STALE = "stale"
+    STALE = STALE
     SAMPLING_PARAMS = SAMPLING_PARAMS
     COMPLETION_LENGTH = "completion_length"
     GROUP_REJECTED = "group_rejected"
