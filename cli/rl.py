@@ -42,7 +42,8 @@ def rl_options(func: Callable[..., Any]) -> Callable[..., Any]:
         ),
         click.option(
             "--trusted-validator", "trusted_validators", multiple=True,
-            help="On an RL trainer: PeerID of a standalone validator whose forwarded rollouts it learns from (repeatable).",
+            help="PeerID of a standalone validator the RL run trusts (repeatable): its trainers learn from what it "
+            "forwards, and workers submit to it and to the trainers only.",
         ),
     ]  # fmt: skip
     for option in reversed(options):

@@ -120,7 +120,8 @@ class RLRunConfig(BaseModel):
     """Base58 PeerIDs of the trainers allowed to publish the run's policy versions."""
     trusted_validators: list[str] = Field(default_factory=list)
     """Base58 PeerIDs of the standalone validators whose forwarded rollouts a trainer learns from
-    (a trainer always learns from its own validator)."""
+    (a trainer always learns from its own validator); a worker submits only to these and to the
+    run's trainers (`authorized_publishers`)."""
     admitted_trainers: list[str] = Field(default_factory=list)
     """With `diloco`, base58 PeerIDs of the run's only trainers, when the run names them: a trainer
     averages only with them and takes steps and state only from them (empty: anyone may train)."""

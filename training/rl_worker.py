@@ -163,6 +163,10 @@ class InferenceWorker(RoleThread):
         self.counter_path = node.config.weights_dir / f"{config.run_id}.next-counter"
         """The next assignment counter, kept so that a restarted worker does not redo used ones (replays)."""
         self.broadcast = add_policy_follower(node, config)
+        self.trusted = frozenset([*config.authorized_publishers, *config.trusted_validators])
+        """The validators this worker submits to: the run's trainers (each runs one) and its trusted
+        standalone validators. Any node may claim the validator role; a rogue one would answer
+        "accepted", forward nothing and so swallow the work."""
         self.waiting_for: str | None = None
         """Why the worker is not generating or submitting right now (None while it is), as last logged."""
 
@@ -340,9 +344,14 @@ class InferenceWorker(RoleThread):
         unjudged: dict[int, tuple[str, list[Receipt], str]] = {}
         deadline = time.monotonic() + self.config.submit_timeout_s
         while not self._stop.is_set():
-            validators = self.node.discover(Role.VALIDATOR)
+            validators = [
+                v for v in self.node.discover(Role.VALIDATOR) if v.peer_id.to_base58() in self.trusted
+            ]
             if not validators:
-                self._waiting(f"no validator of run {self.config.run_id!r} found yet")
+                self._waiting(
+                    f"none of the validators run {self.config.run_id!r} trusts is live yet (its trainers, "
+                    "and those named with --trusted-validator); any other node claiming the role is ignored"
+                )
                 self._stop.wait(_NO_VALIDATOR_WAIT_S)
                 continue
             self._validator_turn += 1

@@ -2,6 +2,7 @@
 
 - A group submitted to both (each has its own assignment counters, so both accept it, and the
   standalone one forwards it) is trained on once.
+- A worker submits only to those two, never to a third node that claims the validator role.
 - A real inference worker spreads its groups over both; when the standalone validator stops
   answering (its node still listed in membership), the worker fails over to the trainer's
   validator and keeps getting verdicts, and the trainer keeps stepping.
@@ -86,6 +87,26 @@ def test_a_group_accepted_by_both_validators_is_trained_on_once(run: TwoValidato
         assert {rollout_hash(r) for r in group.rollouts} <= run.trainer.trained_hashes
     finally:
         scripted.close()
+
+
+def test_a_worker_never_submits_to_a_validator_the_run_does_not_trust(run: TwoValidators) -> None:
+    # a node anyone can start: it claims the validator role and would judge (or swallow) what it gets
+    rogue = StandaloneValidator(run.nodes.add("rogue", [Role.VALIDATOR]), run.config).start()
+    worker = InferenceWorker(run.nodes.add("worker-r", [Role.INFERENCE]), run.config).start()
+    rogue_peer = rogue.node.identity.peer_id
+    try:
+        assert wait_until(
+            lambda: any(v.peer_id == rogue_peer for v in worker.node.discover(Role.VALIDATOR)),
+            60.0,
+            interval_s=0.5,
+        ), "the worker never saw the rogue validator: the test would prove nothing"
+        seen = len(worker.reports)
+        assert wait_until(lambda: len(worker.reports) >= seen + 6, 120.0, interval_s=0.5)
+        trusted = {run.trainer.node.short_id, run.standalone.node.short_id}
+        assert {r.validator for r in worker.reports} <= trusted
+        assert not rogue.validator.stats().workers  # nothing was ever submitted to it
+    finally:
+        worker.stop()
 
 
 def test_a_worker_fails_over_when_a_validator_stops_answering(run: TwoValidators) -> None:
