@@ -14,6 +14,7 @@ off and safetensors only; `hf_model_from_config` builds a model with a seeded ra
 
 from __future__ import annotations
 
+import copy
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ import torch
 from protocol.errors import ModelError
 from training.causal_lm import CausalLM, SharedPrefixPart, part_shape
 from training.model_dir import check_model_dir
+from training.ragged import plan
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
@@ -105,17 +107,45 @@ class HFCausalLM(CausalLM):
     def forward_shared_prefixes(
         self, parts: Sequence[SharedPrefixPart]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """One right-padded batch per part (the prompt repeated before each continuation), masked so
+        """Per part, the prefix once (its keys and values cached), then the continuations in buckets of
+        similar length (`training.ragged.plan`), each right-padded to its longest member and masked so
         that no real position attends to padding; returns the real continuation rows."""
         results = []
         for prefix_ids, input_ids, lengths in parts:
-            b, _, p = part_shape(prefix_ids, input_ids, lengths)
-            width = p + max(lengths, default=0)
-            self._check_length(width)
-            ids = torch.cat([prefix_ids.unsqueeze(0).expand(b, p), input_ids], dim=1)[:, :width]
-            mask = (torch.arange(width) < torch.tensor([p + n for n in lengths]).unsqueeze(1)).long()
-            out = self.hf.base_model(input_ids=ids, attention_mask=mask.to(ids.device), use_cache=False)
-            rows = torch.cat([out.last_hidden_state[i, p : p + n] for i, n in enumerate(lengths)])
+            _, _, p = part_shape(prefix_ids, input_ids, lengths)
+            self._check_length(p + max(lengths, default=0))
+            device = input_ids.device
+            real = torch.cat([input_ids[i, :n] for i, n in enumerate(lengths)])
+            rows = torch.empty(real.shape[0], self.hidden_size, dtype=self.dtype, device=device)
+            prefix_cache = None
+            if p:
+                prefix_cache = self.hf.base_model(
+                    input_ids=prefix_ids.unsqueeze(0), use_cache=True
+                ).past_key_values
+            for bucket in plan(p, lengths).buckets:
+                flat, grid = bucket.flat.to(device), bucket.grid.to(device)
+                ids = torch.zeros(bucket.batch * bucket.time, dtype=torch.long, device=device)
+                ids[grid] = real[flat]
+                mask = torch.zeros(bucket.batch * bucket.time, dtype=torch.long, device=device)
+                mask[grid] = 1
+                mask = torch.cat(
+                    [
+                        torch.ones(bucket.batch, p, dtype=torch.long, device=device),
+                        mask.view(bucket.batch, -1),
+                    ],
+                    dim=1,
+                )
+                cache = None
+                if prefix_cache is not None:
+                    cache = copy.deepcopy(prefix_cache)
+                    cache.batch_repeat_interleave(bucket.batch)
+                out = self.hf.base_model(
+                    input_ids=ids.view(bucket.batch, bucket.time),
+                    attention_mask=mask,
+                    past_key_values=cache,
+                    use_cache=cache is not None,
+                )
+                rows[flat] = out.last_hidden_state.reshape(-1, rows.shape[1])[grid]
             results.append((self._head()(rows), rows))
         return results
 

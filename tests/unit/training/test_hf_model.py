@@ -87,6 +87,12 @@ def test_cached_decoding_and_shared_prefix_passes_match_one_full_pass(model: HFC
     torch.testing.assert_close(shared[:7], hidden[0, 5:], rtol=1e-4, atol=1e-5)
     _, alone = model.forward_with_hidden(torch.cat([ids[0, :5], ids[1, 5:9]]).unsqueeze(0))
     torch.testing.assert_close(shared[7:], alone[0, 5:], rtol=1e-4, atol=1e-5)
+    # buckets of similar length, an empty continuation among them: each real row still sees only its own
+    three = torch.stack([ids[0, 5:], ids[1, 5:], ids[1, 5:]])
+    [(_, mixed)] = model.forward_shared_prefixes([(ids[0, :5], three, [7, 0, 2])])
+    assert mixed.shape == (9, model.hidden_size)
+    torch.testing.assert_close(mixed[:7], hidden[0, 5:], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(mixed[7:], alone[0, 5:7], rtol=1e-4, atol=1e-5)
 
 
 def test_the_state_dict_uses_the_checkpoint_names_and_hashes_by_content(model: HFCausalLM) -> None:
