@@ -13,7 +13,10 @@ pretrained policy:
    with no network, no proofs and no verification.
 
 Both runs' final policies are scored on the same held-out prompts and sampling seeds, so
-`reward_gain_ratio = (R_swarm - R0) / (R_sync - R0)`. CPU figures use thread CPU clocks, so the
+`reward_gain_ratio = (R_swarm - R0) / (R_sync - R0)`. `throughput_ratio` is the honest worker's
+verified completion tokens per CPU second over the plain loop's tokens per CPU second (tokens,
+not rollouts: the policy's completions grow or shrink as it learns, while the plain loop runs
+the initial policy). CPU figures use thread CPU clocks, so the
 trainer and validator sharing the machine's cores with the worker do not decide them.
 
     python bench/rl.py --quick   # K = 6 steps
@@ -78,16 +81,17 @@ def evaluate(model: CausalLM, task: Task, config: GRPOConfig) -> float:
     return statistics.fmean(rewards)
 
 
-def plain_generation(model: CausalLM, task: Task, config: GRPOConfig, rollouts: int) -> float:
-    """Rollouts per thread CPU-second of the bare generation loop (no network, proofs or checks)."""
+def plain_generation(model: CausalLM, task: Task, config: GRPOConfig, rollouts: int) -> tuple[float, float]:
+    """Rollouts and completion tokens per thread CPU-second of the bare generation loop (no network,
+    proofs or checks)."""
     started = time.thread_time()
-    done = 0
+    done = tokens = 0
     counter = 0
     while done < rollouts:
         assignment = derive_assignment("bench-plain", 0, b"plain", counter, config.group_size)
         prompt = task.prompt(assignment.prompt_seed)
         for seed in assignment.sampling_seeds:
-            generate(
+            out = generate(
                 model,
                 prompt,
                 task.max_new_tokens,
@@ -97,8 +101,10 @@ def plain_generation(model: CausalLM, task: Task, config: GRPOConfig, rollouts: 
                 prove=False,
             )
             done += 1
+            tokens += len(out.completion_ids)
         counter += 1
-    return done / (time.thread_time() - started)
+    seconds = time.thread_time() - started
+    return done / seconds, tokens / seconds
 
 
 def swarm_run(
@@ -160,8 +166,10 @@ def main() -> None:
     generated = sum(len(g) * grpo.group_size for g in honest.groups.values())
     stale = honest.stale_dropped + honest.rejected_by_reason.get("stale", 0)
     worker_cpu = honest.worker_cpu_seconds["worker0"]
-    verified_per_cpu_s = honest.accepted["worker0"] / worker_cpu if worker_cpu > 0 else 0.0
-    plain_per_cpu_s = plain_generation(policy, task, grpo, max(32, generated // 2))
+    worker_groups = honest.groups["worker0"]
+    verified_tokens = sum(g.tokens * g.accepted / grpo.group_size for g in worker_groups)
+    verified_tokens_per_cpu_s = verified_tokens / worker_cpu if worker_cpu > 0 else 0.0
+    plain_per_cpu_s, plain_tokens_per_cpu_s = plain_generation(policy, task, grpo, max(32, generated // 2))
     cheater_trained = sum(cheating.trained_from.get(name, 0) for name in cheating.cheaters)
     honest_rejected = sum(
         sum(sum(g.rejected.values()) for g in groups)
@@ -178,8 +186,8 @@ def main() -> None:
     print(f"held-out reward: initial {r0:.3f}, sync after {steps} steps {r_sync:.3f} ({sync_s:.0f} s), "
           f"swarm {r_swarm:.3f} ({swarm_s:.0f} s)")  # fmt: skip
     print(f"worker: {generated} rollouts generated, {honest.accepted['worker0']} verified, {worker_cpu:.1f} CPU s; "
-          f"plain loop {plain_per_cpu_s:.2f} rollouts/CPU s; validator {honest.validator_cpu_seconds:.1f} CPU s")  # fmt: skip
-    worker_groups = honest.groups["worker0"]
+          f"{verified_tokens_per_cpu_s:.0f} verified tokens/CPU s; plain loop {plain_per_cpu_s:.2f} rollouts/CPU s, "
+          f"{plain_tokens_per_cpu_s:.0f} tokens/CPU s; validator {honest.validator_cpu_seconds:.1f} CPU s")  # fmt: skip
     worker_tokens = sum(g.tokens for g in worker_groups)
     judged_groups = honest.validator_rollouts_judged / grpo.group_size
     if worker_groups and judged_groups:
@@ -196,7 +204,7 @@ def main() -> None:
     fields = {
         "reward_gain_ratio": f"{(r_swarm - r0) / gain_sync:.3f}" if abs(gain_sync) > 1e-9 else "nan",
         "stale_waste_frac": f"{stale / generated:.4f}" if generated else "nan",
-        "throughput_ratio": f"{verified_per_cpu_s / plain_per_cpu_s:.3f}",
+        "throughput_ratio": f"{verified_tokens_per_cpu_s / plain_tokens_per_cpu_s:.3f}",
         "verify_cost_frac": f"{honest.validator_cpu_seconds / worker_cpu:.4f}" if worker_cpu > 0 else "nan",
         "cheater_rollouts_trained": cheater_trained,
         "honest_rejected": honest_rejected,

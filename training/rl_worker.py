@@ -168,6 +168,10 @@ class InferenceWorker(RoleThread):
         standalone validators. Any node may claim the validator role; a rogue one would answer
         "accepted", forward nothing and so swallow the work."""
         self.waiting_for: str | None = None
+        self._no_version = (
+            f"no policy version of run {config.run_id!r} yet, from its publishers "
+            f"{', '.join(p[-8:] for p in config.authorized_publishers) or '(none named)'}"
+        )
         """Why the worker is not generating or submitting right now (None while it is), as last logged."""
 
     def _waiting(self, reason: str | None) -> None:
@@ -243,13 +247,11 @@ class InferenceWorker(RoleThread):
                 if newest is None:
                     if generated:
                         break  # submit what is ready rather than sit on it
-                    self._waiting(
-                        f"no policy version of run {self.config.run_id!r} yet, from its publishers "
-                        f"{', '.join(p[:8] for p in self.config.authorized_publishers) or '(none named)'}"
-                    )
+                    self._waiting(self._no_version)
                     self._stop.wait(_NO_VERSION_WAIT_S)
                     continue
-                self._waiting(None)
+                if self.waiting_for == self._no_version:
+                    self._waiting(None)  # other obstacles (a ban) last until a submission shows them gone
                 version, model = newest
                 if generated and version != generated[-1].version:
                     break  # the policy moved on: what is ready goes now, before it grows staler
