@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -61,3 +62,16 @@ def json_option(func: Any) -> Any:
 def echo_json(data: Any) -> None:
     """Print `data` as one JSON document on stdout."""
     click.echo(json.dumps(data, indent=2, default=str))
+
+
+def plain_printer(console: Any) -> Callable[[str], None]:
+    """A function that prints a line on `console` as it is: no markup, no highlighting.
+
+    For lines that quote what peers sent (verdict reasons, names, versions): read as rich markup,
+    a reason such as `[/x]` raises in the printing thread and would stop the role reporting it.
+    """
+
+    def print_plain(line: str) -> None:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+    return print_plain

@@ -9,7 +9,9 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.markup import escape
 
+from cli.output import plain_printer
 from cli.train import describe_report
 from protocol.node_record import Role
 
@@ -35,6 +37,7 @@ def run_until_interrupted(
     from node.shutdown import StopRequest
 
     console = Console(stderr=True)
+    print_plain = plain_printer(console)
     stop = StopRequest()
     trainer: TrainerThread | None = None
     rl: Any = None
@@ -52,23 +55,24 @@ def run_until_interrupted(
 
             trainer, _ = start_trainer(
                 node, trainer_config,
-                on_progress=lambda report: console.print(describe_report(report), highlight=False, soft_wrap=True),
+                on_progress=lambda report: print_plain(describe_report(report)),
                 wait_for_peers=wait_for_trainers - 1, should_stop=lambda: stop.requested,
             )  # fmt: skip
         if rl_config is not None:
             from cli.rl import RLRoles
 
-            rl = RLRoles(node, rl_config, lambda line: console.print(line, highlight=False, soft_wrap=True))
+            rl = RLRoles(node, rl_config, print_plain)
         last_summary = time.monotonic()
         with Live(console=console, refresh_per_second=1, transient=True) as live:
             while not stop.requested and (trainer is None or trainer.alive) and (rl is None or rl.alive):
                 if time.monotonic() - last_summary >= CONTRIBUTION_EVERY_S:
-                    console.print(_contribution(node, rl), highlight=False, soft_wrap=True)
+                    print_plain(_contribution(node, rl))
                     last_summary = time.monotonic()
                 node.refresh_view()
                 uptime = time.time() - node.started_at
                 training = f" | {trainer.summary()}" if trainer is not None else ""
                 training += f" | {rl.summary()}" if rl is not None else ""
+                training = escape(training)  # it quotes what peers sent (verdict reasons, names)
                 live.update(
                     f"[bold]{label}[/] {node.short_id} | DHT peers {node.dht_peer_count()} | live nodes in run "
                     f"{len(node.live_nodes)} | uptime {uptime:,.0f} s{training} | Ctrl-C to leave"
@@ -77,7 +81,7 @@ def run_until_interrupted(
         if trainer is not None:
             console.print("finishing the outer step in flight and writing a checkpoint...")
             trainer.stop()
-        console.print(_contribution(node, rl), highlight=False, soft_wrap=True)
+        print_plain(_contribution(node, rl))
         console.print("leaving the swarm cleanly...")
     finally:
         if rl is not None:
@@ -101,13 +105,13 @@ def _check_reachability_in_background(node: HivenetNode, console: Any) -> None:
             outcome = node.check_reachability(timeout_s=REACHABILITY_TIMEOUT_S)
         except Exception as exc:  # the node stopped meanwhile, or no seed answered in time
             if node.state == "running":
-                console.print(f"[yellow]reachability check failed:[/] {exc!r}", highlight=False)
+                console.print(f"[yellow]reachability check failed:[/] {escape(repr(exc))}", highlight=False)
             return
         if outcome.reachable:
-            console.print(f"[green]reachable:[/] {outcome.detail}", highlight=False, soft_wrap=True)
+            console.print(f"[green]reachable:[/] {escape(outcome.detail)}", highlight=False, soft_wrap=True)
         else:
             console.print(
-                f"[yellow]not reachable from outside:[/] {outcome.detail}. Peers cannot dial this node: open or "
+                f"[yellow]not reachable from outside:[/] {escape(outcome.detail)}. Peers cannot dial this node: open or "
                 "forward its TCP port (--port), announce your public address with --announce, or run "
                 "`hivenet doctor` for details",
                 highlight=False,

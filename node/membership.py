@@ -26,6 +26,7 @@ from protocol.dht_keys import node_records_key
 from protocol.errors import IdentityError, InvalidMessage
 from protocol.limits import MAX_NODE_RECORD_TTL_S
 from protocol.node_record import NODE_RECORD_DOMAIN, Capabilities, NodeRecord, NodeStatus, Role
+from protocol.text import name_text
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +53,7 @@ def local_capabilities() -> Capabilities:
     accelerator = ""
     torch = __import__("sys").modules.get("torch")
     if torch is not None and torch.cuda.is_available():
-        accelerator = torch.cuda.get_device_name(0)
+        accelerator = name_text(torch.cuda.get_device_name(0))[:128]
     return Capabilities(
         cpu_count=os.cpu_count() or 1, memory_bytes=psutil.virtual_memory().total, accelerator=accelerator
     )

@@ -7,7 +7,6 @@ field's type, size and shape and raises InvalidMessage otherwise.
 from __future__ import annotations
 
 import enum
-import re
 from typing import Annotated
 
 from multiaddr import Multiaddr
@@ -22,6 +21,7 @@ from protocol.limits import (
     MAX_ROLES,
     MAX_RUN_ID_CHARS,
 )
+from protocol.text import NAME_PATTERN, VERSION_PATTERN
 from protocol.untrusted import parse_untrusted
 
 NODE_RECORD_DOMAIN = "node-record"
@@ -44,9 +44,6 @@ class NodeStatus(enum.IntEnum):
     LEFT = pb.NODE_STATUS_LEFT
 
 
-_PRINTABLE_NAME = re.compile(r"^[\w .,:@()+-]*$")
-
-
 class Capabilities(BaseModel):
     """Hardware a node offers."""
 
@@ -56,7 +53,7 @@ class Capabilities(BaseModel):
     """Logical CPU cores."""
     memory_bytes: int = Field(ge=0, le=1 << 50)
     """Total RAM in bytes."""
-    accelerator: str = Field(default="", max_length=128)
+    accelerator: str = Field(default="", max_length=128, pattern=NAME_PATTERN.pattern)
     """Accelerator name, e.g. 'NVIDIA H100'; empty when there is none."""
 
 
@@ -73,7 +70,7 @@ class NodeRecord(BaseModel):
     """Name shown on the dashboard and leaderboard."""
     run_id: str = Field(min_length=1, max_length=MAX_RUN_ID_CHARS)
     """The training run the node takes part in."""
-    software_version: str = Field(min_length=1, max_length=32)
+    software_version: str = Field(min_length=1, max_length=32, pattern=VERSION_PATTERN.pattern)
     """hivenet version the node runs."""
     protocol_version: int = Field(ge=0, le=1 << 16)
     """Wire protocol version."""
@@ -93,7 +90,7 @@ class NodeRecord(BaseModel):
     @field_validator("public_name")
     @classmethod
     def _printable_name(cls, value: str) -> str:
-        if not _PRINTABLE_NAME.match(value):
+        if not NAME_PATTERN.match(value):
             raise ValueError("public name may hold letters, digits, spaces and .,:@()+-_ only")
         return value
 

@@ -47,6 +47,7 @@ from protocol.limits import (
     ROLLOUT_GROUP_TTL_S,
 )
 from protocol.peer_keys import Signer, check_ed25519_peer_id
+from protocol.text import REASON_PATTERN, printable_text
 from protocol.toploc import CHUNK_TOKENS, num_chunks
 from protocol.untrusted import capped_bytes, parse_untrusted
 
@@ -226,6 +227,10 @@ def check_verdict(verdict: rpb.RolloutVerdict) -> None:
         raise InvalidMessage(f"verdict counts {verdict.tokens} tokens, above {MAX_ROLLOUT_COMPLETION_TOKENS}")
     if len(verdict.reason) > MAX_VERDICT_REASON_CHARS or len(verdict.detail) > MAX_VERDICT_DETAIL_CHARS:
         raise InvalidMessage("verdict reason or detail is too long")
+    if verdict.reason and not REASON_PATTERN.fullmatch(verdict.reason):
+        raise InvalidMessage("a verdict reason is a snake_case word (letters, digits, underscores)")
+    if not verdict.detail.isprintable():
+        raise InvalidMessage("a verdict detail holds characters that do not print as themselves")
     if verdict.accepted == bool(verdict.reason):
         raise InvalidMessage("a verdict has a reason exactly when it rejects")
     if not (math.isfinite(verdict.reward) and 0.0 <= verdict.reward <= 1.0):
@@ -250,15 +255,17 @@ def seal_verdict(
 ) -> bytes:
     """The validator's signed receipt for one rollout, valid for RECEIPT_TTL_S from `verdict.issued_at`.
 
-    A detail longer than MAX_VERDICT_DETAIL_CHARS is cut (the caller's message is left as it
-    was); any other field out of range (`check_verdict`) raises InvalidMessage, so a validator
+    A detail longer than MAX_VERDICT_DETAIL_CHARS is cut and any character that would not print
+    as itself (controls, newlines) is replaced by `?` (the caller's message is left as it was);
+    any other field out of range (`check_verdict`) raises InvalidMessage, so a validator
     never signs a verdict that workers or ledgers would refuse for its fields. (A ledger also
     refuses a verdict on the signer's own work; workers do not, so sealing allows it.)
     """
-    if len(verdict.detail) > MAX_VERDICT_DETAIL_CHARS:
+    detail = printable_text(verdict.detail[:MAX_VERDICT_DETAIL_CHARS])
+    if detail != verdict.detail:
         trimmed = rpb.RolloutVerdict()
         trimmed.CopyFrom(verdict)
-        trimmed.detail = verdict.detail[:MAX_VERDICT_DETAIL_CHARS]
+        trimmed.detail = detail
         verdict = trimmed
     check_verdict(verdict)
     return seal(

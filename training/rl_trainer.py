@@ -417,7 +417,10 @@ class RLTrainer(RoleThread):
         report = self._step(step, batch)
         self.reports.append(report)
         if self.on_step is not None:
-            self.on_step(report)
+            try:
+                self.on_step(report)
+            except Exception:  # a failing progress line must never stop training
+                logger.exception("reporting step %d failed; the trainer goes on", report.step)
         return step + 1
 
     def _step(self, step: int, batch: list[list[ScoredRollout]]) -> RLStepReport:

@@ -272,7 +272,10 @@ class InferenceWorker(RoleThread):
     def _report(self, report: GroupReport) -> None:
         self.reports.append(report)
         if self.on_group is not None:
-            self.on_group(report)
+            try:
+                self.on_group(report)
+            except Exception:  # printing what a validator said must never stop the worker
+                logger.exception("[%s] reporting group %d failed; the worker goes on", self.node.short_id, report.counter)
 
     def _generate(self, counter: int, version: int, model: CausalLM) -> _Generated:
         """Generate, prove and seal the group of assignment `counter` with policy `version`."""
