@@ -56,6 +56,7 @@ __all__ = [
     "DOMAIN_FORWARD",
     "DOMAIN_GROUP",
     "DOMAIN_VERDICT",
+    "GROUP_SIZE",
     "ROLLOUT_DTYPES",
     "STALE",
     "UNKNOWN_VERSION",
@@ -86,6 +87,10 @@ judged or used up, and the worker may submit the group again, there or elsewhere
 
 BANNED = "banned"
 """The verdict reason of every rollout from a worker the validator has banned (for a while)."""
+
+GROUP_SIZE = "group_size"
+"""The verdict reason of every rollout of a group whose size is not the run's (a worker started with
+another --group-size than the run's)."""
 
 STALE = "stale"
 """The verdict reason of a rollout whose policy version is older than the validator accepts."""

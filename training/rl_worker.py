@@ -40,7 +40,7 @@ from node.rollouts.peers import connect_member
 from node.runtime import offload
 from protocol.assignment import derive_assignment
 from protocol.node_record import Role
-from protocol.rollout_messages import BANNED, STALE, UNKNOWN_VERSION, seal_group
+from protocol.rollout_messages import BANNED, GROUP_SIZE, STALE, UNKNOWN_VERSION, seal_group
 from protocol.rollouts_pb2 import Rollout, RolloutGroup
 from training.causal_lm import CausalLM
 from training.devices import resolve_device
@@ -119,6 +119,12 @@ def _refusal(outcomes: list[tuple[str, list[Receipt], str]]) -> str | None:
     reasons = {
         (validator, receipt.verdict.reason) for validator, receipts, _ in outcomes for receipt in receipts
     }
+    if reasons and all(reason == GROUP_SIZE for _, reason in reasons):
+        details = {receipt.verdict.detail for _, receipts, _ in outcomes for receipt in receipts}
+        return (
+            f"validators refuse its groups: {'; '.join(sorted(details))}. Start this worker with the run's "
+            "--group-size (every node of an RL run needs the same RL options)"
+        )
     if not reasons or any(reason not in (BANNED, STALE) for _, reason in reasons):
         return None
     banned_by = sorted(validator for validator, reason in reasons if reason == BANNED)
@@ -275,7 +281,9 @@ class InferenceWorker(RoleThread):
             try:
                 self.on_group(report)
             except Exception:  # printing what a validator said must never stop the worker
-                logger.exception("[%s] reporting group %d failed; the worker goes on", self.node.short_id, report.counter)
+                logger.exception(
+                    "[%s] reporting group %d failed; the worker goes on", self.node.short_id, report.counter
+                )
 
     def _generate(self, counter: int, version: int, model: CausalLM) -> _Generated:
         """Generate, prove and seal the group of assignment `counter` with policy `version`."""

@@ -31,7 +31,7 @@ from typing import Protocol
 from protocol import rollouts_pb2
 from protocol.assignment import Assignment
 from protocol.errors import InvalidMessage
-from protocol.rollout_messages import BANNED, STALE, UNKNOWN_VERSION, parse_rollout, rollout_hash
+from protocol.rollout_messages import BANNED, GROUP_SIZE, STALE, UNKNOWN_VERSION, parse_rollout, rollout_hash
 from training.sampling import SamplingParams
 from verification.rollout import RolloutClaim
 from verification.rollout_wire import SAMPLING_PARAMS, WireRejection, claim_from_rollout
@@ -58,7 +58,7 @@ class GroupReason(enum.StrEnum):
     accepted before."""
     UNKNOWN_VERSION = UNKNOWN_VERSION
     WRONG_TASK = "wrong_task"
-    GROUP_SIZE = "group_size"
+    GROUP_SIZE = GROUP_SIZE
     STALE = STALE
     SAMPLING_PARAMS = SAMPLING_PARAMS
     COMPLETION_LENGTH = "completion_length"

@@ -149,7 +149,8 @@ class Validator:
         group got banned is refused as `banned`.
         """
         parsed = [
-            [parse_item(i, data) for i, data in enumerate(group.rollouts[: self.group_size])]
+            # every rollout (the protocol caps how many) gets a verdict, one of a wrong-size group too
+            [parse_item(i, data) for i, data in enumerate(group.rollouts)]
             for _, group in submissions
         ]
         results: list[tuple[list[bytes], list[VerifiedRollout]] | None] = [None] * len(submissions)

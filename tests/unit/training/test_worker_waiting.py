@@ -24,6 +24,13 @@ def test_a_submission_that_nothing_judged_on_its_merits_names_the_obstacle() -> 
     assert stale is not None and "stale" in stale
     assert _refusal([("val1", _receipts("", "stale"), "")]) is None  # one accepted: nothing in the way
     assert _refusal([("val1", _receipts("toploc_exponent"), "")]) is None  # judged: the group report says why
+    wrong_size = [
+        Receipt(b"", rpb.RolloutVerdict(reason="group_size", detail="8 rollouts, the run's groups hold 4"))
+    ]
+    refused = _refusal([("val1", wrong_size, "")])
+    assert (
+        refused is not None and "8 rollouts, the run's groups hold 4" in refused and "--group-size" in refused
+    )
 
 
 def test_the_worker_logs_each_change_of_what_it_waits_for_once(caplog: pytest.LogCaptureFixture) -> None:

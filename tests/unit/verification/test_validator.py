@@ -148,13 +148,15 @@ def test_a_group_of_the_wrong_size_is_rejected(make_validator, honest, keep) -> 
     assert len(sealed) == keep
 
 
-def test_an_oversized_group_gets_at_most_group_size_verdicts(make_validator, honest) -> None:
+def test_an_oversized_group_gets_a_group_size_verdict_for_every_rollout(make_validator, honest) -> None:
+    # the intake answers a submission only with one verdict per rollout: with fewer, a worker started
+    # with another --group-size got an error and no reason, and resubmitted forever
     validator = make_validator()
     group = honest(0, 0)
     group.rollouts.extend([b"junk"] * 50)
     sealed, accepted = validator.judge_group(ALICE, group)
     assert_group_rejected(validator, sealed, accepted, "group_size")
-    assert len(sealed) == GROUP
+    assert len(sealed) == len(group.rollouts) == GROUP + 50
 
 
 def test_an_unknown_version_is_rejected_and_the_group_may_come_back_once_held(
