@@ -196,6 +196,17 @@ def join(
         trainer_config=trainer,
         wait_for_trainers=wait_for_trainers,
         rl_config=rl_config,
+        rl_checkpoint_dir=rl_checkpoint_dir(config, trainer_flags.get("checkpoint_dir")) if is_rl else None,
+    )
+
+
+def rl_checkpoint_dir(config: Any, given: Path | None) -> Path:
+    """Where an RL trainer keeps its checkpoint: the --checkpoint-dir given, else one per run in the
+    node's own state directory, so that a restarted trainer resumes at its version by default."""
+    from node.config import node_state_dir
+
+    return (
+        given if given is not None else node_state_dir(config.identity_path) / "checkpoints" / config.run_id
     )
 
 

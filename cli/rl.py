@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
@@ -222,7 +223,11 @@ def learning_summary(rewards: list[float]) -> str:
 class RLRoles:
     """The RL roles a joined node runs (trainer with its validator, standalone validator, worker)."""
 
-    def __init__(self, node: Any, config: Any, print_line: Callable[[str], None]) -> None:
+    def __init__(
+        self, node: Any, config: Any, print_line: Callable[[str], None], *, checkpoint_dir: Path | None = None
+    ) -> None:
+        """`checkpoint_dir`: where a trainer saves every policy version before publishing it and resumes
+        from after a restart (None: it starts from the run's initial policy)."""
         from protocol.node_record import Role
 
         self.node = node
@@ -238,7 +243,11 @@ class RLRoles:
 
             policy = initial_policy(config, resolve_device(node.config.device))
             self.trainer, self.validator = start_rl_trainer(
-                node, config, policy, on_step=lambda r: print_line(r.describe())
+                node,
+                config,
+                policy,
+                checkpoint_dir=checkpoint_dir,
+                on_step=lambda r: print_line(r.describe()),
             )
         elif Role.VALIDATOR in roles:
             from verification.rl_roles import StandaloneValidator

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -29,6 +30,7 @@ def run_until_interrupted(
     trainer_config: Any = None,
     wait_for_trainers: int = 1,
     rl_config: Any = None,
+    rl_checkpoint_dir: Path | None = None,
 ) -> None:
     """Start `node` (and its trainer, if any), show a live status line until Ctrl-C/SIGTERM, then leave cleanly."""
     from rich.console import Console
@@ -61,7 +63,7 @@ def run_until_interrupted(
         if rl_config is not None:
             from cli.rl import RLRoles
 
-            rl = RLRoles(node, rl_config, print_plain)
+            rl = RLRoles(node, rl_config, print_plain, checkpoint_dir=rl_checkpoint_dir)
         last_summary = time.monotonic()
         with Live(console=console, refresh_per_second=1, transient=True) as live:
             while not stop.requested and (trainer is None or trainer.alive) and (rl is None or rl.alive):

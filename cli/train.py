@@ -70,7 +70,7 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
             "--data", "data_paths", multiple=True, type=click.Path(exists=True, path_type=Path),
             help="Train on these text files/directories instead of the default corpus (repeatable).",
         ),
-        click.option("--checkpoint-dir", type=click.Path(path_type=Path), help="Write/resume checkpoints here."),
+        click.option("--checkpoint-dir", type=click.Path(path_type=Path), help="Write/resume checkpoints here (an RL trainer keeps one per run in its state directory by default)."),
         click.option("--seq-len", type=int, help="Tokens per training sequence."),
         click.option(
             "--target-group-size", type=int,
