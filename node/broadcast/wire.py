@@ -63,6 +63,10 @@ async def write_frame(writer: asyncio.StreamWriter, data: bytes) -> None:
     await writer.drain()
 
 
+RATE_RECHECK_S = 0.25
+"""Longest sleep of an upload waiting for the cap before it looks at the cap again."""
+
+
 class RateLimiter:
     """A token bucket shared by every upload of a node; `bytes_per_s=None` means no cap."""
 
@@ -85,7 +89,10 @@ class RateLimiter:
                 if self._tokens >= num_bytes or self._tokens >= self.burst_bytes:
                     self._tokens -= num_bytes
                     return
-                await asyncio.sleep((num_bytes - self._tokens) / self.bytes_per_s)
+                # a wait is re-checked often: a new rate (or no cap) applies to the uploads already waiting
+                await asyncio.sleep(min(RATE_RECHECK_S, (num_bytes - self._tokens) / self.bytes_per_s))
+                if self.bytes_per_s is None:
+                    return
 
 
 async def write_payload(

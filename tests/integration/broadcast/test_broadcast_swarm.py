@@ -13,7 +13,6 @@ import pytest
 from node.broadcast.errors import WeightsUnavailable
 from node.broadcast.service import PROTO_CHUNK
 from node.broadcast.store import VersionEntry
-from node.broadcast.wire import RateLimiter
 from protocol.manifest import build_manifest
 from protocol.receipts import open_receipt
 from tests.helpers.broadcast import (
@@ -244,8 +243,10 @@ def test_resume_after_restart_fetches_only_missing_chunks(swarm: Swarm, tmp_path
             with contextlib.suppress(asyncio.CancelledError):
                 await fetch
             await victim.stop()  # the node stops halfway; its store stays on disk
-            # a fresh bucket: the throttled one is held by the upload to the stopped fetch
-            pub.service.limiter = RateLimiter(300_000)
+            # the upload caught waiting for the throttled cap goes on at once, finds its reader gone and
+            # gives its upload slot back (with a fresh bucket instead it waited on the old one for ever,
+            # holding the slot, and the restarted fetch stalled)
+            pub.service.limiter.bytes_per_s = 300_000
 
             restarted = await start_broadcast(victim_node, tmp_path / "victim", [publisher])
             entry = restarted.store.get("resume", 1)
