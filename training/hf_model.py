@@ -30,7 +30,11 @@ from training.ragged import plan
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel
 
-__all__ = ["HFCausalLM", "hf_model_from_config", "load_hf_model", "quiet_transformers"]
+__all__ = ["PACKED_TOKENS", "HFCausalLM", "hf_model_from_config", "load_hf_model", "quiet_transformers"]
+
+PACKED_TOKENS = 1024
+"""Longest part (prefix plus all its continuations) a shared-prefix pass packs into one row. A packed
+row's mask is dense (`[rows, rows]` per part), so past this the bucketed pass costs less."""
 
 
 def quiet_transformers() -> None:
@@ -107,47 +111,93 @@ class HFCausalLM(CausalLM):
     def forward_shared_prefixes(
         self, parts: Sequence[SharedPrefixPart]
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per part, the prefix once (its keys and values cached), then the continuations in buckets of
-        similar length (`training.ragged.plan`), each right-padded to its longest member and masked so
-        that no real position attends to padding; returns the real continuation rows."""
-        results = []
-        for prefix_ids, input_ids, lengths in parts:
-            _, _, p = part_shape(prefix_ids, input_ids, lengths)
+        """The real continuation rows of each part, its prefix computed once.
+
+        Parts up to `PACKED_TOKENS` long go through one pass together, each packed into one row of
+        the batch (`_packed`); longer ones each get a pass of their own (`_bucketed`).
+        """
+        shapes = [part_shape(*part) for part in parts]
+        for (_, _, p), (_, _, lengths) in zip(shapes, parts, strict=True):
             self._check_length(p + max(lengths, default=0))
-            device = input_ids.device
-            real = torch.cat([input_ids[i, :n] for i, n in enumerate(lengths)])
-            rows = torch.empty(real.shape[0], self.hidden_size, dtype=self.dtype, device=device)
-            prefix_cache = None
-            if p:
-                prefix_cache = self.hf.base_model(
-                    input_ids=prefix_ids.unsqueeze(0), use_cache=True
-                ).past_key_values
-            for bucket in plan(p, lengths).buckets:
-                flat, grid = bucket.flat.to(device), bucket.grid.to(device)
-                ids = torch.zeros(bucket.batch * bucket.time, dtype=torch.long, device=device)
-                ids[grid] = real[flat]
-                mask = torch.zeros(bucket.batch * bucket.time, dtype=torch.long, device=device)
-                mask[grid] = 1
-                mask = torch.cat(
-                    [
-                        torch.ones(bucket.batch, p, dtype=torch.long, device=device),
-                        mask.view(bucket.batch, -1),
-                    ],
-                    dim=1,
-                )
-                cache = None
-                if prefix_cache is not None:
-                    cache = copy.deepcopy(prefix_cache)
-                    cache.batch_repeat_interleave(bucket.batch)
-                out = self.hf.base_model(
-                    input_ids=ids.view(bucket.batch, bucket.time),
-                    attention_mask=mask,
-                    past_key_values=cache,
-                    use_cache=cache is not None,
-                )
-                rows[flat] = out.last_hidden_state.reshape(-1, rows.shape[1])[grid]
-            results.append((self._head()(rows), rows))
+        packed_sizes = [p + sum(lengths) for (_, _, p), (_, _, lengths) in zip(shapes, parts, strict=True)]
+        short = [i for i, size in enumerate(packed_sizes) if size <= PACKED_TOKENS]
+        results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        if short:
+            results.update(zip(short, self._packed([parts[i] for i in short]), strict=True))
+        for i in range(len(parts)):
+            if i not in results:
+                results[i] = self._bucketed(parts[i])
+        return [results[i] for i in range(len(parts))]
+
+    def _packed(self, parts: Sequence[SharedPrefixPart]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """One pass over every part, each packed into one row `[prefix, continuation 1, continuation 2,
+        ...]` with positions restarting after the prefix and a mask under which each continuation sees
+        the prefix and its own earlier tokens only (padding sees itself)."""
+        device = parts[0][1].device
+        rows_per_part = [prefix.shape[0] + sum(lengths) for prefix, _, lengths in parts]
+        width = max(rows_per_part)
+        ids = torch.zeros(len(parts), width, dtype=torch.long, device=device)
+        positions = torch.zeros(len(parts), width, dtype=torch.long, device=device)
+        allowed = torch.eye(width, dtype=torch.bool, device=device).repeat(len(parts), 1, 1)
+        for row, (prefix, input_ids, lengths) in enumerate(parts):
+            p = prefix.shape[0]
+            ids[row, :p] = prefix
+            positions[row, :p] = torch.arange(p, device=device)
+            allowed[row, :p, :p] = torch.ones(p, p, dtype=torch.bool, device=device).tril()
+            start = p
+            for i, n in enumerate(lengths):
+                end = start + n
+                ids[row, start:end] = input_ids[i, :n]
+                positions[row, start:end] = torch.arange(p, p + n, device=device)
+                allowed[row, start:end, :p] = True
+                allowed[row, start:end, start:end] = torch.ones(n, n, dtype=torch.bool, device=device).tril()
+                start = end
+        out = self.hf.base_model(input_ids=ids, attention_mask=allowed.unsqueeze(1), position_ids=positions)
+        results = []
+        for row, ((prefix, _, _), size) in enumerate(zip(parts, rows_per_part, strict=True)):
+            hidden = out.last_hidden_state[row, prefix.shape[0] : size]
+            results.append((self._head()(hidden), hidden))
         return results
+
+    def _bucketed(self, part: SharedPrefixPart) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix once (its keys and values cached), then the continuations in buckets of similar
+        length (`training.ragged.plan`), each right-padded to its longest member and masked so that no
+        real position attends to padding."""
+        prefix_ids, input_ids, lengths = part
+        p = prefix_ids.shape[0]
+        device = input_ids.device
+        real = torch.cat([input_ids[i, :n] for i, n in enumerate(lengths)])
+        rows = torch.empty(real.shape[0], self.hidden_size, dtype=self.dtype, device=device)
+        prefix_cache = None
+        if p:
+            prefix_cache = self.hf.base_model(
+                input_ids=prefix_ids.unsqueeze(0), use_cache=True
+            ).past_key_values
+        for bucket in plan(p, lengths).buckets:
+            flat, grid = bucket.flat.to(device), bucket.grid.to(device)
+            ids = torch.zeros(bucket.batch * bucket.time, dtype=torch.long, device=device)
+            ids[grid] = real[flat]
+            mask = torch.zeros(bucket.batch * bucket.time, dtype=torch.long, device=device)
+            mask[grid] = 1
+            mask = torch.cat(
+                [
+                    torch.ones(bucket.batch, p, dtype=torch.long, device=device),
+                    mask.view(bucket.batch, -1),
+                ],
+                dim=1,
+            )
+            cache = None
+            if prefix_cache is not None:
+                cache = copy.deepcopy(prefix_cache)
+                cache.batch_repeat_interleave(bucket.batch)
+            out = self.hf.base_model(
+                input_ids=ids.view(bucket.batch, bucket.time),
+                attention_mask=mask,
+                past_key_values=cache,
+                use_cache=cache is not None,
+            )
+            rows[flat] = out.last_hidden_state.reshape(-1, rows.shape[1])[grid]
+        return self._head()(rows), rows
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         """The wrapped model's state dict (the tensor names of its safetensors files)."""

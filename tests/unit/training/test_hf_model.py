@@ -3,12 +3,14 @@ state TOPLOC proves, and decoding, shared-prefix passes and weights hashes that 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
 import torch
 import transformers
 
+from training import hf_model
 from training.causal_lm import CausalLM, weights_hash
 from training.hf_model import HFCausalLM, hf_model_from_config
 
@@ -71,7 +73,7 @@ def test_the_final_hidden_state_is_the_output_of_the_final_norm_and_the_head_rea
 
 
 @torch.inference_mode()
-def test_cached_decoding_and_shared_prefix_passes_match_one_full_pass(model: HFCausalLM) -> None:
+def test_cached_decoding_matches_one_full_pass(model: HFCausalLM) -> None:
     ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(1))
     _, hidden = model.forward_with_hidden(ids)
     _, first, cache = model.prefill_cache(ids[:, :7])
@@ -80,19 +82,37 @@ def test_cached_decoding_and_shared_prefix_passes_match_one_full_pass(model: HFC
         rows.append(model.decode_step(ids[:, i : i + 1], cache)[1])
     # native kernels: decoding sums in another order than the full pass, so equal up to rounding only
     torch.testing.assert_close(torch.cat(rows, dim=1), hidden, rtol=1e-4, atol=1e-5)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("layout", ["packed", "bucketed"])
+def test_shared_prefix_passes_match_one_pass_per_sequence(
+    model: HFCausalLM, layout: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if layout == "bucketed":  # every part counts as long: a pass of its own, prefix cached, buckets
+        monkeypatch.setattr(hf_model, "PACKED_TOKENS", 0)
+    ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(1))
+    _, hidden = model.forward_with_hidden(ids)
+    _, alone = model.forward_with_hidden(torch.cat([ids[0, :5], ids[1, 5:9]]).unsqueeze(0))
+    _, other = model.forward_with_hidden(ids[1:, :8])
     continuations = ids[:, 5:].clone()
     continuations[1, 4:] = 0  # right padding after the second continuation's 4 real tokens
-    [(logits, shared)] = model.forward_shared_prefixes([(ids[0, :5], continuations, [7, 4])])
-    assert shared.shape == (11, model.hidden_size) and logits.shape == (11, model.vocab_size)
-    torch.testing.assert_close(shared[:7], hidden[0, 5:], rtol=1e-4, atol=1e-5)
-    _, alone = model.forward_with_hidden(torch.cat([ids[0, :5], ids[1, 5:9]]).unsqueeze(0))
-    torch.testing.assert_close(shared[7:], alone[0, 5:], rtol=1e-4, atol=1e-5)
-    # buckets of similar length, an empty continuation among them: each real row still sees only its own
     three = torch.stack([ids[0, 5:], ids[1, 5:], ids[1, 5:]])
-    [(_, mixed)] = model.forward_shared_prefixes([(ids[0, :5], three, [7, 0, 2])])
+    parts = [
+        (ids[0, :5], continuations, [7, 4]),
+        (ids[0, :5], three, [7, 0, 2]),  # an empty continuation among them
+        (ids[1, :3], ids[1:, 3:], [5]),  # another prefix, of another length, in the same pass
+    ]
+    (logits, shared), (_, mixed), (_, third) = model.forward_shared_prefixes(parts)
+    assert shared.shape == (11, model.hidden_size) and logits.shape == (11, model.vocab_size)
+    # native kernels: equal up to the rounding of another layout
+    close = functools.partial(torch.testing.assert_close, rtol=1e-4, atol=1e-5)
+    close(shared[:7], hidden[0, 5:])
+    close(shared[7:], alone[0, 5:])
     assert mixed.shape == (9, model.hidden_size)
-    torch.testing.assert_close(mixed[:7], hidden[0, 5:], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(mixed[7:], alone[0, 5:7], rtol=1e-4, atol=1e-5)
+    close(mixed[:7], hidden[0, 5:])
+    close(mixed[7:], alone[0, 5:7])
+    close(third, other[0, 3:])
 
 
 def test_the_state_dict_uses_the_checkpoint_names_and_hashes_by_content(model: HFCausalLM) -> None:
