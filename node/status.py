@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from node.metrics import METRICS_CONTENT_TYPE, MetricsFigures, NodeMetrics
 from node.runtime import offload
+from protocol.errors import ConfigError
 
 
 class NodeStatusSnapshot(BaseModel):
@@ -127,7 +128,13 @@ class StatusServer:
         return Handler
 
     async def start(self) -> None:
-        self._server = ThreadingHTTPServer(("127.0.0.1", self.requested_port), self._handler())
+        try:
+            self._server = ThreadingHTTPServer(("127.0.0.1", self.requested_port), self._handler())
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot serve the status on 127.0.0.1:{self.requested_port} ({exc.strerror or exc}): another "
+                "program (or another hivenet node) holds that port; pick a free --status-port, or 0 for any"
+            ) from None
         self.port = self._server.server_address[1]
         threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True).start()
 

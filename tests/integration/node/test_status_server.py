@@ -62,3 +62,31 @@ def test_an_idle_connection_is_closed_by_the_server() -> None:
             assert idle.recv(1) == b""  # closed by the server, not by our own timeout
     finally:
         asyncio.run(server.stop())
+
+
+def test_a_status_port_in_use_is_one_clear_error_and_the_node_releases_what_it_took(tmp_path) -> None:
+    import pytest
+    from click.testing import CliRunner
+
+    from cli.main import cli
+    from protocol.errors import ConfigError
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    port = holder.getsockname()[1]
+    try:
+        with pytest.raises(ConfigError, match=rf"127.0.0.1:{port} .*pick a free --status-port"):
+            asyncio.run(StatusServer(port).start())
+        args = ["join", "--new-swarm", "--identity", str(tmp_path / "k.key"), "--host", "127.0.0.1"]
+        result = CliRunner().invoke(cli, [*args, "--status-port", str(port)])
+        assert result.exit_code == 1 and "pick a free --status-port" in result.output
+        assert "Traceback" not in result.output
+        # the key was unlocked on the way out: the same node can start once the port is free
+        from node.identity import load_identity
+
+        key = load_identity(tmp_path / "k.key")
+        key.lock()
+        key.unlock()
+    finally:
+        holder.close()
