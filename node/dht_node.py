@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import tempfile
 import threading
 import time
@@ -28,6 +29,7 @@ import psutil
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import PeerID
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from multiaddr import Multiaddr
 
 from node import dht_guard
@@ -35,7 +37,7 @@ from node.config import NodeConfig
 from node.identity import Identity, create_identity
 from node.process_locks import install_robust_mpfuture_locks
 from node.runtime import in_dht
-from protocol.errors import PeerUnreachable
+from protocol.errors import ConfigError, PeerUnreachable
 from protocol.record_validator import SignedRecordValidator
 
 logger = logging.getLogger(__name__)
@@ -141,8 +143,38 @@ def signing_key_of(dht: hivemind.DHT) -> Ed25519PrivateKey | None:
 def start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool = False) -> hivemind.DHT:
     """Start this node's DHT (its own p2pd) listening per `config`, signed with `identity`.
 
-    Seeds are not dialled here; call `bootstrap` next.
+    Seeds are not dialled here; call `bootstrap` next. A port that is taken (by any program, or by
+    another node: p2pd listens with SO_REUSEPORT, so two daemons would share one port and split its
+    connections) is a ConfigError naming it.
     """
+    if config.port:
+        check_port_free(config.host, config.port)
+    try:
+        return _start_dht(config, identity, client_mode=client_mode)
+    except P2PDaemonError as exc:
+        raise ConfigError(
+            f"the libp2p daemon did not start on {config.host}:{config.port} ({str(exc).strip()[-200:]}): "
+            "check --host and --port, or pick --port 0 for any free port"
+        ) from None
+
+
+def check_port_free(host: str, port: int) -> None:
+    """ConfigError unless TCP `port` on `host` can be listened on by this node alone."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # only a listener refuses it, not TIME_WAIT
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot listen on {host}:{port} ({exc.strerror or exc}): another program or another hivenet "
+                "node (a seed?) holds that port; stop it, or pick another --port"
+            ) from None
+
+
+def _start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool) -> hivemind.DHT:
     return _IsolatedDHT(
         signing_key=identity.private_key,
         # p2pd refuses to start if it cannot reach its bootstrap peers, so seeds are dialled by
