@@ -75,11 +75,10 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench._diloco_dp import NUM_TRAINERS, held_out_loss, run_data_parallel  # noqa: E402
+from bench._model_choice import add_model_option, chosen_model  # noqa: E402
 from training.data import DataConfig  # noqa: E402
 from training.diloco import DiLoCoConfig, OuterStepReport  # noqa: E402
-from training.hf_model import quiet_transformers  # noqa: E402
 from training.model import ModelConfig  # noqa: E402
-from training.model_init import init_model_dir  # noqa: E402
 from training.run_model import HFModelRef  # noqa: E402
 from training.simulation import simulate_diloco  # noqa: E402
 from training.trainer import TrainerConfig, trainer_corpus, trainer_model  # noqa: E402
@@ -224,11 +223,7 @@ def main() -> None:
         "--eval-batches", type=int, default=64, help="held-out batches (the same for all modes)"
     )
     parser.add_argument("--skip-dp", action="store_true", help="skip the data-parallel baseline")
-    parser.add_argument(
-        "--model", default="tiny",
-        help="tiny (TinyGPT), hf (a `hivenet model init` llama built here: micro with --quick, else tiny) "
-        "or a Hugging Face model directory",
-    )  # fmt: skip
+    add_model_option(parser)
     parser.add_argument(
         "--no-audit",
         action="store_true",
@@ -244,15 +239,8 @@ def main() -> None:
     os.environ.setdefault("HIVEMIND_LOGLEVEL", "ERROR")
     torch.set_num_threads(1)
 
-    quiet_transformers()
     scratch = tempfile.TemporaryDirectory()
-    hf_model = None
-    if args.model == "hf":
-        size = "micro" if args.quick else "tiny"
-        hf_model = HFModelRef.of_directory(init_model_dir(Path(scratch.name) / "model", size=size))
-    elif args.model != "tiny":
-        hf_model = HFModelRef.of_directory(args.model)
-    config = make_config(args, hf_model)
+    config = make_config(args, chosen_model(args.model, quick=args.quick, scratch=Path(scratch.name)))
     inner_total = args.inner_steps * args.outer_steps
     params = sum(p.numel() for p in trainer_model(config).parameters())
     print(f"model {args.model}, {params} parameters; {NUM_TRAINERS} trainers; H={args.inner_steps}, {args.outer_steps} outer steps, "

@@ -50,16 +50,14 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench._model_choice import add_model_option, chosen_model  # noqa: E402
 from protocol.assignment import derive_assignment  # noqa: E402
 from training.causal_lm import CausalLM  # noqa: E402
 from training.generation import generate  # noqa: E402
 from training.grpo import GRPOConfig  # noqa: E402
-from training.hf_model import quiet_transformers  # noqa: E402
-from training.model_init import init_model_dir  # noqa: E402
 from training.rl_run import RLRunConfig, initial_policy, run_task  # noqa: E402
 from training.rl_sync import run_sync_grpo  # noqa: E402
 from training.rl_worker import CheatMode  # noqa: E402
-from training.run_model import HFModelRef  # noqa: E402
 from training.tasks import Task  # noqa: E402
 from verification.rl_simulation import RLSimulation, simulate_rl  # noqa: E402
 
@@ -120,27 +118,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="K = 6 steps (same keys)")
     parser.add_argument("--steps", type=int, help="trainer steps K (default: 30, quick: 6)")
     parser.add_argument("--async-level", type=int, default=2)
-    parser.add_argument(
-        "--model", default="tiny",
-        help="tiny (TinyGPT), hf (a `hivenet model init` llama, built here) or a Hugging Face model directory",
-    )  # fmt: skip
+    add_model_option(parser)
     parser.add_argument(
         "--lr", type=float, help="GRPO learning rate of both runs (default: the run's default)"
     )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
-    quiet_transformers()
     steps = args.steps or (6 if args.quick else 30)
     base = RLRunConfig(run_id="bench-rl", max_trainer_steps=steps)
     grpo = base.grpo.model_copy(update={"async_level": args.async_level, "lr": args.lr or base.grpo.lr})
     scratch = tempfile.TemporaryDirectory()
-    hf_model = None
-    if args.model == "hf":
-        size = "micro" if args.quick else "tiny"
-        hf_model = HFModelRef.of_directory(init_model_dir(Path(scratch.name) / "model", size=size))
-    elif args.model != "tiny":
-        hf_model = HFModelRef.of_directory(args.model)
+    hf_model = chosen_model(args.model, quick=args.quick, scratch=Path(scratch.name))
     config = base.model_copy(update={"grpo": grpo, "hf_model": hf_model})
     task = run_task(config)
     policy = initial_policy(config)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,11 @@ def tiny_config(max_outer_steps: int, *, inner_steps: int = 8, **overrides: Any)
     )
     base.update(overrides)
     return TrainerConfig(**base)
+
+
+def finished(trainer: TrainerThread, steps: int) -> Callable[[], bool]:
+    """Whether `trainer` made `steps` outer steps or stopped (a predicate for `wait_until`)."""
+    return lambda: trainer.steps() >= steps or not trainer.alive
 
 
 def round_test_settings(prefix: str, group_size: int, **overrides: Any) -> dict[str, Any]:

@@ -2,17 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from node.swarm import wait_until
-from tests.helpers.trainers import harness, hashes_by_step, tiny_config
-from training.trainer_thread import TrainerThread
-
-
-def _done(trainer: TrainerThread, steps: int) -> Callable[[], bool]:
-    return lambda: trainer.steps() >= steps or not trainer.alive
+from tests.helpers.trainers import finished, harness, hashes_by_step, tiny_config
 
 
 def test_late_joiner_receives_parameters_momentum_and_step() -> None:
@@ -23,7 +16,7 @@ def test_late_joiner_receives_parameters_momentum_and_step() -> None:
         joined_at = max(a.steps(), b.steps())
         c = h.start(config, "late")
         for t in (a, b, c):
-            assert wait_until(_done(t, 9), timeout_s=240)
+            assert wait_until(finished(t, 9), timeout_s=240)
         assert a.error is None and b.error is None and c.error is None
         assert [t.steps() for t in (a, b, c)] == [9, 9, 9]
         # The joiner started from the run's step (not from 0) ...
@@ -51,7 +44,7 @@ def test_killed_trainer_does_not_stop_the_others() -> None:
         killed_at = victim.steps()
         victim.kill()
         for t in survivors:
-            assert wait_until(_done(t, 8), timeout_s=300)
+            assert wait_until(finished(t, 8), timeout_s=300)
             assert t.error is None and t.steps() == 8
         x, y = (hashes_by_step(t.reports) for t in survivors)
         assert x[8] == y[8]

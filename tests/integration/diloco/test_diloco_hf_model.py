@@ -4,20 +4,14 @@ the run's state of the model (parameters, momentum, step) instead of starting ov
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from node.swarm import wait_until
-from tests.helpers.trainers import harness, hashes_by_step, tiny_config
+from tests.helpers.trainers import finished, harness, hashes_by_step, tiny_config
 from training.model_init import init_model_dir
 from training.run_model import HFModelRef
-from training.trainer_thread import TrainerThread
-
-
-def _finished(trainer: TrainerThread, steps: int) -> Callable[[], bool]:
-    return lambda: trainer.steps() >= steps or not trainer.alive
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +29,7 @@ def test_trainers_of_a_hugging_face_model_agree_bit_for_bit_and_a_late_joiner_ca
         joined_at = max(a.steps(), b.steps())
         late = h.start(config, "late")
         for trainer in (a, b, late):
-            assert wait_until(_finished(trainer, 6), timeout_s=240)
+            assert wait_until(finished(trainer, 6), timeout_s=240)
         assert [t.error for t in (a, b, late)] == [None, None, None]
         assert all(r.tokens > 0 for t in (a, b) for r in t.reports)
         early = hashes_by_step(a.reports)

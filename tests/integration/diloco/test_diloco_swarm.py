@@ -13,7 +13,7 @@ import torch
 
 from node.dht_node import start_loopback_dht
 from node.swarm import wait_until
-from tests.helpers.trainers import harness, hashes_by_step, tiny_config
+from tests.helpers.trainers import finished, harness, hashes_by_step, tiny_config
 from training.checkpoint import latest_checkpoint, load_checkpoint
 from training.diloco import OuterStepReport
 from training.simulation import simulate_diloco
@@ -63,10 +63,6 @@ def test_single_trainer_runs_and_resumes_from_its_checkpoint(tmp_path: Path) -> 
         dht.shutdown()
 
 
-def _finished(trainer: TrainerThread, steps: int) -> Callable[[], bool]:
-    return lambda: trainer.steps() >= steps or not trainer.alive
-
-
 def _before_last_inner_step(handle: TrainerThread, inner_steps: int, wait: Callable[[], object]) -> None:
     """Make the trainer call `wait()` just before the last inner step of its first outer step."""
     batches = handle.runtime.sampler.next_batch
@@ -112,7 +108,7 @@ def test_a_peer_left_out_of_part_of_a_round_resyncs_to_the_group_at_once() -> No
         for handle in handles:
             handle.start()
         for handle in handles:
-            assert wait_until(_finished(handle, 2), timeout_s=180)
+            assert wait_until(finished(handle, 2), timeout_s=180)
             assert handle.error is None
         by_peer = [hashes_by_step(t.reports) for t in handles]
         assert by_peer[0][1] == by_peer[1][1] == by_peer[2][1], "the late peer kept a partial average"
@@ -143,7 +139,7 @@ def test_two_peers_left_out_of_a_round_both_take_the_state_of_the_one_that_got_i
         for handle in handles:
             handle.start()
         for handle in handles:
-            assert wait_until(_finished(handle, 2), timeout_s=180)
+            assert wait_until(finished(handle, 2), timeout_s=180)
             assert handle.error is None
         by_peer = [hashes_by_step(t.reports) for t in handles]
         assert by_peer[0][1] == by_peer[1][1] == by_peer[2][1], "a late peer kept a partial average"
