@@ -4,7 +4,6 @@ port with the second one (two seeds answering on one address)."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from node.config import NodeConfig
 from node.node import HivenetNode
 from protocol.errors import ConfigError
 from protocol.node_record import Role
+from tests.helpers.ports import held_port
 
 
 def _seed(tmp_path: Path, name: str, port: int) -> HivenetNode:
@@ -23,15 +23,8 @@ def _seed(tmp_path: Path, name: str, port: int) -> HivenetNode:
 
 
 def test_a_port_held_by_another_program_or_another_seed_is_refused(tmp_path: Path) -> None:
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", 0))
-    holder.listen()
-    held = holder.getsockname()[1]
-    try:
-        with pytest.raises(ConfigError, match=rf"cannot listen on 127.0.0.1:{held} .*pick another --port"):
-            _seed(tmp_path, "a", held).start()
-    finally:
-        holder.close()
+    with held_port() as held, pytest.raises(ConfigError, match=rf"127.0.0.1:{held} .*pick another --port"):
+        _seed(tmp_path, "a", held).start()
 
     first = _seed(tmp_path, "first", 0)
     first.start()

@@ -70,12 +70,9 @@ def test_a_status_port_in_use_is_one_clear_error_and_the_node_releases_what_it_t
 
     from cli.main import cli
     from protocol.errors import ConfigError
+    from tests.helpers.ports import held_port
 
-    holder = socket.socket()
-    holder.bind(("127.0.0.1", 0))
-    holder.listen()
-    port = holder.getsockname()[1]
-    try:
+    with held_port() as port:
         with pytest.raises(ConfigError, match=rf"127.0.0.1:{port} .*pick a free --status-port"):
             asyncio.run(StatusServer(port).start())
         args = ["join", "--new-swarm", "--identity", str(tmp_path / "k.key"), "--host", "127.0.0.1"]
@@ -88,5 +85,3 @@ def test_a_status_port_in_use_is_one_clear_error_and_the_node_releases_what_it_t
         key = load_identity(tmp_path / "k.key")
         key.lock()
         key.unlock()
-    finally:
-        holder.close()
