@@ -6,8 +6,16 @@ import asyncio
 import http.client
 import json
 import socket
+from pathlib import Path
 
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cli
+from node.identity import load_identity
 from node.status import STATUS_CONNECTION_TIMEOUT_S, NodeStatusSnapshot, StatusServer
+from protocol.errors import ConfigError
+from tests.helpers.ports import held_port
 
 
 def _started() -> StatusServer:
@@ -64,14 +72,7 @@ def test_an_idle_connection_is_closed_by_the_server() -> None:
         asyncio.run(server.stop())
 
 
-def test_a_status_port_in_use_is_one_clear_error_and_the_node_releases_what_it_took(tmp_path) -> None:
-    import pytest
-    from click.testing import CliRunner
-
-    from cli.main import cli
-    from protocol.errors import ConfigError
-    from tests.helpers.ports import held_port
-
+def test_a_status_port_in_use_is_one_clear_error_and_the_node_releases_what_it_took(tmp_path: Path) -> None:
     with held_port() as port:
         with pytest.raises(ConfigError, match=rf"127.0.0.1:{port} .*pick a free --status-port"):
             asyncio.run(StatusServer(port).start())
@@ -80,8 +81,6 @@ def test_a_status_port_in_use_is_one_clear_error_and_the_node_releases_what_it_t
         assert result.exit_code == 1 and "pick a free --status-port" in result.output
         assert "Traceback" not in result.output
         # the key was unlocked on the way out: the same node can start once the port is free
-        from node.identity import load_identity
-
         key = load_identity(tmp_path / "k.key")
         key.lock()
         key.unlock()
