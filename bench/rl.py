@@ -14,9 +14,12 @@ pretrained policy:
 
 Both runs' final policies are scored on the same held-out prompts and sampling seeds, so
 `reward_gain_ratio = (R_swarm - R0) / (R_sync - R0)`. `throughput_ratio` is the honest worker's
-verified completion tokens per CPU second over the plain loop's tokens per CPU second (tokens,
-not rollouts: the policy's completions grow or shrink as it learns, while the plain loop runs
-the initial policy). CPU figures use thread CPU clocks, so the
+verified share of what a plain generation loop would make of the same CPU time: the part of its
+CPU time spent decoding alone (proofs, serialisation, sealing excluded; the worker counts it),
+times the share of its rollouts that were verified. It is measured inside the run because a
+separate plain loop (4., printed beside it) runs the initial policy, whose completions differ in
+length from those of the policy the swarm trains, which changes the cost per rollout and per
+token alike. CPU figures use thread CPU clocks, so the
 trainer and validator sharing the machine's cores with the worker do not decide them.
 
     python bench/rl.py --quick   # K = 6 steps
@@ -158,6 +161,8 @@ def main() -> None:
     worker_groups = honest.groups["worker0"]
     verified_tokens = sum(g.tokens * g.accepted / grpo.group_size for g in worker_groups)
     verified_tokens_per_cpu_s = verified_tokens / worker_cpu if worker_cpu > 0 else 0.0
+    decode_share = honest.worker_decode_cpu_seconds["worker0"] / worker_cpu if worker_cpu > 0 else 0.0
+    throughput = decode_share * honest.accepted["worker0"] / generated if generated else 0.0
     plain_per_cpu_s, plain_tokens_per_cpu_s = plain_generation(policy, task, grpo, max(32, generated // 2))
     cheater_trained = sum(cheating.trained_from.get(name, 0) for name in cheating.cheaters)
     honest_rejected = sum(
@@ -174,7 +179,8 @@ def main() -> None:
         print(f"{i:>4} {sync_r:>12} {swarm_r:>13}")
     print(f"held-out reward: initial {r0:.3f}, sync after {steps} steps {r_sync:.3f} ({sync_s:.0f} s), "
           f"swarm {r_swarm:.3f} ({swarm_s:.0f} s)")  # fmt: skip
-    print(f"worker: {generated} rollouts generated, {honest.accepted['worker0']} verified, {worker_cpu:.1f} CPU s; "
+    print(f"worker: {generated} rollouts generated, {honest.accepted['worker0']} verified, {worker_cpu:.1f} CPU s "
+          f"({decode_share:.1%} of it decoding); "
           f"{verified_tokens_per_cpu_s:.0f} verified tokens/CPU s; plain loop {plain_per_cpu_s:.2f} rollouts/CPU s, "
           f"{plain_tokens_per_cpu_s:.0f} tokens/CPU s; validator {honest.validator_cpu_seconds:.1f} CPU s")  # fmt: skip
     worker_tokens = sum(g.tokens for g in worker_groups)
@@ -193,7 +199,7 @@ def main() -> None:
     fields = {
         "reward_gain_ratio": f"{(r_swarm - r0) / gain_sync:.3f}" if abs(gain_sync) > 1e-9 else "nan",
         "stale_waste_frac": f"{stale / generated:.4f}" if generated else "nan",
-        "throughput_ratio": f"{verified_tokens_per_cpu_s / plain_tokens_per_cpu_s:.3f}",
+        "throughput_ratio": f"{throughput:.3f}",
         "verify_cost_frac": f"{honest.validator_cpu_seconds / worker_cpu:.4f}" if worker_cpu > 0 else "nan",
         "cheater_rollouts_trained": cheater_trained,
         "honest_rejected": honest_rejected,

@@ -164,6 +164,9 @@ class InferenceWorker(RoleThread):
         """Every verdict received, as sealed by its validator: this worker's proof of its contribution."""
         self.cpu_seconds = 0.0
         """CPU time the loop thread spent generating, proving and sealing (submission waits excluded)."""
+        self.decode_cpu_seconds = 0.0
+        """The part of `cpu_seconds` spent decoding alone (proofs, serialisation and sealing excluded):
+        what a plain generation loop would have spent on the same rollouts."""
         super().__init__()
         self._validator_turn = 0
         self.counter_path = node.config.weights_dir / f"{config.run_id}.next-counter"
@@ -180,12 +183,13 @@ class InferenceWorker(RoleThread):
         )
         """Why the worker is not generating or submitting right now (None while it is), as last logged."""
 
-    def _waiting(self, reason: str | None) -> None:
-        """Say what the worker waits for, once each time that changes (and when it stops waiting)."""
+    def _waiting(self, reason: str | None, *, level: int = logging.INFO) -> None:
+        """Say what the worker waits for, once each time that changes (and when it stops waiting); a
+        refusal (a ban, a wrong group size) is a warning, waiting for the run to start is not."""
         if reason == self.waiting_for:
             return
         if reason is not None:
-            logger.warning("[%s] waiting: %s", self.node.short_id, reason)
+            logger.log(level, "[%s] waiting: %s", self.node.short_id, reason)
         elif self.waiting_for is not None:
             logger.info("[%s] no longer waiting (%s)", self.node.short_id, self.waiting_for)
         self.waiting_for = reason
@@ -300,6 +304,7 @@ class InferenceWorker(RoleThread):
         tokens = 0
         for seed in assignment.sampling_seeds:
             # proofs inline: the whole cost of a rollout stays on this thread's CPU clock
+            decode_started = time.thread_time()
             out = generate(
                 generator,
                 prompt,
@@ -309,6 +314,7 @@ class InferenceWorker(RoleThread):
                 stop_ids=self.task.stop_ids,
                 background_proofs=False,
             )
+            self.decode_cpu_seconds += time.thread_time() - decode_started - out.proof_cpu_seconds
             tokens += len(out.completion_ids)
             rollouts.append(
                 Rollout(
@@ -400,7 +406,7 @@ class InferenceWorker(RoleThread):
                     outcomes[i] = outcome
             done = [outcome for outcome in outcomes if outcome is not None]
             if len(done) == len(generated):
-                self._waiting(_refusal(done))
+                self._waiting(_refusal(done), level=logging.WARNING)
                 return done
             if unjudged:
                 self._waiting(

@@ -89,6 +89,8 @@ class RLSimulation:
     accepted: dict[str, int] = field(default_factory=dict)
     """Verified rollouts that reached the trainer, per worker name."""
     worker_cpu_seconds: dict[str, float] = field(default_factory=dict)
+    worker_decode_cpu_seconds: dict[str, float] = field(default_factory=dict)
+    """Of each worker's CPU time, the part spent decoding alone (`InferenceWorker.decode_cpu_seconds`)."""
     validator_cpu_seconds: float = 0.0
     validator_rollouts_judged: int = 0
     validator_batches: list[int] = field(default_factory=list)
@@ -245,6 +247,7 @@ def simulate_rl(
             result.groups[name] = list(worker.reports)
             result.accepted[name] = sum(g.accepted for g in worker.reports)
             result.worker_cpu_seconds[name] = worker.cpu_seconds
+            result.worker_decode_cpu_seconds[name] = worker.decode_cpu_seconds
             for g in worker.reports:
                 for reason, n in g.rejected.items():
                     result.rejected_by_reason[reason] = result.rejected_by_reason.get(reason, 0) + n
