@@ -49,9 +49,11 @@ def quiet_transformers() -> None:
 class HFCausalLM(CausalLM):
     """A `transformers` causal LM as a `CausalLM` (see the module docstring)."""
 
-    def __init__(self, hf: PreTrainedModel) -> None:
+    def __init__(self, hf: PreTrainedModel, *, packed_tokens: int = PACKED_TOKENS) -> None:
         super().__init__()
         self.hf = hf
+        self.packed_tokens = packed_tokens
+        """Longest part a shared-prefix pass packs into one row (`PACKED_TOKENS`); 0 packs none."""
 
     @property
     def family(self) -> str:
@@ -113,14 +115,14 @@ class HFCausalLM(CausalLM):
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The real continuation rows of each part, its prefix computed once.
 
-        Parts up to `PACKED_TOKENS` long go through one pass together, each packed into one row of
+        Parts up to `packed_tokens` long go through one pass together, each packed into one row of
         the batch (`_packed`); longer ones each get a pass of their own (`_bucketed`).
         """
         shapes = [part_shape(*part) for part in parts]
         for (_, _, p), (_, _, lengths) in zip(shapes, parts, strict=True):
             self._check_length(p + max(lengths, default=0))
         packed_sizes = [p + sum(lengths) for (_, _, p), (_, _, lengths) in zip(shapes, parts, strict=True)]
-        short = [i for i, size in enumerate(packed_sizes) if size <= PACKED_TOKENS]
+        short = [i for i, size in enumerate(packed_sizes) if size <= self.packed_tokens]
         results: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if short:
             results.update(zip(short, self._packed([parts[i] for i in short]), strict=True))

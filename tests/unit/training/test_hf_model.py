@@ -10,9 +10,8 @@ import pytest
 import torch
 import transformers
 
-from training import hf_model
 from training.causal_lm import CausalLM, weights_hash
-from training.hf_model import HFCausalLM, hf_model_from_config
+from training.hf_model import PACKED_TOKENS, HFCausalLM, hf_model_from_config
 
 SMALL: dict[str, Any] = {
     "vocab_size": 300,
@@ -86,11 +85,9 @@ def test_cached_decoding_matches_one_full_pass(model: HFCausalLM) -> None:
 
 @torch.inference_mode()
 @pytest.mark.parametrize("layout", ["packed", "bucketed"])
-def test_shared_prefix_passes_match_one_pass_per_sequence(
-    model: HFCausalLM, layout: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if layout == "bucketed":  # every part counts as long: a pass of its own, prefix cached, buckets
-        monkeypatch.setattr(hf_model, "PACKED_TOKENS", 0)
+def test_shared_prefix_passes_match_one_pass_per_sequence(model: HFCausalLM, layout: str) -> None:
+    # bucketed: every part counts as long, so it gets a pass of its own (prefix cached, buckets)
+    model = HFCausalLM(model.hf, packed_tokens=PACKED_TOKENS if layout == "packed" else 0)
     ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(1))
     _, hidden = model.forward_with_hidden(ids)
     _, alone = model.forward_with_hidden(torch.cat([ids[0, :5], ids[1, 5:9]]).unsqueeze(0))
