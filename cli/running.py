@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.markup import escape
 
 from cli.output import plain_printer
 from cli.train import describe_report
@@ -35,6 +34,7 @@ def run_until_interrupted(
     """Start `node` (and its trainer, if any), show a live status line until Ctrl-C/SIGTERM, then leave cleanly."""
     from rich.console import Console
     from rich.live import Live
+    from rich.markup import escape
 
     from node.shutdown import StopRequest
 
@@ -97,6 +97,8 @@ def run_until_interrupted(
 def _check_reachability_in_background(node: HivenetNode, console: Any) -> None:
     """Ask the seeds for a dial-back (when the config wants one) and print the outcome, without
     holding up the node or its Ctrl-C: the seed that reached this node earns a receipt."""
+    from rich.markup import escape
+
     from node.reachability import wants_dial_back
 
     if not wants_dial_back(node.config.reachability_check, node.config.initial_peers):

@@ -205,3 +205,29 @@ def hashes_by_step(reports: list[OuterStepReport]) -> dict[int, str]:
 
 def checkpoint_dir(tmp_path: Path, name: str) -> Path:
     return tmp_path / name / "checkpoints"
+
+
+def assert_a_late_joiner_catches_up(config: TrainerConfig, *, join_after: int) -> list[TrainerThread]:
+    """Two trainers train `config`'s run; once both made `join_after` outer steps a third joins. All three
+    finish the run without error, in one state after every round, the joiner from the run's step (not
+    from 0) with the run's parameters and momentum (the state hash covers both). Returns the three."""
+    steps = config.diloco.max_outer_steps
+    assert steps is not None and steps > join_after
+    with harness() as h:
+        a, b = h.start_many(config, ["early0", "early1"])
+        assert wait_until(lambda: a.steps() >= join_after and b.steps() >= join_after, timeout_s=180)
+        joined_at = max(a.steps(), b.steps())
+        late = h.start(config, "late")
+        for trainer in (a, b, late):
+            assert wait_until(finished(trainer, steps), timeout_s=240)
+        assert [t.error for t in (a, b, late)] == [None, None, None]
+        assert [t.steps() for t in (a, b, late)] == [steps] * 3
+        early = hashes_by_step(a.reports)
+        assert sorted(early) == list(range(1, steps + 1)) and hashes_by_step(b.reports) == early
+        assert late.reports[0].outer_step > joined_at
+        shared = [r for r in late.reports if r.num_peers == 3]
+        assert shared, "the joiner never averaged with the others"
+        for r in shared:
+            assert r.outer_hash == early[r.outer_step], f"joiner differs after outer step {r.outer_step}"
+        assert late.reports[-1].outer_hash == early[steps]
+        return [a, b, late]

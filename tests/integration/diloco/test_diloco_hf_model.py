@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from node.swarm import wait_until
-from tests.helpers.trainers import finished, harness, hashes_by_step, tiny_config
+from tests.helpers.trainers import assert_a_late_joiner_catches_up, tiny_config
 from training.model_init import init_model_dir
 from training.run_model import HFModelRef
 
@@ -23,19 +22,5 @@ def test_trainers_of_a_hugging_face_model_agree_bit_for_bit_and_a_late_joiner_ca
     model_dir: Path,
 ) -> None:
     config = tiny_config(6, inner_steps=4, hf_model=HFModelRef.of_directory(model_dir))
-    with harness() as h:
-        a, b = h.start_many(config, ["early0", "early1"])
-        assert wait_until(lambda: a.steps() >= 2 and b.steps() >= 2, timeout_s=180)
-        joined_at = max(a.steps(), b.steps())
-        late = h.start(config, "late")
-        for trainer in (a, b, late):
-            assert wait_until(finished(trainer, 6), timeout_s=240)
-        assert [t.error for t in (a, b, late)] == [None, None, None]
-        assert all(r.tokens > 0 for t in (a, b) for r in t.reports)
-        early = hashes_by_step(a.reports)
-        assert sorted(early) == list(range(1, 7)) and hashes_by_step(b.reports) == early
-        assert late.reports[0].outer_step > joined_at  # it started from the run's step, not from 0
-        shared = [r for r in late.reports if r.num_peers == 3]
-        assert shared, "the joiner never averaged with the others"
-        assert all(r.outer_hash == early[r.outer_step] for r in shared)
-        assert late.reports[-1].outer_hash == early[6]
+    early0, early1, _ = assert_a_late_joiner_catches_up(config, join_after=2)
+    assert all(r.tokens > 0 for t in (early0, early1) for r in t.reports)  # the corpus in the model's tokens
