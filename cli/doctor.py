@@ -120,7 +120,7 @@ def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: 
                 dial_back.reachable,
                 dial_back.detail,
                 f"open or forward TCP port {port or '(pass --port)'} to this machine, announce your public address "
-                "with --announce, or join with auto-relay so that peers can reach you through a relay",
+                "with --announce, or join with --auto-relay so that peers can reach you through a relay",
             )
         )
     finally:

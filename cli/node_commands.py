@@ -51,6 +51,13 @@ def _node_options(func: Any) -> Any:
         click.option(
             "--bootstrap-timeout", "bootstrap_timeout_s", type=float, help="Seconds to retry seeds."
         ),
+        click.option(
+            "--auto-relay",
+            "use_auto_relay",
+            is_flag=True,
+            default=None,
+            help="Behind NAT: look for relays, so that peers reach this node through one (env HIVENET_USE_AUTO_RELAY).",
+        ),
         click.option("--status-file", type=click.Path(path_type=Path), help="Write a JSON status here."),
         click.option("--status-port", type=int, help="Serve JSON status on 127.0.0.1:PORT/status."),
         click.option(

@@ -116,8 +116,8 @@ def _check_reachability_in_background(node: HivenetNode, console: Any) -> None:
         else:
             console.print(
                 f"[yellow]not reachable from outside:[/] {escape(outcome.detail)}. Peers cannot dial this node: open or "
-                "forward its TCP port (--port), announce your public address with --announce, or run "
-                "`hivenet doctor` for details",
+                "forward its TCP port (--port), announce your public address with --announce, join with "
+                "--auto-relay to be reached through a relay, or run `hivenet doctor` for details",
                 highlight=False,
                 soft_wrap=True,
             )

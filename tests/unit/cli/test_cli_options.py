@@ -138,3 +138,24 @@ def test_an_rl_trainer_announces_the_validator_it_runs() -> None:
     assert rl_node_roles([Role.TRAINER]) == [Role.TRAINER, Role.VALIDATOR]
     assert rl_node_roles([Role.TRAINER, Role.VALIDATOR]) == [Role.TRAINER, Role.VALIDATOR]
     assert rl_node_roles([Role.INFERENCE]) == [Role.INFERENCE]
+
+
+def test_every_option_the_doctor_advises_exists_on_join() -> None:
+    import re
+
+    import cli.doctor
+    from cli.node_commands import join
+
+    advised = set(re.findall(r"--[a-z][a-z-]*", Path(cli.doctor.__file__).read_text()))
+    offered = {name for param in join.params for name in getattr(param, "opts", [])}
+    assert "--auto-relay" in advised and advised <= offered, advised - offered
+
+
+def test_auto_relay_is_off_unless_asked_for_and_a_flag_does_not_override_the_file(tmp_path: Path) -> None:
+    from cli.node_commands import _build_config
+
+    assert _build_config(None, use_auto_relay=None).use_auto_relay is False
+    assert _build_config(None, use_auto_relay=True).use_auto_relay is True
+    config_file = tmp_path / "node.toml"
+    config_file.write_text("use_auto_relay = true\n")
+    assert _build_config(config_file, use_auto_relay=None).use_auto_relay is True
