@@ -139,6 +139,7 @@ def bench_rollouts(n_rollouts: int, completion: int, dtype: torch.dtype, all_cor
             sampling=params,
             seed=seed,
             dtype={torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype],  # type: ignore[arg-type]
+            device="cpu",
             proofs=out.proofs,
         )
         claims.append(claim)

@@ -34,6 +34,16 @@ def rl_options(func: Callable[..., Any]) -> Callable[..., Any]:
             help="With --model DIR: the hash of the run's starting weights; this node refuses to start if its "
             "copy differs (default: the copy's own hash, printed for the other nodes).",
         ),
+        click.option(
+            "--verification-policy", "verification_policy", type=click.Path(dir_okay=False),
+            help="The run's verification limits, written by `hivenet calibrate` (default: exact limits for "
+            "'tiny'; the TOPLOC paper's loose bf16 limits for an uncalibrated --model DIR).",
+        ),
+        click.option(
+            "--verification-sha256",
+            help="With --verification-policy: the hash of the run's policy; this node refuses to start if its "
+            "file differs (default: the file's own hash, printed for the other nodes).",
+        ),
         click.option("--rl-steps", "max_trainer_steps", type=int, help="Stop the RL trainer after this many steps."),
         click.option("--group-size", type=int, help="Completions per prompt (GRPO group)."),
         click.option("--async-level", type=int, help="Rollouts may lag the trainer by this many versions (0: sync)."),
@@ -58,6 +68,8 @@ RL_OPTION_NAMES = (
     "model_dir",
     "model_sha256",
     "worker_dtype",
+    "verification_policy",
+    "verification_sha256",
     "max_trainer_steps",
     "group_size",
     "async_level",
@@ -84,6 +96,16 @@ def build_rl_config(run_id: str, **options: Any) -> Any:
     hf_model = hf_model_option(options.get("model_dir"), options.get("model_sha256"))
     if hf_model is not None:
         top["hf_model"] = hf_model
+    verification = verification_option(options.get("verification_policy"), options.get("verification_sha256"))
+    if verification is not None:
+        top["verification"] = verification
+    elif hf_model is not None:
+        click.secho(
+            "warning: no --verification-policy: validators apply the TOPLOC paper's loose limits to this model; "
+            "calibrate them with `hivenet calibrate --model DIR`",
+            fg="yellow",
+            err=True,
+        )
     try:
         from training.rl_run import run_task
 
@@ -104,6 +126,26 @@ def rl_node_roles(roles: list[Any]) -> list[Any]:
     if Role.TRAINER in roles and Role.VALIDATOR not in roles:
         return [*roles, Role.VALIDATOR]
     return list(roles)
+
+
+def verification_option(path: str | None, sha256: str | None) -> Any:
+    """The run's `RunVerification` from `--verification-policy FILE [--verification-sha256 H]`; None
+    for the backend's built-in limits."""
+    if path is None:
+        if sha256:
+            raise ConfigError("--verification-sha256 names a --verification-policy FILE; pass the file too")
+        return None
+    from verification.policy_file import load_policy_file
+
+    policy = load_policy_file(path)
+    if sha256 is None:
+        click.echo(f"verification policy {path}: --verification-sha256 {policy.sha256}", err=True)
+    elif sha256.lower() != policy.sha256:
+        raise ConfigError(
+            f"verification policy {path} has hash {policy.sha256[:16]}, the run's is {sha256.lower()[:16]}; "
+            "get the run's policy file from its operator"
+        )
+    return policy
 
 
 def hf_model_option(model_dir: str | None, sha256: str | None) -> Any:

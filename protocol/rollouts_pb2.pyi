@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Rollout(_message.Message):
-    __slots__ = ("prompt_ids", "completion_ids", "dtype", "temperature", "top_p", "seed", "proofs")
+    __slots__ = ("prompt_ids", "completion_ids", "dtype", "temperature", "top_p", "seed", "proofs", "device")
     PROMPT_IDS_FIELD_NUMBER: _ClassVar[int]
     COMPLETION_IDS_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
@@ -15,6 +15,7 @@ class Rollout(_message.Message):
     TOP_P_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     PROOFS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
     prompt_ids: _containers.RepeatedScalarFieldContainer[int]
     completion_ids: _containers.RepeatedScalarFieldContainer[int]
     dtype: str
@@ -22,7 +23,8 @@ class Rollout(_message.Message):
     top_p: float
     seed: int
     proofs: _containers.RepeatedScalarFieldContainer[bytes]
-    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., completion_ids: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., proofs: _Optional[_Iterable[bytes]] = ...) -> None: ...
+    device: str
+    def __init__(self, prompt_ids: _Optional[_Iterable[int]] = ..., completion_ids: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., temperature: _Optional[float] = ..., top_p: _Optional[float] = ..., seed: _Optional[int] = ..., proofs: _Optional[_Iterable[bytes]] = ..., device: _Optional[str] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
     __slots__ = ("policy_version", "counter", "task", "rollouts")

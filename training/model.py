@@ -23,7 +23,7 @@ float64: its rounding noise is ~1e-16, far below the ulp of any storage dtype, s
 result does not depend on how many rows are computed with it, and incremental decoding
 reproduces a prefill bit for bit in float32, bfloat16 and float16 alike. That is what lets
 a verifier hold an honest worker to zero TOPLOC error while still seeing the rounding
-pattern of a different precision (see `verification/policy.py`). With autograd on
+pattern of a different precision (see `protocol/verification_policy.py`). With autograd on
 (training) the wider type is float32, for speed.
 """
 

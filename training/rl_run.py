@@ -28,6 +28,7 @@ from node.broadcast.store import VersionEntry
 from node.config import check_base58_peer_ids
 from node.node import HivenetNode
 from protocol.limits import MAX_GROUPS_PER_SUBMISSION
+from protocol.verification_policy import RunVerification, default_run_verification
 from training.causal_lm import CausalLM
 from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
@@ -116,6 +117,9 @@ class RLRunConfig(BaseModel):
     grpo: GRPOConfig = GRPOConfig()
     worker_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Precision honest workers generate in (validators recompute in the claimed one)."""
+    verification: RunVerification | None = None
+    """The limits validators apply, per precision and device class the run allows (`hivenet
+    calibrate` writes them; None: the built-in ones of the backend, see `run_verification`)."""
     authorized_publishers: list[str] = Field(default_factory=list)
     """Base58 PeerIDs of the trainers allowed to publish the run's policy versions."""
     trusted_validators: list[str] = Field(default_factory=list)
@@ -142,13 +146,26 @@ class RLRunConfig(BaseModel):
     def _peer_ids(cls, value: list[str]) -> list[str]:
         return check_base58_peer_ids(value)
 
+    @property
+    def run_verification(self) -> RunVerification:
+        """The run's verification limits: `verification`, or the backend's built-in ones."""
+        if self.verification is not None:
+            return self.verification
+        return default_run_verification("tiny" if self.hf_model is None else "hf")
+
     @model_validator(mode="after")
     def _verifiable_precision(self) -> RLRunConfig:
-        if self.hf_model is not None and self.worker_dtype != "float32":
+        verification = self.run_verification
+        if not verification.allows_dtype(self.worker_dtype):
             raise ValueError(
-                f"workers of a Hugging Face model generate in float32 only: in {self.worker_dtype} its native "
-                "kernels round differently from a verifier's pass, and honest rollouts would be refused "
-                "(that calibration is not built yet)"
+                f"the run's verification policy does not allow {self.worker_dtype} (it allows "
+                f"{verification.allowed()}); calibrate it with `hivenet calibrate --dtype {self.worker_dtype}`"
+            )
+        expected = "tiny" if self.hf_model is None else self.hf_model.weights_sha256
+        if verification.model not in (expected, "uncalibrated"):
+            raise ValueError(
+                f"the verification policy was calibrated on {verification.model[:16]}, not on the run's model "
+                f"{expected[:16]}; calibrate this model with `hivenet calibrate`"
             )
         return self
 

@@ -321,6 +321,7 @@ class InferenceWorker(RoleThread):
                     prompt_ids=prompt,
                     completion_ids=out.completion_ids,
                     dtype=self.config.worker_dtype,
+                    device=self.device.type,
                     temperature=grpo.temperature,
                     top_p=grpo.top_p,
                     seed=seed,

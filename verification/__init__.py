@@ -6,7 +6,9 @@ Map of the main names and where they live:
   defined in `protocol.errors` beside the proof format.
 - `rollout`: `RolloutClaim` (what a worker submits), `CLAIM_DTYPES`.
 - `sampling_check`: `check_sampling`, `SamplingCheck` (every token is the seeded sampler's).
-- `policy`: `VerificationPolicy`, `DEFAULT_POLICY` (all thresholds, with their calibration).
+- `policy_file`: reads and writes a run's `RunVerification` (the limits per precision and device
+  class, defined in `protocol.verification_policy` with the built-in `EXACT_POLICY`, `PAPER_POLICY`);
+- `calibration`: measures honest noise and cheats on a model and derives a `RunVerification`.
 - `verdict`: `verify_rollout`, `RolloutVerifier`, `judge`, `Verdict`, `RejectReason`.
 - `validator`: `Validator` (judges a worker's `RolloutGroup` of an RL run; its sealed verdicts also go
   to `on_verdicts`, e.g. the node's ledger), `VerifiedRollout`,

@@ -80,6 +80,7 @@ def make_validator(node: HivenetNode, config: RLRunConfig) -> Validator:
         group_size=config.grpo.group_size,
         async_level=config.grpo.async_level,
         sampling=config.grpo.sampling,
+        verification=config.run_verification,
         on_verdicts=node.receipt_sink,  # the validator's own ledger keeps (and serves) its receipts
     )
 

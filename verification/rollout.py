@@ -2,7 +2,7 @@
 
 A claim carries everything a trainer needs to re-derive the rollout: the prompt and
 completion token ids, the policy version, the sampling parameters and seed, the precision
-the worker claims to have run at, and one TOPLOC proof per 32 completion tokens. The network
+and device class the worker claims to have run at, and one TOPLOC proof per 32 completion tokens. The network
 layer wraps it in a signed envelope; this module only defines and bounds its shape.
 """
 
@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from protocol.verification_policy import DeviceClass
 from training.sampling import SamplingParams
 
 __all__ = ["CLAIM_DTYPES", "MAX_PROOF_BYTES", "MAX_ROLLOUT_TOKENS", "RolloutClaim", "torch_dtype"]
@@ -64,6 +65,10 @@ class RolloutClaim(BaseModel):
 
     dtype: ClaimDtype
     """Precision the worker ran the model at; the verifier recomputes in the same one."""
+
+    device: DeviceClass
+    """Where the worker's kernels ran (`"cpu"`, `"cuda"`, `"mps"`): with the precision, it picks the
+    run's limits for the rollout (a pair the run does not allow is rejected)."""
 
     proofs: list[ProofBytes] = Field(max_length=MAX_ROLLOUT_TOKENS)
     """TOPLOC proofs over the bf16 final hidden states, one per 32 completion tokens."""

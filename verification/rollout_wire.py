@@ -66,6 +66,7 @@ def claim_from_rollout(
             sampling=sampling,
             seed=int(rollout.seed),
             dtype=rollout.dtype,  # type: ignore[arg-type]  # a Literal, checked by pydantic
+            device=rollout.device,  # type: ignore[arg-type]  # likewise
             proofs=list(rollout.proofs),
         )
     except ValidationError as exc:

@@ -4,8 +4,12 @@ The worker's sampler (`training.sampling`) picks, at completion index i,
 `argmax_j logits_j / T + g(seed, i, j)` over the top-p nucleus. The verifier recomputes the
 logits by prefill and, for each token, measures its **gap**: how far (in logit units, i.e.
 score difference times T) the claimed token's score falls below the best score among the
-tokens that are surely in the nucleus. An honest token has gap <= 2 * (logit error); a token
-picked by the worker (greedy, swapped) has a gap of order one logit.
+tokens that are surely in the nucleus. An honest token has gap 0, except at a *near tie*, where
+the worker's logit noise flipped the order of two scores closer than twice that noise; a token
+picked by the worker (greedy, swapped) has a gap of order one logit. The verdict
+(`verification.verdict`) rejects any gap above the tolerance and counts the non-zero ones
+(`SamplingCheck.deviations`): honest noise flips few near ties, a worker that takes the other
+token at every near tie flips them all.
 
 The nucleus is judged with a slack that matches the logit tolerance: a logit error of at most
 `tol` changes every probability by at most a factor `exp(2 tol / T)`, hence the mass above a
@@ -42,6 +46,12 @@ class SamplingCheck:
     def failing(self) -> np.ndarray:
         """Completion indices whose gap exceeds the tolerance."""
         return np.nonzero(self.gaps > self.tolerances)[0]
+
+    @property
+    def deviations(self) -> int:
+        """Tokens that are not the seeded sampler's choice on the recomputed logits (gap > 0): near ties
+        an honest worker's logit noise flipped, or a worker's own choices."""
+        return int(np.count_nonzero(self.gaps > 0.0))
 
     @property
     def max_gap(self) -> float:

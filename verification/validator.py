@@ -34,9 +34,9 @@ from protocol.assignment import derive_assignment
 from protocol.limits import MAX_VERDICT_BAN_S
 from protocol.peer_keys import Signer
 from protocol.rollout_messages import seal_verdict
+from protocol.verification_policy import RunVerification
 from training.causal_lm import CausalLM
 from training.sampling import SamplingParams
-from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.rollout_checks import (
     BANNING_REASONS,
     UNJUDGED_REASONS,
@@ -87,7 +87,7 @@ class Validator:
         task: RewardTask,
         group_size: int,
         async_level: int = 2,
-        policy: VerificationPolicy = DEFAULT_POLICY,
+        verification: RunVerification | None = None,
         bans: BanList | None = None,
         clock: Callable[[], float] = time.time,
         sampling: SamplingParams | None = None,
@@ -105,7 +105,7 @@ class Validator:
         self.bans = bans or BanList(base_s=60.0, max_s=24 * 3600.0, owner="validator")
         self._signer = Signer(private_key)  # a verdict per rollout: derive the signing key once
         self._clock = clock
-        self._window = VerifierWindow(async_level, policy)
+        self._window = VerifierWindow(async_level, verification)
         self._accounts = WorkerAccounts(late_window)
         self._judging_counters: set[tuple[bytes, int]] = set()
         self._judging_hashes: set[bytes] = set()

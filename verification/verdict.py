@@ -4,12 +4,14 @@ One prefill of `prompt + completion` in the claimed precision recomputes the fin
 states and logits at every completion position (see `training.generation` for which rows
 are proved). Then, in order, the first failing check decides:
 
-1. the claim itself: supported precision, token ids inside the vocabulary, length within the
+1. the claim itself: a precision and device class the run allows (their limits are the
+   `VerificationPolicy` the rest applies), token ids inside the vocabulary, length within the
    model, the expected policy version, the assigned prompt and seed (when the caller knows them);
 2. the proofs are well formed (`InvalidProofError` becomes a `malformed_proof` rejection);
-3. TOPLOC, per 32-token chunk, against the limits in `verification.policy`;
+3. TOPLOC, per 32-token chunk, against the policy's limits;
 4. seeded sampling: every completion token must be the seeded sampler's choice on the
-   recomputed logits, within the tolerance in `verification.policy`.
+   recomputed logits, or lose to it by no more than the policy's near-tie tolerance, and the
+   rollout may have no more such near-tie deviations than the policy allows.
 
 `judge` is the pure part (claim + recomputed tensors -> verdict); `verify_rollout` adds the
 prefill, and `RolloutVerifier` keeps one model copy per precision for a policy version.
@@ -26,12 +28,13 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from protocol.errors import InvalidProofError
 from protocol.toploc import CHUNK_TOKENS, TOPK, ChunkCheck, verify_proofs_batch
+from protocol.verification_policy import RunVerification, VerificationPolicy, default_run_verification
 from training.causal_lm import CausalLM
-from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.rollout import CLAIM_DTYPES, RolloutClaim
 from verification.sampling_check import SamplingCheck, check_sampling, check_sampling_batch
 
@@ -40,6 +43,7 @@ __all__ = [
     "RejectReason",
     "RolloutVerifier",
     "Verdict",
+    "backend_verification",
     "judge",
     "recompute",
     "recompute_batch",
@@ -53,6 +57,10 @@ class RejectReason(enum.StrEnum):
 
     MALFORMED_CLAIM = "malformed_claim"
     """Token ids outside the vocabulary, too long for the model, or an unsupported precision."""
+    PRECISION_NOT_ALLOWED = "precision_not_allowed"
+    """The claimed precision is not one the run's verification policy allows."""
+    DEVICE_NOT_ALLOWED = "device_not_allowed"
+    """The run allows the claimed precision, but not on the claimed device class."""
     POLICY_VERSION = "policy_version"
     """The claim names another policy version than the one the verifier holds."""
     PROMPT_MISMATCH = "prompt_mismatch"
@@ -70,7 +78,9 @@ class RejectReason(enum.StrEnum):
     TOPLOC_VALUES = "toploc_values"
     """Too many committed values differ at all in a chunk: other precision or kernels."""
     SAMPLING = "sampling"
-    """A token is not the one the seeded sampler picks from the recomputed logits."""
+    """A token is not the one the seeded sampler picks from the recomputed logits, beyond a near tie."""
+    SAMPLING_NEAR_TIES = "sampling_near_ties"
+    """More tokens differ from the seeded choice at near ties than honest logit noise flips."""
 
 
 @dataclass(frozen=True)
@@ -137,7 +147,7 @@ def judge(
     hidden: torch.Tensor,
     logits: torch.Tensor,
     *,
-    policy: VerificationPolicy = DEFAULT_POLICY,
+    policy: VerificationPolicy,
     chunk_tokens: int = CHUNK_TOKENS,
     topk: int = TOPK,
     sampling: SamplingCheck | None = None,
@@ -181,6 +191,18 @@ def judge(
             RejectReason.SAMPLING,
             f"token {pos} ({claim.completion_ids[pos]}) is {sampling.gaps[pos]:.4f} logits below the seeded "
             f"sampler's choice (tolerance {sampling.tolerances[pos]:.4f}); {failing.size} token(s) fail",
+            failing_chunk=pos // chunk_tokens,
+            failing_position=pos,
+            chunks=chunks,
+            sampling=sampling,
+        )
+    allowance = policy.near_tie_allowance(n)
+    if sampling.deviations > allowance:
+        pos = int(np.nonzero(sampling.gaps > 0.0)[0][0])
+        return _reject(
+            RejectReason.SAMPLING_NEAR_TIES,
+            f"{sampling.deviations} of {n} tokens are not the seeded sampler's choice (each within a near "
+            f"tie); honest noise flips at most {allowance}",
             failing_chunk=pos // chunk_tokens,
             failing_position=pos,
             chunks=chunks,
@@ -281,7 +303,7 @@ def verify_rollout(
     expected_policy_version: int | None = None,
     assigned_prompt_ids: Sequence[int] | None = None,
     assigned_seed: int | None = None,
-    policy: VerificationPolicy = DEFAULT_POLICY,
+    policy: VerificationPolicy,
 ) -> Verdict:
     """Verify `claim` against `model` (which must already be in the claimed precision).
 
@@ -300,14 +322,37 @@ def verify_rollout(
     return judge(claim, hidden, logits, policy=policy)
 
 
+def _not_allowed(claim: RolloutClaim, verification: RunVerification) -> Verdict:
+    if not verification.allows_dtype(claim.dtype):
+        reason = RejectReason.PRECISION_NOT_ALLOWED
+    else:
+        reason = RejectReason.DEVICE_NOT_ALLOWED
+    return _reject(
+        reason,
+        f"the run does not allow {claim.dtype} on {claim.device} (it allows {verification.allowed()})",
+    )
+
+
+def backend_verification(model: CausalLM) -> RunVerification:
+    """The built-in policy for `model`'s backend: exact for `TinyGPT`, the paper's fallback otherwise."""
+    from training.model import TinyGPT
+
+    return default_run_verification("tiny" if isinstance(model, TinyGPT) else "hf")
+
+
 class RolloutVerifier:
-    """Verifies rollouts for one policy version, keeping one model copy per claimed precision."""
+    """Verifies rollouts for one policy version, keeping one model copy per claimed precision.
+
+    `verification` is the run's policy (default: the built-in one of the model's backend); each claim
+    is judged by the limits of its (precision, device class), and a pair the run does not allow is
+    rejected before any prefill.
+    """
 
     def __init__(
-        self, model: CausalLM, policy_version: int, policy: VerificationPolicy = DEFAULT_POLICY
+        self, model: CausalLM, policy_version: int, verification: RunVerification | None = None
     ) -> None:
         self.policy_version = policy_version
-        self.policy = policy
+        self.verification = verification or backend_verification(model)
         self._master = model
         self._copies: dict[torch.dtype, CausalLM] = {model.dtype: model}
 
@@ -327,13 +372,16 @@ class RolloutVerifier:
         """Verdict on `claim`; see `verify_rollout`."""
         if claim.dtype not in CLAIM_DTYPES:
             return _reject(RejectReason.MALFORMED_CLAIM, f"unsupported precision {claim.dtype!r}")
+        policy = self.verification.for_claim(claim.dtype, claim.device)
+        if policy is None:
+            return _not_allowed(claim, self.verification)
         return verify_rollout(
             claim,
             self.model_for(CLAIM_DTYPES[claim.dtype]),
             expected_policy_version=self.policy_version,
             assigned_prompt_ids=assigned_prompt_ids,
             assigned_seed=assigned_seed,
-            policy=self.policy,
+            policy=policy,
         )
 
     def verify_group(
@@ -380,16 +428,17 @@ class RolloutVerifier:
             same = [key for key in prefilled if claims[key].dtype == dtype]
             batch = recompute_batch([claims[key] for key in same], self.model_for(CLAIM_DTYPES[dtype]))
             rows.update(zip(same, batch, strict=True))
+        policies = {key: self._policy(claims[key]) for key in prefilled}
         checks: dict[tuple[int, int], SamplingCheck] = {}
-        for params in dict.fromkeys(claim.sampling for claim in claims.values()):
-            same = [key for key in prefilled if claims[key].sampling == params]
+        for params, policy in dict.fromkeys((claims[key].sampling, policies[key]) for key in prefilled):
+            same = [key for key in prefilled if (claims[key].sampling, policies[key]) == (params, policy)]
             batch_checks = check_sampling_batch(
                 [rows[key][1] for key in same],
                 [torch.tensor(claims[key].completion_ids) for key in same],
                 params,
                 [claims[key].seed for key in same],
-                abs_tol=self.policy.sampling_abs_tol,
-                rel_tol=self.policy.sampling_rel_tol,
+                abs_tol=policy.sampling_abs_tol,
+                rel_tol=policy.sampling_rel_tol,
             )
             checks.update(zip(same, batch_checks, strict=True))
         proofs = verify_proofs_batch(
@@ -404,7 +453,11 @@ class RolloutVerifier:
                 if verdict is None:
                     key = (g, i)
                     verdict = judge(
-                        claims[key], *rows[key], policy=self.policy, sampling=checks[key], toploc=toploc[key]
+                        claims[key],
+                        *rows[key],
+                        policy=policies[key],
+                        sampling=checks[key],
+                        toploc=toploc[key],
                     )
                 verdicts.append(verdict)
                 if not verdict.accepted:
@@ -412,12 +465,19 @@ class RolloutVerifier:
             results.append(verdicts)
         return results
 
+    def _policy(self, claim: RolloutClaim) -> VerificationPolicy:
+        policy = self.verification.for_claim(claim.dtype, claim.device)
+        assert policy is not None, "claims of pairs the run does not allow are rejected before this"
+        return policy
+
     def _claim_problem(
         self, claim: RolloutClaim, assigned_prompt_ids: Sequence[int] | None, assigned_seed: int | None
     ) -> Verdict | None:
         """The rejection `verify` gives `claim` before any prefill, if any."""
         if claim.dtype not in CLAIM_DTYPES:
             return _reject(RejectReason.MALFORMED_CLAIM, f"unsupported precision {claim.dtype!r}")
+        if self.verification.for_claim(claim.dtype, claim.device) is None:
+            return _not_allowed(claim, self.verification)
         return _check_claim(claim, self._master, self.policy_version, assigned_prompt_ids, assigned_seed)
 
 

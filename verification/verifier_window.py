@@ -21,8 +21,8 @@ import copy
 import enum
 from dataclasses import dataclass
 
+from protocol.verification_policy import RunVerification
 from training.causal_lm import CausalLM
-from verification.policy import DEFAULT_POLICY, VerificationPolicy
 from verification.verdict import RolloutVerifier
 
 __all__ = ["VerifierWindow", "VersionStatus", "VersionVerdict"]
@@ -47,11 +47,12 @@ class VerifierWindow:
     """The newest `async_level + 1` policy versions, a verifier each, and the trainer's step (not thread-safe:
     the validator holds its lock)."""
 
-    def __init__(self, async_level: int, policy: VerificationPolicy = DEFAULT_POLICY) -> None:
+    def __init__(self, async_level: int, verification: RunVerification | None = None) -> None:
         if async_level < 0:
             raise ValueError(f"async_level must be >= 0, got {async_level}")
         self.async_level = async_level
-        self.policy = policy
+        self.verification = verification
+        """The run's limits (None: the built-in ones of the model's backend)."""
         self.trainer_step: int | None = None
         self._verifiers: dict[int, RolloutVerifier] = {}
         self._dropped: set[int] = set()
@@ -70,7 +71,7 @@ class VerifierWindow:
             raise ValueError(f"policy version {version} was already added")
         # A copy: the caller (a trainer) keeps training its model, the verdict needs these weights.
         snapshot = copy.deepcopy(model).eval()
-        self._verifiers[version] = RolloutVerifier(snapshot, version, self.policy)
+        self._verifiers[version] = RolloutVerifier(snapshot, version, self.verification)
         self._hashes[version] = set()
         dropped = self.held[: -(self.async_level + 1)]
         for old in dropped:

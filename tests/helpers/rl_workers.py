@@ -56,6 +56,7 @@ class Generated:
             prompt_ids=self.prompt_ids,
             completion_ids=self.completion_ids,
             dtype=self.dtype,
+            device="cpu",
             temperature=self.sampling.temperature,
             top_p=self.sampling.top_p,
             seed=self.seed,

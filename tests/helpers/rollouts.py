@@ -32,6 +32,7 @@ def make_rollout(completion_tokens: int = 40, seed: int = 0, **overrides: Any) -
         prompt_ids=[72, 105, 33],
         completion_ids=[(seed + i) % 256 for i in range(completion_tokens)],
         dtype="bfloat16",
+        device="cpu",
         temperature=1.0,
         top_p=0.9,
         seed=seed,

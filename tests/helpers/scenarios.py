@@ -170,6 +170,7 @@ class Lab:
             sampling=self.sampling,
             seed=seed,
             dtype=_DTYPE_NAMES[claim_dtype],  # type: ignore[arg-type]
+            device="cpu",
             proofs=proofs,
         )
         return Scenario(kind, claim, prompt)

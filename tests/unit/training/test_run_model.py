@@ -10,12 +10,14 @@ import torch
 
 from cli.rl import build_rl_config
 from protocol.errors import ConfigError, ModelError
+from protocol.verification_policy import EXACT_POLICY, PAPER_POLICY, RunVerification
 from training.causal_lm import weights_hash
 from training.hf_model import HFCausalLM
 from training.model_init import init_model_dir
 from training.rl_run import RLRunConfig, initial_policy, model_from_state, run_tokenizer
 from training.run_model import HFModelRef, load_run_model
 from training.tokenizer import ByteTokenizer, HFTokenizer
+from verification.policy_file import save_policy_file
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +86,28 @@ def test_a_diloco_trainer_config_names_the_model_the_same_way(model_dir: Path) -
     assert build_trainer_config("r", hf_model=None).hf_model is None
 
 
-def test_a_precision_whose_honest_rollouts_would_be_refused_is_refused_up_front(model_dir: Path) -> None:
-    assert build_rl_config("r", worker_dtype="bfloat16").worker_dtype == "bfloat16"  # tiny: exact kernels
-    with pytest.raises(ConfigError, match="float32 only"):
-        build_rl_config("r", model_dir=str(model_dir), worker_dtype="bfloat16")
+def test_an_uncalibrated_model_gets_the_papers_limits_and_a_policy_must_fit_the_run(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    tiny = build_rl_config("r", worker_dtype="bfloat16")
+    assert tiny.run_verification.for_claim("bfloat16", "cpu") == EXACT_POLICY
+    hf = build_rl_config("r", model_dir=str(model_dir), worker_dtype="bfloat16")
+    assert hf.run_verification.model == "uncalibrated"
+    assert hf.run_verification.for_claim("bfloat16", "cuda") == PAPER_POLICY
+
+    weights = hf.hf_model.weights_sha256 if hf.hf_model else ""
+    only_fp32 = RunVerification(model=weights, limits={"float32/cpu": EXACT_POLICY})
+    path = save_policy_file(only_fp32, tmp_path / "policy.json")
+    with pytest.raises(ConfigError, match="does not allow bfloat16"):
+        build_rl_config("r", model_dir=str(model_dir), worker_dtype="bfloat16", verification_policy=str(path))
+    config = build_rl_config("r", model_dir=str(model_dir), verification_policy=str(path))
+    assert config.run_verification.sha256 == only_fp32.sha256
+    with pytest.raises(ConfigError, match="calibrated on"):
+        build_rl_config("r", verification_policy=str(path))  # a policy of another model
+    with pytest.raises(ConfigError, match="has hash"):
+        build_rl_config(
+            "r", model_dir=str(model_dir), verification_policy=str(path), verification_sha256="ab" * 32
+        )
+    (tmp_path / "junk.json").write_text("{}")
+    with pytest.raises(ConfigError, match="hivenet calibrate"):
+        build_rl_config("r", verification_policy=str(tmp_path / "junk.json"))

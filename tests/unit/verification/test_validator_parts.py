@@ -132,7 +132,13 @@ def test_accepted_hashes_are_forgotten_with_their_version(small_model) -> None:
 
 def _rollout(**fields: object) -> rollouts_pb2.Rollout:
     base: dict[str, object] = dict(
-        prompt_ids=[1, 2], completion_ids=[3], dtype="bfloat16", temperature=0.7, top_p=0.9, seed=5
+        prompt_ids=[1, 2],
+        completion_ids=[3],
+        dtype="bfloat16",
+        device="cpu",
+        temperature=0.7,
+        top_p=0.9,
+        seed=5,
     )
     base.update(fields)
     return rollouts_pb2.Rollout(**base)  # type: ignore[arg-type]

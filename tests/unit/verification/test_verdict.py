@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from protocol.toploc import build_proofs
+from protocol.verification_policy import EXACT_POLICY
 from tests.helpers.scenarios import HONEST_KINDS, KINDS, TAMPERED_KINDS, Lab
 from training.generation import generate
 from training.sampling import SamplingParams
@@ -137,6 +138,7 @@ def _claim(lab: Lab, prompt, completion, proofs, **overrides) -> RolloutClaim:
         "sampling": lab.sampling,
         "seed": 11,
         "dtype": "bfloat16",
+        "device": "cpu",
         "proofs": list(proofs),
     }
     fields.update(overrides)
@@ -197,7 +199,7 @@ def test_negated_activations_are_rejected_on_sign(lab, verifier):
     claim = lab.build("honest_bf16", 4).claim
     hidden, logits = recompute(claim, verifier.model_for(torch.bfloat16))
     negated = claim.model_copy(update={"proofs": build_proofs(-hidden.to(torch.bfloat16))})
-    v = judge(negated, hidden, logits)
+    v = judge(negated, hidden, logits, policy=EXACT_POLICY)
     assert v.reason == RejectReason.TOPLOC_SIGN
     assert v.chunks[0].exp_mismatches == 0 and v.chunks[0].mant_err_mean == 0.0
 
@@ -210,6 +212,7 @@ def test_claim_is_strict():
         "sampling": SamplingParams(),
         "seed": 1,
         "dtype": "bfloat16",
+        "device": "cpu",
         "proofs": [b"x"],
     }
     RolloutClaim.model_validate(base)
@@ -219,6 +222,7 @@ def test_claim_is_strict():
         {"seed": -1},
         {"seed": 2**64},
         {"dtype": "float64"},
+        {"device": "tpu"},
         {"prompt_ids": []},
         {"completion_ids": [-1]},
         {"proofs": ["not-bytes"]},
