@@ -25,7 +25,7 @@ from protocol.toploc import CHUNK_TOKENS, TOPK, build_proofs
 from training.causal_lm import CausalLM
 from training.sampling import SamplingParams, sample_tokens
 
-__all__ = ["Generation", "ProofBuilder", "generate"]
+__all__ = ["Choice", "Generation", "ProofBuilder", "generate", "generate_group"]
 
 
 class ProofBuilder:
@@ -111,6 +111,10 @@ class Generation:
     """CPU time spent building `proofs` (the proof overhead of this generation)."""
 
 
+Choice = Callable[[int, int, torch.Tensor, int], int]
+"""`choose(row, i, logits, sampled) -> token`: replaces the sampler's choice for completion `i` of `row`."""
+
+
 @torch.inference_mode()
 def generate(
     model: CausalLM,
@@ -138,8 +142,56 @@ def generate(
     `choose(i, logits, sampled) -> token` replaces the sampler's choice; it exists only to
     simulate dishonest workers (greedy decoding, swapped tokens) in tests and benchmarks.
     """
+    one = None if choose is None else (lambda _row, i, logits, sampled: choose(i, logits, sampled))
+    return generate_group(
+        model,
+        prompt_ids,
+        max_new_tokens,
+        params,
+        [seed],
+        stop_ids=stop_ids,
+        chunk_tokens=chunk_tokens,
+        topk=topk,
+        background_proofs=background_proofs,
+        choose=one,
+        prove=prove,
+    )[0]
+
+
+def _seeded_choices(logits: torch.Tensor, params: SamplingParams, seeds: Sequence[int], i: int) -> list[int]:
+    """The seeded sampler's token at completion index `i` for each row of `logits [B, V]` (row b: `seeds[b]`)."""
+    return [int(sample_tokens(logits[b : b + 1], params, seed, [i])[0]) for b, seed in enumerate(seeds)]
+
+
+@torch.inference_mode()
+def generate_group(
+    model: CausalLM,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int,
+    params: SamplingParams,
+    seeds: Sequence[int],
+    *,
+    stop_ids: Collection[int] = (),
+    chunk_tokens: int = CHUNK_TOKENS,
+    topk: int = TOPK,
+    background_proofs: bool = False,
+    choose: Choice | None = None,
+    prove: bool = True,
+) -> list[Generation]:
+    """`generate` for each of `seeds` after one prompt, decoded together as one batch.
+
+    Row b samples with `seeds[b]`, so its tokens are what `generate` with that seed picks from the
+    batch's logits; the prompt is computed once for the whole batch (one prefill of B copies), and
+    each decode step feeds all rows at once. A row that has stopped keeps being fed its last token
+    until the others stop (its outputs are dropped). With native kernels the rows' figures can
+    differ from one-row decoding by rounding (the batch shape picks the kernel's blocking); the
+    run's calibrated verification policy allows that noise. Proofs are built inline, except for a
+    single row with `background_proofs`.
+    """
     if not prompt_ids:
         raise ValueError("prompt_ids must hold at least one token")
+    if not seeds:
+        raise ValueError("seeds must hold at least one seed")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if len(prompt_ids) + max_new_tokens > model.max_seq_len + 1:
@@ -149,35 +201,46 @@ def generate(
         )
     model.eval()
     stops = frozenset(stop_ids)
-    ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=model.device)
+    rows = len(seeds)
+    ids = torch.tensor([list(prompt_ids)] * rows, dtype=torch.long, device=model.device)
     logits, hidden, cache = model.prefill_cache(ids)
-    step_logits, step_hidden = logits[0, -1:], hidden[0, -1:]
-    builder = ProofBuilder(chunk_tokens, topk, background=background_proofs)
+    step_logits, step_hidden = logits[:, -1], hidden[:, -1]
+    builders = [
+        ProofBuilder(chunk_tokens, topk, background=background_proofs and rows == 1) for _ in range(rows)
+    ]
+    tokens: list[list[int]] = [[] for _ in range(rows)]
+    kept_hidden: list[list[torch.Tensor]] = [[] for _ in range(rows)]
+    kept_logits: list[list[torch.Tensor]] = [[] for _ in range(rows)]
+    active = list(range(rows))
     try:
-        tokens: list[int] = []
-        all_hidden: list[torch.Tensor] = []
-        all_logits: list[torch.Tensor] = []
         for i in range(max_new_tokens):
-            token = int(sample_tokens(step_logits, params, seed, [i])[0])
-            if choose is not None:
-                token = choose(i, step_logits[0], token)
-            tokens.append(token)
-            row = step_hidden.to(device="cpu", dtype=torch.bfloat16)
-            all_hidden.append(row)
-            all_logits.append(step_logits)
-            if prove:
-                builder.add(row)
-            if i + 1 == max_new_tokens or token in stops:
+            cpu_logits = step_logits.cpu()
+            cpu_hidden = step_hidden.to(device="cpu", dtype=torch.bfloat16)
+            sampled = _seeded_choices(cpu_logits, params, seeds, i)
+            for b in active:
+                token = sampled[b] if choose is None else choose(b, i, cpu_logits[b], sampled[b])
+                tokens[b].append(token)
+                kept_hidden[b].append(cpu_hidden[b : b + 1])
+                kept_logits[b].append(cpu_logits[b : b + 1])
+                if prove:
+                    builders[b].add(cpu_hidden[b : b + 1])
+            active = [b for b in active if tokens[b][-1] not in stops]
+            if i + 1 == max_new_tokens or not active:
                 break
-            step_logits, step_hidden = model.decode_step(torch.tensor([[token]], device=ids.device), cache)
-            step_logits, step_hidden = step_logits[0], step_hidden[0]
-        proofs = builder.finish()
+            feed = torch.tensor([[row[-1]] for row in tokens], device=ids.device)
+            step_logits, step_hidden = model.decode_step(feed, cache)
+            step_logits, step_hidden = step_logits[:, -1], step_hidden[:, -1]
+        proofs = [builder.finish() for builder in builders]
     finally:
-        builder.close()
-    return Generation(
-        completion_ids=tokens,
-        proofs=proofs,
-        hidden=torch.cat(all_hidden, dim=0),
-        logits=torch.cat(all_logits, dim=0).cpu(),
-        proof_cpu_seconds=builder.cpu_seconds,
-    )
+        for builder in builders:
+            builder.close()
+    return [
+        Generation(
+            completion_ids=tokens[b],
+            proofs=proofs[b],
+            hidden=torch.cat(kept_hidden[b], dim=0),
+            logits=torch.cat(kept_logits[b], dim=0),
+            proof_cpu_seconds=builders[b].cpu_seconds,
+        )
+        for b in range(rows)
+    ]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from protocol.toploc import build_proofs, verify_proofs
-from training.generation import ProofBuilder, generate
+from training.generation import ProofBuilder, generate, generate_group
 from training.model import ModelConfig, TinyGPT
 from training.sampling import SamplingParams
 
@@ -88,3 +88,29 @@ def test_proof_builder_partial_chunks():
         builder.add(rows[:10])
         builder.add(rows[10:45])
         assert builder.finish() == build_proofs(rows)
+
+
+def test_a_group_decoded_as_one_batch_is_each_seeds_own_generation_on_exact_kernels(model):
+    params = SamplingParams(temperature=1.0)
+    seeds = [3, 4, 5, 6]
+    stops = set(range(0, 256, 16))
+    batch = generate_group(model, [72, 105, 33], 40, params, seeds, stop_ids=stops)
+    for seed, out in zip(seeds, batch, strict=True):
+        alone = generate(model, [72, 105, 33], 40, params, seed, stop_ids=stops)
+        assert out.completion_ids == alone.completion_ids
+        assert out.proofs == alone.proofs
+        assert torch.equal(out.hidden, alone.hidden) and torch.equal(out.logits, alone.logits)
+    assert len({tuple(out.completion_ids) for out in batch}) > 1
+    assert any(len(out.completion_ids) < 40 for out in batch)  # rows stop on their own
+
+
+def test_a_group_passes_each_row_to_choose():
+    model = TinyGPT(ModelConfig(n_layers=1, d_model=32, n_heads=2, max_seq_len=64)).eval()
+    seen: set[int] = set()
+
+    def choose(row: int, i: int, logits: torch.Tensor, sampled: int) -> int:
+        seen.add(row)
+        return row
+
+    outs = generate_group(model, [1, 2], 5, SamplingParams(), [7, 8, 9], choose=choose)
+    assert [out.completion_ids for out in outs] == [[0] * 5, [1] * 5, [2] * 5] and seen == {0, 1, 2}
