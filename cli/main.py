@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import click
 
+from cli.calibrate import calibrate
 from cli.dashboard import dashboard
 from cli.ledger import ledger
 from cli.model import model
@@ -30,7 +31,7 @@ def cli() -> None:
     """
 
 
-for command in (identity, join, seed, peers, doctor, simulate, weights, ledger, dashboard, model):
+for command in (identity, join, seed, peers, doctor, simulate, weights, ledger, dashboard, model, calibrate):
     cli.add_command(command)
 
 

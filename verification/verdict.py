@@ -44,6 +44,7 @@ __all__ = [
     "RolloutVerifier",
     "Verdict",
     "backend_verification",
+    "decide",
     "judge",
     "recompute",
     "recompute_batch",
@@ -170,11 +171,6 @@ def judge(
         toploc = verify_proofs_batch([(hidden.to(torch.bfloat16), list(claim.proofs))], chunk_tokens, topk)[0]
     if isinstance(toploc, InvalidProofError):
         return _reject(RejectReason.MALFORMED_PROOF, str(toploc))
-    chunks = tuple(toploc)
-    for i, c in enumerate(chunks):
-        failure = _check_chunk(c, policy)
-        if failure is not None:
-            return _reject(failure[0], failure[1], failing_chunk=i, chunks=chunks)
     if sampling is None:
         sampling = check_sampling(
             logits,
@@ -184,6 +180,24 @@ def judge(
             abs_tol=policy.sampling_abs_tol,
             rel_tol=policy.sampling_rel_tol,
         )
+    return decide(claim, toploc, sampling, policy=policy, chunk_tokens=chunk_tokens)
+
+
+def decide(
+    claim: RolloutClaim,
+    toploc: Sequence[ChunkCheck],
+    sampling: SamplingCheck,
+    *,
+    policy: VerificationPolicy,
+    chunk_tokens: int = CHUNK_TOKENS,
+) -> Verdict:
+    """The verdict `judge` reaches from a claim's TOPLOC figures and sampling check, against `policy`'s limits."""
+    n = len(claim.completion_ids)
+    chunks = tuple(toploc)
+    for i, c in enumerate(chunks):
+        failure = _check_chunk(c, policy)
+        if failure is not None:
+            return _reject(failure[0], failure[1], failing_chunk=i, chunks=chunks)
     failing = sampling.failing
     if failing.size:
         pos = int(failing[0])

@@ -1,5 +1,6 @@
 """The RL loop with a Hugging Face model (`hivenet model init`'s llama, float32, native kernels):
-the trainer, its validator and the workers all run it, honest rollouts verify, a cheater's do not."""
+the trainer, its validator and the workers all run it under limits calibrated on it, honest
+rollouts verify, a cheater's do not."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.calibrated import calibrated
 from training.grpo import GRPOConfig
 from training.model_init import init_model_dir
 from training.rl_run import RLRunConfig, initial_policy, run_task
@@ -24,12 +26,15 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_an_rl_run_on_a_hugging_face_model_learns_only_from_verified_rollouts(
     model_dir: Path, tmp_path: Path
 ) -> None:
-    config = RLRunConfig(
-        run_id="rl-hf",
-        hf_model=HFModelRef.of_directory(model_dir),
-        grpo=GRPOConfig(group_size=4, groups_per_step=1, async_level=4),
-        max_trainer_steps=2,
+    config = calibrated(
+        RLRunConfig(
+            run_id="rl-hf",
+            hf_model=HFModelRef.of_directory(model_dir),
+            grpo=GRPOConfig(group_size=4, groups_per_step=1, async_level=4),
+            max_trainer_steps=2,
+        )
     )
+    assert config.run_verification.model == config.hf_model.weights_sha256 if config.hf_model else False
     task = run_task(config)
     assert isinstance(task, TokenizedTask) and task.stop_ids >= task.tokenizer.stop_ids
     result = simulate_rl(
