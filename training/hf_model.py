@@ -79,6 +79,20 @@ class HFCausalLM(CausalLM):
             raise ModelError(f"{type(self.hf).__name__} has no linear LM head; it is not a causal LM")
         return head
 
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The LM head on final hidden states; in float32 for a half-precision model.
+
+        Sampling and its check compare logits, and a half-precision head rounds each one to a bf16/fp16
+        ulp (0.06 at a logit of 10 in bf16): two honest passes whose hidden states agree bit for bit
+        then still flip near ties wherever the head's accumulation order differs. Computed in float32
+        from the same hidden states, honest logits differ only where the hidden states do.
+        """
+        head = self._head()
+        if hidden.dtype in (torch.bfloat16, torch.float16):
+            bias = None if head.bias is None else head.bias.float()
+            return torch.nn.functional.linear(hidden.float(), head.weight.float(), bias)
+        return head(hidden)
+
     def _check_length(self, length: int) -> None:
         if length > self.max_seq_len:
             raise ValueError(
@@ -96,19 +110,19 @@ class HFCausalLM(CausalLM):
         self._check_length(input_ids.shape[1])
         out = self.hf.base_model(input_ids=input_ids, use_cache=False)
         hidden = out.last_hidden_state[:, outputs_from:]
-        return self._head()(hidden), hidden
+        return self._logits(hidden), hidden
 
     def prefill_cache(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, Any]:
         self._check_length(input_ids.shape[1])
         out = self.hf.base_model(input_ids=input_ids, use_cache=True)
         hidden = out.last_hidden_state
-        return self._head()(hidden), hidden, out.past_key_values
+        return self._logits(hidden), hidden, out.past_key_values
 
     def decode_step(self, input_ids: torch.Tensor, cache: Any) -> tuple[torch.Tensor, torch.Tensor]:
         self._check_length(cache.get_seq_length() + input_ids.shape[1])
         out = self.hf.base_model(input_ids=input_ids, past_key_values=cache, use_cache=True)
         hidden = out.last_hidden_state
-        return self._head()(hidden), hidden
+        return self._logits(hidden), hidden
 
     def forward_shared_prefixes(
         self, parts: Sequence[SharedPrefixPart]
@@ -158,7 +172,7 @@ class HFCausalLM(CausalLM):
         results = []
         for row, ((prefix, _, _), size) in enumerate(zip(parts, rows_per_part, strict=True)):
             hidden = out.last_hidden_state[row, prefix.shape[0] : size]
-            results.append((self._head()(hidden), hidden))
+            results.append((self._logits(hidden), hidden))
         return results
 
     def _bucketed(self, part: SharedPrefixPart) -> tuple[torch.Tensor, torch.Tensor]:
@@ -199,7 +213,7 @@ class HFCausalLM(CausalLM):
                 use_cache=cache is not None,
             )
             rows[flat] = out.last_hidden_state.reshape(-1, rows.shape[1])[grid]
-        return self._head()(rows), rows
+        return self._logits(rows), rows
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         """The wrapped model's state dict (the tensor names of its safetensors files)."""

@@ -72,6 +72,21 @@ def test_the_final_hidden_state_is_the_output_of_the_final_norm_and_the_head_rea
 
 
 @torch.inference_mode()
+def test_a_half_precision_model_computes_its_logits_in_float32_from_its_own_hidden_states(
+    model: HFCausalLM,
+) -> None:
+    half = hf_model_from_config(model.hf.config, seed=3).to(torch.bfloat16)
+    ids = torch.randint(0, 300, (1, 9), generator=torch.Generator().manual_seed(1))
+    for logits, hidden in (half.forward_with_hidden(ids), half.prefill_cache(ids)[:2]):
+        assert hidden.dtype == torch.bfloat16 and logits.dtype == torch.float32
+        head = half.hf.get_output_embeddings()
+        expected = torch.nn.functional.linear(
+            hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float()
+        )
+        assert torch.equal(logits, expected)
+
+
+@torch.inference_mode()
 def test_cached_decoding_matches_one_full_pass(model: HFCausalLM) -> None:
     ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(1))
     _, hidden = model.forward_with_hidden(ids)
