@@ -44,7 +44,7 @@ from protocol.rollout_messages import BANNED, GROUP_SIZE, STALE, UNKNOWN_VERSION
 from protocol.rollouts_pb2 import Rollout, RolloutGroup
 from training.causal_lm import CausalLM
 from training.devices import resolve_device
-from training.generation import generate
+from training.generation import generate_group
 from training.rl_run import (
     DTYPES,
     ModelWindow,
@@ -300,34 +300,33 @@ class InferenceWorker(RoleThread):
         started = time.perf_counter()
         cpu_started = time.thread_time()
         self.first_rollout_at.setdefault(version, time.time())
-        rollouts = []
-        tokens = 0
-        for seed in assignment.sampling_seeds:
-            # proofs inline: the whole cost of a rollout stays on this thread's CPU clock
-            decode_started = time.thread_time()
-            out = generate(
-                generator,
-                prompt,
-                self.task.max_new_tokens,
-                sampling,
-                seed,
-                stop_ids=self.task.stop_ids,
-                background_proofs=False,
-            )
-            self.decode_cpu_seconds += time.thread_time() - decode_started - out.proof_cpu_seconds
-            tokens += len(out.completion_ids)
-            rollouts.append(
-                Rollout(
-                    prompt_ids=prompt,
-                    completion_ids=out.completion_ids,
-                    dtype=self.config.worker_dtype,
-                    device=self.device.type,
-                    temperature=grpo.temperature,
-                    top_p=grpo.top_p,
-                    seed=seed,
-                    proofs=out.proofs,
-                ).SerializeToString()
-            )
+        # the group's seeds decoded as one batch; proofs inline: the whole cost stays on this thread's CPU clock
+        decode_started = time.thread_time()
+        outs = generate_group(
+            generator,
+            prompt,
+            self.task.max_new_tokens,
+            sampling,
+            assignment.sampling_seeds,
+            stop_ids=self.task.stop_ids,
+        )
+        self.decode_cpu_seconds += (
+            time.thread_time() - decode_started - sum(o.proof_cpu_seconds for o in outs)
+        )
+        tokens = sum(len(out.completion_ids) for out in outs)
+        rollouts = [
+            Rollout(
+                prompt_ids=prompt,
+                completion_ids=out.completion_ids,
+                dtype=self.config.worker_dtype,
+                device=self.device.type,
+                temperature=grpo.temperature,
+                top_p=grpo.top_p,
+                seed=seed,
+                proofs=out.proofs,
+            ).SerializeToString()
+            for seed, out in zip(assignment.sampling_seeds, outs, strict=True)
+        ]
         seconds = time.perf_counter() - started
         group = RolloutGroup(policy_version=version, counter=counter, task=self.task.name, rollouts=rollouts)
         sealed = seal_group(
