@@ -89,7 +89,7 @@ def calibrate(
         title=f"{dtype}/{torch_device.type}: worst chunk per rollout (honest max, limit, cheat minima)"
     )
     for name in rows[0]:
-        table.add_column(name, justify="right" if name != "rollouts" else "left")
+        table.add_column(name, justify="left" if name == "rollouts" else "right", no_wrap=name == "rollouts")
     for row in rows[1:]:
         table.add_row(*row)
     Console().print(table)

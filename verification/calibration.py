@@ -16,7 +16,9 @@ The limits (`derive_limits`):
 * each TOPLOC figure and the near-tie count gets the midpoint between its honest maximum and the
   smallest value above it among the cheat rollouts (or, where no cheat exceeds it, its honest
   maximum plus as much again, at least one unit), so that every cheat rollout that leaves the
-  honest range on some figure is rejected by that figure.
+  honest range on some figure is rejected by that figure;
+* then each limit is widened to that wider value wherever every cheat rollout stays rejected
+  (another figure catches it), which leaves honest noise room beyond what the calibration saw.
 
 A cheat rollout that stays inside the honest range on every figure cannot be told from honest
 noise by any limit. Where more than 1% of a class's rollouts do (`CalibrationPlan.min_detection`),
@@ -167,15 +169,31 @@ def _midpoint(honest: float, nearest: float | None, integer: bool) -> float:
     return honest + (nearest - honest) / 2
 
 
+_POLICY_FIELDS = {
+    "exp_mismatches": "max_exp_mismatches",
+    "sign_mismatches": "max_sign_mismatches",
+    "value_mismatches": "max_value_mismatches",
+    "near_tie_deviations": "max_near_tie_deviations",
+    "mant_err_mean": "max_mant_err_mean",
+    "mant_err_median": "max_mant_err_median",
+}
+
+
 def derive_limits(
     honest: Sequence[RolloutFigures],
     cheats: Mapping[str, Sequence[RolloutFigures]],
     *,
     near_tie_rel_tol: float,
     near_tie_tokens: int,
+    cheat_claims: Mapping[str, Sequence[RolloutClaim]] | None = None,
 ) -> tuple[VerificationPolicy, dict[str, dict[str, float]]]:
     """The policy between honest maxima and the nearest cheats (see the module docstring), and per figure
-    `{honest_max, limit, nearest_cheat}` (nearest_cheat NaN where no cheat exceeds the honest maximum)."""
+    `{honest_max, limit, nearest_cheat}` (nearest_cheat NaN where no cheat exceeds the honest maximum).
+
+    With `cheat_claims` (the claims of `cheats`' figures), each limit is then widened to its honest
+    maximum plus as much again wherever that rejects every cheat rollout the midpoints reject (another
+    figure catches them): a limit right at the honest maximum would reject the first honest rollout
+    that goes one step further than the calibration saw."""
     limits: dict[str, float] = {}
     report: dict[str, dict[str, float]] = {}
     for figure in (*INT_FIGURES, *FLOAT_FIGURES):
@@ -200,6 +218,8 @@ def derive_limits(
         max_near_tie_deviations=int(limits["near_tie_deviations"]),
         near_tie_tokens=near_tie_tokens,
     )
+    if cheat_claims is not None:
+        policy = _widened(policy, report, cheats, cheat_claims)
     gap_h = max(r.sampling_gap for r in honest)
     gap_above = [
         r.sampling_gap for rows in cheats.values() for r in rows if r.sampling_gap > near_tie_rel_tol
@@ -210,6 +230,26 @@ def derive_limits(
         "nearest_cheat": min(gap_above) if gap_above else math.nan,
     }
     return policy, report
+
+
+def _widened(
+    policy: VerificationPolicy,
+    report: dict[str, dict[str, float]],
+    cheats: Mapping[str, Sequence[RolloutFigures]],
+    claims: Mapping[str, Sequence[RolloutClaim]],
+) -> VerificationPolicy:
+    pairs = [(c, f) for kind in cheats for c, f in zip(claims[kind], cheats[kind], strict=True)]
+    caught = sum(rejected(c, f, policy) for c, f in pairs)
+    for figure, name in _POLICY_FIELDS.items():
+        row = report[figure]
+        wide = _midpoint(row["honest_max"], None, figure in INT_FIGURES)
+        if wide <= row["limit"]:
+            continue
+        value = min(128, int(wide)) if figure in INT_FIGURES and name != "max_near_tie_deviations" else wide
+        trial = policy.model_copy(update={name: int(value) if figure in INT_FIGURES else value})
+        if sum(rejected(c, f, trial) for c, f in pairs) >= caught:
+            policy, row["limit"] = trial, float(value)
+    return policy
 
 
 def rejected(claim: RolloutClaim, figures: RolloutFigures, policy: VerificationPolicy) -> bool:
@@ -282,7 +322,7 @@ class Calibration:
 
     def table(self) -> list[list[str]]:
         """Rows for a printed table: header, honest maxima, limits, then each class's minima and detection."""
-        header = ["rollouts", *FIGURES, "altered", "detected"]
+        header = ["rollouts", *(_SHORT[f] for f in FIGURES), "altered", "detected"]
         rows = [
             header,
             [
@@ -300,6 +340,17 @@ class Calibration:
             mins = [_fmt(min(r.value(f) for r in figures)) for f in FIGURES]
             rows.append([kind, *mins, f"{len(figures)}/{self.tries[kind]}", f"{self.detection(kind):.3f}"])
         return rows
+
+
+_SHORT = {
+    "exp_mismatches": "exp",
+    "sign_mismatches": "sign",
+    "value_mismatches": "values",
+    "mant_err_mean": "mant mean",
+    "mant_err_median": "mant med",
+    "sampling_gap": "gap",
+    "near_tie_deviations": "ties",
+}
 
 
 def _fmt(x: float) -> str:
@@ -375,7 +426,9 @@ def calibrate(
                 break
         if progress:
             progress(kind, n + 1, len(classes))
-    policy, report = derive_limits(honest, cheats, near_tie_rel_tol=tol, near_tie_tokens=max_new_tokens)
+    policy, report = derive_limits(
+        honest, cheats, near_tie_rel_tol=tol, near_tie_tokens=max_new_tokens, cheat_claims=claims
+    )
     result = Calibration(
         dtype=factory.dtype,
         device=factory.device_class,
