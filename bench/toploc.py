@@ -25,7 +25,7 @@ If a scratch virtualenv with the reference `toploc` package exists (default
 `/tmp/toploc-ref/bin/python`, see `--reference-python`), it also times the reference's
 build/verify per chunk beside ours on the same activations and checks the bytes agree.
 `--calibrate` prints the per-kind distribution of verification figures that
-`verification/policy.py` justifies its thresholds with.
+`protocol/verification_policy.py`'s EXACT_POLICY justifies its thresholds with (`hivenet calibrate` measures any model).
 
 Usage: `python bench/toploc.py [--quick] [--calibrate]`. The last line is
 `RESULT key=value ...`.
