@@ -178,6 +178,10 @@ def join(
                 "policy versions are only taken from publishers you name"
             )
         config.roles = rl_node_roles(config.roles)
+        if Role.INFERENCE in config.roles:
+            from training.devices import resolve_device
+
+            rl_config.check_worker_device(resolve_device(config.device).type)
     if not config.initial_peers and not new_swarm:
         raise click.UsageError(
             "no --initial-peers: give the multiaddr of a seed of the swarm to join (a seed prints its own), "

@@ -27,6 +27,7 @@ from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
 from node.config import check_base58_peer_ids
 from node.node import HivenetNode
+from protocol.errors import ConfigError
 from protocol.limits import MAX_GROUPS_PER_SUBMISSION
 from protocol.verification_policy import RunVerification, default_run_verification
 from training.causal_lm import CausalLM
@@ -152,6 +153,17 @@ class RLRunConfig(BaseModel):
         if self.verification is not None:
             return self.verification
         return default_run_verification("tiny" if self.hf_model is None else "hf")
+
+    def check_worker_device(self, device_class: str) -> None:
+        """ConfigError unless the run's policy allows its workers' precision on `device_class` (a worker
+        whose every rollout would be rejected as `device_not_allowed` is refused before it starts)."""
+        verification = self.run_verification
+        if verification.for_claim(self.worker_dtype, device_class) is None:
+            raise ConfigError(
+                f"this run's verification policy does not allow {self.worker_dtype} on {device_class} (it allows "
+                f"{verification.allowed()}): start the worker with a --device and --dtype it allows, or ask the "
+                "run's operator to calibrate this one (`hivenet calibrate`)"
+            )
 
     @model_validator(mode="after")
     def _verifiable_precision(self) -> RLRunConfig:

@@ -152,6 +152,7 @@ class InferenceWorker(RoleThread):
         self.config = config
         self.task: Task = run_task(config)
         self.device = resolve_device(node.config.device)
+        config.check_worker_device(self.device.type)
         self.cheat = cheat
         self.on_group = on_group
         self.max_groups = max_groups

@@ -102,6 +102,9 @@ def test_an_uncalibrated_model_gets_the_papers_limits_and_a_policy_must_fit_the_
         build_rl_config("r", model_dir=str(model_dir), worker_dtype="bfloat16", verification_policy=str(path))
     config = build_rl_config("r", model_dir=str(model_dir), verification_policy=str(path))
     assert config.run_verification.sha256 == only_fp32.sha256
+    config.check_worker_device("cpu")
+    with pytest.raises(ConfigError, match="does not allow float32 on cuda"):
+        config.check_worker_device("cuda")
     with pytest.raises(ConfigError, match="calibrated on"):
         build_rl_config("r", verification_policy=str(path))  # a policy of another model
     with pytest.raises(ConfigError, match="has hash"):
