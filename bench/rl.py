@@ -26,7 +26,8 @@ trainer and validator sharing the machine's cores with the worker do not decide 
     python bench/rl.py           # K = 30 steps
     python bench/rl.py --lr 1e-3 # both loops at another GRPO learning rate
     python bench/rl.py --model hf --quick   # the same on a `hivenet model init` llama (float32, native
-                                            # kernels; the micro size with --quick, tiny otherwise)
+                                            # kernels; the micro size with --quick, tiny otherwise), under
+                                            # limits calibrated on it first (`calibrated_config`)
 
 The first run also pretrains the policy and caches it; after that, on 2 cores, `--quick` takes
 about 35 s and the full run about 100 s. With K = 6 the sync loop's gain is small and noisy, so
@@ -62,6 +63,8 @@ from training.rl_run import RLRunConfig, initial_policy, run_task  # noqa: E402
 from training.rl_sync import run_sync_grpo  # noqa: E402
 from training.rl_worker import CheatMode  # noqa: E402
 from training.tasks import Task  # noqa: E402
+from verification.calibration import CalibrationPlan  # noqa: E402
+from verification.calibration_setup import calibrated_config  # noqa: E402
 from verification.rl_simulation import RLSimulation, simulate_rl  # noqa: E402
 
 EVAL_PROMPTS = 192
@@ -134,6 +137,11 @@ def main() -> None:
     scratch = tempfile.TemporaryDirectory()
     hf_model = chosen_model(args.model, quick=args.quick, scratch=Path(scratch.name))
     config = base.model_copy(update={"grpo": grpo, "hf_model": hf_model})
+    if hf_model is not None:  # native kernels: the run's limits are calibrated on its model first
+        plan = CalibrationPlan(
+            honest_rollouts=128 if args.quick else 512, cheat_rollouts=8 if args.quick else 32
+        )
+        config = calibrated_config(config, plan)
     task = run_task(config)
     policy = initial_policy(config)
     r0 = evaluate(policy, task, grpo)

@@ -4,7 +4,8 @@
 and GRPO settings), the `RolloutFactory` that generates honest and cheating rollouts, the task's
 prompts and completion length, and the name of the model the policy is for (`"tiny"`, or the
 SHA-256 of the `hf` weights, which `RLRunConfig` checks a policy against). `merge_policy` adds one
-calibration's limits to a policy file, keeping the other (precision, device) pairs it holds.
+calibration's limits to a policy file, keeping the other (precision, device) pairs it holds;
+`calibrated_config` returns a run config under limits calibrated for its workers' precision.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from protocol.verification_policy import RunVerification, policy_key
 from training.generation import generate_group
 from training.grpo import ScoredRollout
 from training.rl_run import RLRunConfig, initial_policy, run_task
-from verification.calibration import Calibration
+from verification.calibration import Calibration, CalibrationPlan, calibrate
 from verification.cheats import RolloutFactory
 from verification.policy_file import load_policy_file, save_policy_file
 
-__all__ = ["CalibrationTarget", "calibration_target", "merge_policy"]
+__all__ = ["CalibrationTarget", "calibrated_config", "calibration_target", "merge_policy"]
 
 _GRPO_GROUPS_PER_STEP = 4
 
@@ -100,3 +101,17 @@ def merge_policy(path: Path, calibration: Calibration, model_id: str) -> RunVeri
     policy = RunVerification(model=model_id, limits=limits, margins=margins)
     save_policy_file(policy, path)
     return policy
+
+
+def calibrated_config(
+    config: RLRunConfig, plan: CalibrationPlan, device: torch.device | None = None
+) -> RLRunConfig:
+    """`config` under limits calibrated on its model for its `worker_dtype` on `device` (default: the
+    CPU); CalibrationOverlap if no limits separate honest rollouts from the cheats there."""
+    device = device or torch.device("cpu")
+    target = calibration_target(config, config.worker_dtype, device, seed=plan.seed)
+    result = calibrate(target.factory, target.prompts, target.max_new_tokens, plan)
+    verification = RunVerification(
+        model=target.model_id, limits={policy_key(result.dtype, result.device): result.policy}
+    )
+    return RLRunConfig.model_validate({**config.model_dump(), "verification": verification.model_dump()})
