@@ -17,8 +17,10 @@ The limits (`derive_limits`):
   smallest value above it among the cheat rollouts (or, where no cheat exceeds it, its honest
   maximum plus as much again, at least one unit), so that every cheat rollout that leaves the
   honest range on some figure is rejected by that figure;
-* then each limit is widened to that wider value wherever every cheat rollout stays rejected
-  (another figure catches it), which leaves honest noise room beyond what the calibration saw.
+* then each TOPLOC limit is widened to that wider value wherever every cheat rollout stays
+  rejected (another figure catches it), which leaves honest noise room beyond what the
+  calibration saw. The near-tie count is not widened, nor raised above its honest maximum
+  where no cheat exceeds it: each deviation it allows is a token a worker may steer.
 
 A cheat rollout that stays inside the honest range on every figure cannot be told from honest
 noise by any limit. Where more than 1% of a class's rollouts do (`CalibrationPlan.min_detection`),
@@ -200,7 +202,9 @@ def derive_limits(
         h = max(r.value(figure) for r in honest)
         above = [r.value(figure) for rows in cheats.values() for r in rows if r.value(figure) > h]
         nearest = min(above) if above else None
-        limits[figure] = _midpoint(h, nearest, figure in INT_FIGURES)
+        # each allowed deviation is a token a worker may steer: no more than honest noise was seen to need
+        steerable = figure == "near_tie_deviations" and nearest is None
+        limits[figure] = h if steerable else _midpoint(h, nearest, figure in INT_FIGURES)
         report[figure] = {
             "honest_max": h,
             "limit": limits[figure],
@@ -241,6 +245,8 @@ def _widened(
     pairs = [(c, f) for kind in cheats for c, f in zip(claims[kind], cheats[kind], strict=True)]
     caught = sum(rejected(c, f, policy) for c, f in pairs)
     for figure, name in _POLICY_FIELDS.items():
+        if figure == "near_tie_deviations":
+            continue  # an allowed deviation is a steerable token: kept at what honest noise needs
         row = report[figure]
         wide = _midpoint(row["honest_max"], None, figure in INT_FIGURES)
         if wide <= row["limit"]:
