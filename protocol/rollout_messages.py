@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from google.protobuf.message import DecodeError
 
 from protocol import rollout_forward_pb2 as fpb
 from protocol import rollouts_pb2 as rpb
@@ -106,8 +107,23 @@ _SHA256_BYTES = 32
 
 
 def rollout_hash(rollout_bytes: bytes) -> bytes:
-    """sha256 of a serialized Rollout: how a verdict names the rollout it judges."""
-    return hashlib.sha256(rollout_bytes).digest()
+    """How a verdict, a replay check and a ledger name a rollout: sha256 of its canonical content.
+
+    The content is every known field but the proofs (tokens, seed, sampling, precision, device),
+    re-encoded deterministically: fields the protocol does not know are dropped, so that no encoding
+    a worker may choose (unknown fields, unpacked or reordered fields, a field repeated) and no
+    other proof of the same tokens gives the same rollout a second name, and a second credit. Bytes
+    that do not decode are named by their own hash (their verdict is a rejection).
+    """
+    try:
+        rollout = rpb.Rollout.FromString(rollout_bytes)
+    except DecodeError:
+        return hashlib.sha256(b"hivenet-undecodable-rollout\0" + rollout_bytes).digest()
+    rollout.DiscardUnknownFields()
+    rollout.ClearField("proofs")
+    return hashlib.sha256(
+        b"hivenet-rollout-content\0" + rollout.SerializeToString(deterministic=True)
+    ).digest()
 
 
 def _check_tokens(ids: object, what: str, limit: int) -> None:

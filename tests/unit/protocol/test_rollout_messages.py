@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import math
 import time
 from typing import Any
@@ -67,7 +66,8 @@ def test_group_round_trip_and_rollout_hash() -> None:
     envelope, opened = open_group(seal_group(WORKER, run_id=RUN, group=group, seq=5), run_id=RUN)
     assert envelope.signer == peer_bytes(WORKER) and envelope.seq == 5
     assert opened == group
-    assert rollout_hash(group.rollouts[1]) == hashlib.sha256(group.rollouts[1]).digest()
+    assert rollout_hash(group.rollouts[1]) == rollout_hash(make_rollout(seed=1).SerializeToString())
+    assert rollout_hash(group.rollouts[1]) != rollout_hash(group.rollouts[2])
     assert parse_rollout(group.rollouts[2]) == make_rollout(seed=2)
 
 

@@ -64,8 +64,8 @@ def make_validator(
 ) -> Callable[..., Validator]:
     def make(versions: tuple[int, ...] = (0,), **kwargs: object) -> Validator:
         kwargs.setdefault("task", task)
+        kwargs.setdefault("private_key", VALIDATOR_KEY)
         v = Validator(
-            private_key=VALIDATOR_KEY,
             run_id=RUN,
             group_size=GROUP,
             async_level=ASYNC,

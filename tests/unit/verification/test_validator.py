@@ -27,6 +27,7 @@ from tests.helpers.validator_setup import (
     assert_group_rejected,
     open_verdicts,
     other_seed,
+    peer_key,
     reasons,
 )
 from training.model import ModelConfig, TinyGPT
@@ -285,3 +286,28 @@ def test_a_counter_far_behind_the_highest_is_settled(make_validator, honest) -> 
     sealed, accepted = validator.judge_group(ALICE, honest(0, 2))  # 3 behind, window of 2
     assert_group_rejected(validator, sealed, accepted, "replay")
     assert validator.stats().workers[ALICE].abandoned == 4
+
+
+def test_a_judged_group_re_encoded_for_another_validator_earns_no_second_credit(
+    make_validator, honest
+) -> None:
+    """Unknown fields added to every rollout give the same content other bytes: the verdicts still name
+    the same rollouts, so a ledger counts the work once."""
+    from node.ledger.credit import Standing, compute_credit
+
+    group = honest(0, 0)
+    first, _ = make_validator().judge_group(ALICE, group)
+    re_encoded = rollouts_pb2.RolloutGroup()
+    re_encoded.CopyFrom(group)
+    for i, data in enumerate(group.rollouts):
+        re_encoded.rollouts[i] = data + b"\xa8\x06\x01"  # field 101, varint 1: unknown to the protocol
+    assert list(re_encoded.rollouts) != list(group.rollouts)
+    other_key, other_id = peer_key(77)
+    second, _ = make_validator(private_key=other_key).judge_group(ALICE, re_encoded)
+    receipts = [open_receipt(data, run_id=RUN, now=NOW) for data in [*first, *second]]
+    assert all(r.accepted for r in receipts)  # a second validator accepts it...
+    assert [r.evidence for r in receipts[:GROUP]] == [r.evidence for r in receipts[GROUP:]]
+    assert len({r.receipt_id for r in receipts}) == 2 * GROUP
+    report = compute_credit(receipts, trusted=[VALIDATOR_ID, other_id], now=NOW)
+    standings = [report.standing[r.receipt_id] for r in receipts]
+    assert standings.count(Standing.DUPLICATE) == GROUP  # ...but its credit counts once
