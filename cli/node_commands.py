@@ -61,6 +61,11 @@ def _node_options(func: Any) -> Any:
         click.option("--status-file", type=click.Path(path_type=Path), help="Write a JSON status here."),
         click.option("--status-port", type=int, help="Serve JSON status on 127.0.0.1:PORT/status."),
         click.option(
+            "--metrics-host",
+            help="Address the status port listens on (default 127.0.0.1); e.g. 0.0.0.0 lets a Prometheus "
+            "server elsewhere scrape /metrics (a warning says it is exposed).",
+        ),
+        click.option(
             "--ledger",
             "ledger_path",
             type=click.Path(dir_okay=False, path_type=Path),

@@ -117,7 +117,10 @@ class NodeConfig(BaseModel):
     status_file: Path | None = None
     """If set, a JSON status snapshot is written here every refresh (machine-readable health)."""
     status_port: int | None = Field(default=None, ge=0, le=65535)
-    """If set, serve the status snapshot as JSON over HTTP on 127.0.0.1 at this port."""
+    """If set, serve the status snapshot as JSON over HTTP on 127.0.0.1 at this port (and /metrics)."""
+    metrics_host: str = "127.0.0.1"
+    """Address the status port listens on. Another than loopback (0.0.0.0, a LAN address) lets a
+    Prometheus server elsewhere scrape /metrics; /status and /health still answer local clients only."""
     ledger_path: Path | None = None
     """If set, the node keeps its receipts in this ledger (SQLite), serves it to peers and pulls theirs
     into it (`node.receipts`); `hivenet join` sets it (`default_ledger_path`, in the node's own state

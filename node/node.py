@@ -90,7 +90,9 @@ class HivenetNode:
         self.metrics = NodeMetrics()
         """This node's Prometheus metrics; the services and roles it hosts count into it."""
         self._status_server = (
-            StatusServer(config.status_port, self.metrics) if config.status_port is not None else None
+            StatusServer(config.status_port, self.metrics, host=config.metrics_host)
+            if config.status_port is not None
+            else None
         )
         self.ledger: Ledger | None = None
         self.receipts: ReceiptExchange | None = None

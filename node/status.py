@@ -9,6 +9,7 @@ figures under `metrics`.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from node.metrics import METRICS_CONTENT_TYPE, MetricsFigures, NodeMetrics
 from node.runtime import offload
 from protocol.errors import ConfigError
+
+logger = logging.getLogger(__name__)
 
 
 class NodeStatusSnapshot(BaseModel):
@@ -77,11 +80,18 @@ def _is_local_host(host: str, port: int | None) -> bool:
 
 class StatusServer:
     """Serves the latest snapshot as JSON at http://127.0.0.1:PORT/status (and /health) and the
-    node's metrics at /metrics; a runtime service."""
+    node's metrics at /metrics; a runtime service.
+
+    It listens on `host` (loopback by default). On another address /metrics answers any client, so
+    that a Prometheus server elsewhere can scrape it, while /status and /health still answer local
+    clients only.
+    """
 
     name = "status"
 
-    def __init__(self, port: int, metrics: NodeMetrics | None = None):
+    def __init__(self, port: int, metrics: NodeMetrics | None = None, *, host: str = "127.0.0.1"):
+        self.host = host
+        self.exposed = host not in ("127.0.0.1", "::1", "localhost")
         self.requested_port = port
         self.metrics = metrics or NodeMetrics()
         self.port: int | None = None
@@ -95,6 +105,9 @@ class StatusServer:
             timeout = STATUS_CONNECTION_TIMEOUT_S  # an idle or slow client cannot hold a thread for long
 
             def do_GET(self) -> None:
+                if self.path == "/metrics" and owner.exposed:
+                    self._reply(200, METRICS_CONTENT_TYPE, owner.metrics.exposition())
+                    return
                 # a page on another site that rebinds its DNS name to 127.0.0.1 sends its own Host
                 if not _is_local_host(self.headers.get("Host", ""), owner.port):
                     self.send_error(
@@ -129,13 +142,21 @@ class StatusServer:
 
     async def start(self) -> None:
         try:
-            self._server = ThreadingHTTPServer(("127.0.0.1", self.requested_port), self._handler())
+            self._server = ThreadingHTTPServer((self.host, self.requested_port), self._handler())
         except OSError as exc:
             raise ConfigError(
-                f"cannot serve the status on 127.0.0.1:{self.requested_port} ({exc.strerror or exc}): another "
-                "program (or another hivenet node) holds that port; pick a free --status-port, or 0 for any"
+                f"cannot serve the status on {self.host}:{self.requested_port} ({exc.strerror or exc}): another "
+                "program (or another hivenet node) holds that port, or this machine has no such address; pick a "
+                "free --status-port (0 for any) or another --metrics-host"
             ) from None
         self.port = self._server.server_address[1]
+        if self.exposed:
+            logger.warning(
+                "metrics exposed on %s:%d/metrics: anyone who can reach that port can read them "
+                "(/status and /health stay local)",
+                self.host,
+                self.port,
+            )
         threading.Thread(target=self._server.serve_forever, name="status-http", daemon=True).start()
 
     def update(self, snapshot: NodeStatusSnapshot) -> None:

@@ -53,3 +53,23 @@ def _get(port: int, path: str, host: str) -> tuple[int, str, bytes]:
     connection.endheaders()
     response = connection.getresponse()
     return response.status, response.getheader("Content-Type", ""), response.read()
+
+
+def test_on_another_address_metrics_answer_any_scraper_and_the_status_stays_local(caplog) -> None:
+    """`--metrics-host 0.0.0.0`: a Prometheus server elsewhere (its own Host header) scrapes /metrics,
+    with a warning that they are exposed; /status and /health still refuse it."""
+    import logging
+
+    server = StatusServer(0, NodeMetrics(), host="0.0.0.0")
+    with caplog.at_level(logging.WARNING, logger="node.status"):
+        asyncio.run(server.start())
+    try:
+        assert server.port is not None
+        assert any("metrics exposed on 0.0.0.0" in r.getMessage() for r in caplog.records)
+        scraper = f"10.0.0.9:{server.port}"
+        status, _, body = _get(server.port, "/metrics", scraper)
+        assert status == 200 and b"hivenet_" in body
+        for path in ("/status", "/health"):
+            assert _get(server.port, path, scraper)[0] == 403
+    finally:
+        asyncio.run(server.stop())
