@@ -45,12 +45,10 @@ def contribution_line(
         parts.append(f"{figures.outer_steps} outer steps")
     if figures.tokens.get("trainer"):
         parts.append(f"{figures.tokens['trainer']:,} tokens trained")
-    generated = figures.rollouts.get("generated", {}).get("", 0)
+    generated = figures.rollouts.get("generated", 0)
     if generated:
         parts.append(f"{generated:,} rollouts ({figures.tokens.get('inference', 0):,} tokens) generated")
-    judged = sum(
-        sum(by_reason.values()) for outcome, by_reason in figures.rollouts.items() if outcome != "generated"
-    )
+    judged = figures.rollouts.get("accepted", 0) + figures.rollouts.get("rejected", 0)
     if judged:
         parts.append(f"{judged:,} rollouts judged")
     if figures.chunks_served:

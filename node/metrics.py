@@ -9,14 +9,19 @@ process in tests and simulations) and defines every metric a node exports:
 - `hivenet_bytes_sent_total{channel}`, `hivenet_bytes_received_total{channel}`: payload bytes
   (`averaging`: pseudo-gradients, `broadcast`: weight chunks and manifests);
 - `hivenet_chunks_served_total`, `hivenet_chunks_fetched_total`: weight-broadcast chunks;
-- `hivenet_rollouts_total{outcome,reason}`: rollouts `generated`, `accepted` or `rejected`
-  (the reason labels rejections; it is empty otherwise);
+- `hivenet_rollouts_total{outcome}`: rollouts `generated`, `accepted` or `rejected`, and
+  `hivenet_rollouts_rejected_total{reason}`: the rejections by reason;
 - `hivenet_verification_seconds`: time to judge one rollout (histogram);
 - `hivenet_bans_total{reason}`: peers banned, by the category of the offence;
 - `hivenet_live_peers{role}`: live nodes of the run this node discovers, by role;
 - `hivenet_receipts_pulled_total{outcome}`: receipts pulled from peers, by what became of them
   (`stored`, `duplicate`, `expired`: genuine but too old or from ahead of this clock, `deferred`:
-  over their signer's quota, asked for again later).
+  over their signer's quota, asked for again later);
+- `hivenet_build_info{version,protocol,python,hivemind}`: what this node runs (always 1), and the
+  process collector's `process_*` series (CPU, memory, open files).
+
+`hivenet_train_loss` appears once a loss was reported (a node that does not train exports none),
+and no series carries a `_created` timestamp.
 
 Components take the narrow piece they need (`TransferMetrics` for the weight broadcast, a
 `(reason) -> None` callback for a `BanList`), so that a component built without a node uses
@@ -26,11 +31,22 @@ JSON status, so the two views cannot disagree.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import platform
+from collections.abc import Iterable, Iterator
+from importlib import metadata
 from typing import Literal, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.metrics_core import Metric
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
@@ -112,8 +128,10 @@ class MetricsFigures(BaseModel):
     """Bytes received by channel."""
     chunks_served: int = 0
     chunks_fetched: int = 0
-    rollouts: dict[str, dict[str, int]] = Field(default_factory=dict)
-    """Rollouts by outcome, then by reason ('' when the outcome has none)."""
+    rollouts: dict[str, int] = Field(default_factory=dict)
+    """Rollouts by outcome (generated, accepted, rejected)."""
+    rejections: dict[str, int] = Field(default_factory=dict)
+    """Rejected rollouts by reason."""
     verifications: int = 0
     """Rollouts judged."""
     verification_seconds: float = 0.0
@@ -135,8 +153,8 @@ class NodeMetrics:
         self._outer_steps = Counter(
             "hivenet_outer_steps", "DiLoCo outer steps applied by this node.", registry=registry
         )
-        self._train_loss = Gauge(
-            "hivenet_train_loss", "Mean inner training loss of the last outer step.", registry=registry
+        self._train_loss: Gauge | None = (
+            None  # registered with the first loss: a node that does not train has none
         )
         self._tokens = Counter(
             "hivenet_tokens", "Tokens processed, by role (trainer: trained, inference: generated).",
@@ -159,9 +177,11 @@ class NodeMetrics:
             registry=registry,
         )
         self._rollouts = Counter(
-            "hivenet_rollouts", "Rollouts generated, accepted or rejected (with the reason).",
-            ["outcome", "reason"], registry=registry,
-        )  # fmt: skip
+            "hivenet_rollouts", "Rollouts generated, accepted or rejected.", ["outcome"], registry=registry
+        )
+        self._rejections = Counter(
+            "hivenet_rollouts_rejected", "Rollouts rejected, by reason.", ["reason"], registry=registry
+        )
         self._verification = Histogram(
             "hivenet_verification_seconds", "Time to judge one rollout.",
             buckets=VERIFICATION_BUCKETS_S, registry=registry,
@@ -176,12 +196,20 @@ class NodeMetrics:
             "hivenet_receipts_pulled", "Receipts pulled from peers, by outcome (stored, duplicate, expired, deferred).",
             ["outcome"], registry=registry,
         )  # fmt: skip
+        Info("hivenet_build", "What this node runs.", registry=registry).info(_build_labels())
+        ProcessCollector(registry=registry)
 
     # ---- training --------------------------------------------------------------------
 
     def outer_step_done(self, *, train_loss: float, tokens_trained: int, averaging_bytes_sent: int) -> None:
         """One outer step applied; `tokens_trained` and `averaging_bytes_sent` are what it added (not totals)."""
         self._outer_steps.inc()
+        if self._train_loss is None:
+            self._train_loss = Gauge(
+                "hivenet_train_loss",
+                "Mean inner training loss of the last outer step.",
+                registry=self.registry,
+            )
         self._train_loss.set(train_loss)
         self.tokens_processed("trainer", tokens_trained)
         self.bytes_sent("averaging", averaging_bytes_sent)
@@ -218,15 +246,16 @@ class NodeMetrics:
     def rollouts_generated(self, count: int = 1, *, tokens: int = 0) -> None:
         """An inference worker produced `count` rollouts holding `tokens` generated tokens."""
         if count > 0:
-            self._rollouts.labels(outcome="generated", reason="").inc(count)
+            self._rollouts.labels(outcome="generated").inc(count)
         self.tokens_processed("inference", tokens)
 
     def rollout_judged(self, outcome: RolloutOutcome, reason: str = "", seconds: float | None = None) -> None:
         """A validator judged one rollout: `accepted`, or `rejected` with a reason; `seconds` it took."""
         if outcome not in ("accepted", "rejected"):
             raise ValueError(f"rollout outcome must be 'accepted' or 'rejected', not {outcome!r}")
-        label = "" if outcome == "accepted" else (reason[:MAX_LABEL_CHARS] or "unspecified")
-        self._rollouts.labels(outcome=outcome, reason=label).inc()
+        self._rollouts.labels(outcome=outcome).inc()
+        if outcome == "rejected":
+            self._rejections.labels(reason=reason[:MAX_LABEL_CHARS] or "unspecified").inc()
         if seconds is not None:
             self._verification.observe(max(0.0, seconds))
 
@@ -261,7 +290,7 @@ class NodeMetrics:
 
     def exposition(self) -> bytes:
         """The Prometheus text format of every metric (what /metrics serves)."""
-        return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))
 
     def figures(self) -> MetricsFigures:
         """The same values as plain numbers (read from the registry)."""
@@ -284,7 +313,9 @@ class NodeMetrics:
                 elif name == "hivenet_chunks_fetched_total":
                     figures.chunks_fetched = int(value)
                 elif name == "hivenet_rollouts_total":
-                    figures.rollouts.setdefault(labels["outcome"], {})[labels["reason"]] = int(value)
+                    figures.rollouts[labels["outcome"]] = int(value)
+                elif name == "hivenet_rollouts_rejected_total":
+                    figures.rejections[labels["reason"]] = int(value)
                 elif name == "hivenet_verification_seconds_count":
                     figures.verifications = int(value)
                 elif name == "hivenet_verification_seconds_sum":
@@ -295,6 +326,34 @@ class NodeMetrics:
                     figures.live_peers[labels["role"]] = int(value)
                 elif name == "hivenet_receipts_pulled_total":
                     figures.receipts_pulled[labels["outcome"]] = int(value)
-        if not figures.outer_steps:
-            figures.train_loss = None  # the gauge reads 0 before any loss was reported
         return figures
+
+
+class _WithoutCreated:
+    """A registry's metrics less their `_created` samples (the time a series was first touched, which
+    doubles every counter's series count and tells a scraper nothing it needs)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
+
+
+def _build_labels() -> dict[str, str]:
+    from protocol.version import PROTOCOL_VERSION
+
+    def version_of(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "unknown"
+
+    return {
+        "version": version_of("hivenet"),
+        "protocol": str(PROTOCOL_VERSION),
+        "python": platform.python_version(),
+        "hivemind": version_of("hivemind"),
+    }

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -15,9 +17,12 @@ def value(metrics: NodeMetrics, name: str, **labels: str) -> float:
 
 
 def test_every_metric_is_exported_with_its_conventional_name() -> None:
-    exported = text_string_to_metric_families(NodeMetrics().exposition().decode())
-    # the `*_created` gauges are the client library's creation timestamps of the counters
-    families = {family.name: family.type for family in exported if not family.name.endswith("_created")}
+    metrics = NodeMetrics()
+    metrics.outer_step_done(
+        train_loss=2.0, tokens_trained=1, averaging_bytes_sent=1
+    )  # the loss gauge appears
+    exported = text_string_to_metric_families(metrics.exposition().decode())
+    families = {family.name: family.type for family in exported if family.name.startswith("hivenet_")}
     assert families == {
         "hivenet_outer_steps": "counter",
         "hivenet_train_loss": "gauge",
@@ -27,10 +32,12 @@ def test_every_metric_is_exported_with_its_conventional_name() -> None:
         "hivenet_chunks_served": "counter",
         "hivenet_chunks_fetched": "counter",
         "hivenet_rollouts": "counter",
+        "hivenet_rollouts_rejected": "counter",
         "hivenet_verification_seconds": "histogram",
         "hivenet_bans": "counter",
         "hivenet_live_peers": "gauge",
         "hivenet_receipts_pulled": "counter",
+        "hivenet_build_info": "gauge",  # an info metric, as the text format carries it
     }
 
 
@@ -60,9 +67,10 @@ def test_counters_move_with_the_events_and_the_figures_agree() -> None:
     assert value(metrics, "hivenet_bytes_received_total", channel="broadcast") == 200
     assert value(metrics, "hivenet_chunks_served_total") == 1
     assert value(metrics, "hivenet_chunks_fetched_total") == 1
-    assert value(metrics, "hivenet_rollouts_total", outcome="generated", reason="") == 3
-    assert value(metrics, "hivenet_rollouts_total", outcome="accepted", reason="") == 1
-    assert value(metrics, "hivenet_rollouts_total", outcome="rejected", reason="toploc mismatch") == 2
+    assert value(metrics, "hivenet_rollouts_total", outcome="generated") == 3
+    assert value(metrics, "hivenet_rollouts_total", outcome="accepted") == 1
+    assert value(metrics, "hivenet_rollouts_total", outcome="rejected") == 2
+    assert value(metrics, "hivenet_rollouts_rejected_total", reason="toploc mismatch") == 2
     assert value(metrics, "hivenet_verification_seconds_count") == 3
     assert value(metrics, "hivenet_verification_seconds_sum") == pytest.approx(0.7)
     assert value(metrics, "hivenet_bans_total", reason="bad chunk") == 1
@@ -75,7 +83,8 @@ def test_counters_move_with_the_events_and_the_figures_agree() -> None:
     assert figures.tokens == {"trainer": 2000, "inference": 300}
     assert figures.bytes_sent == {"averaging": 8192, "broadcast": 110}
     assert figures.chunks_served == 1 and figures.chunks_fetched == 1
-    assert figures.rollouts == {"generated": {"": 3}, "accepted": {"": 1}, "rejected": {"toploc mismatch": 2}}
+    assert figures.rollouts == {"generated": 3, "accepted": 1, "rejected": 2}
+    assert figures.rejections == {"toploc mismatch": 2}
     assert figures.verifications == 3 and figures.verification_seconds == pytest.approx(0.7)
     assert figures.bans == {"bad chunk": 1}
     assert figures.live_peers == {"trainer": 2, "validator": 1, "seed": 1}
@@ -107,3 +116,18 @@ def test_a_ban_list_counts_its_bans_by_category() -> None:
     bans.ban(b"\x01" * 34, "protocol violation")
     assert metrics.figures().bans == {"bad request": 2, "protocol violation": 1}
     assert ban_category("x" * 500 + ": y") == "x" * 64
+
+
+def test_the_exposition_has_build_info_and_process_series_and_no_created_empty_or_untrained_series() -> None:
+    metrics = NodeMetrics()
+    metrics.rollouts_generated(2, tokens=10)
+    metrics.rollout_judged("accepted")
+    text = metrics.exposition().decode()
+    assert "_created" not in text
+    assert 'reason=""' not in text and "reason=" not in text.split("hivenet_rollouts_rejected")[0]
+    assert "hivenet_train_loss" not in text  # this node has not trained
+    assert re.search(r'^hivenet_build_info\{.*protocol="\d+".*version="[^"]+".*\} 1\.0$', text, re.M)
+    assert re.search(r"^process_cpu_seconds_total \d", text, re.M)
+    assert metrics.figures().train_loss is None
+    metrics.outer_step_done(train_loss=1.5, tokens_trained=8, averaging_bytes_sent=0)
+    assert "hivenet_train_loss 1.5" in metrics.exposition().decode() and metrics.figures().train_loss == 1.5
