@@ -12,13 +12,14 @@ from cli.dashboard import dashboard
 from cli.ledger import ledger
 from cli.model import model
 from cli.node_commands import doctor, identity, join, peers, seed, simulate
-from cli.output import log_level_option
+from cli.output import log_level_option, log_output_options
 from cli.weights import weights
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="hivenet")
 @log_level_option
+@log_output_options
 def cli() -> None:
     """hivenet: an open peer-to-peer network for training AI models together.
 

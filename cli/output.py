@@ -1,7 +1,7 @@
 """What every command shares for its output: the global log level and machine-readable JSON.
 
 `hivenet --log-level LEVEL CMD` (or `HIVENET_LOG_LEVEL`) sets the level for the whole
-invocation; a command's `-v` still means debug when no level is given. `--json` commands
+invocation, `--log-file PATH` adds a log file and `--log-format json` writes JSON lines; a command's `-v` still means debug when no level is given. `--json` commands
 print exactly one JSON document on stdout (progress and logs go to stderr).
 """
 
@@ -10,12 +10,15 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 _LOG_LEVEL_KEY = "hivenet.log_level"
+_LOG_FILE_KEY = "hivenet.log_file"
+_LOG_FORMAT_KEY = "hivenet.log_format"
 
 
 def log_level_option(func: Any) -> Any:
@@ -36,6 +39,36 @@ def log_level_option(func: Any) -> Any:
     )(func)
 
 
+def log_output_options(func: Any) -> Any:
+    """The global `--log-file` and `--log-format` options of the `hivenet` group."""
+
+    def remember(key: str) -> Callable[[click.Context, click.Parameter, Any], Any]:
+        def store(ctx: click.Context, _param: click.Parameter, value: Any) -> Any:
+            ctx.meta[key] = value
+            return value
+
+        return store
+
+    func = click.option(
+        "--log-format",
+        type=click.Choice(["text", "json"]),
+        envvar="HIVENET_LOG_FORMAT",
+        callback=remember(_LOG_FORMAT_KEY),
+        expose_value=False,
+        is_eager=True,
+        help="Log lines as text, or one JSON object per line (env HIVENET_LOG_FORMAT; default text).",
+    )(func)
+    return click.option(
+        "--log-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar="HIVENET_LOG_FILE",
+        callback=remember(_LOG_FILE_KEY),
+        expose_value=False,
+        is_eager=True,
+        help="Also append every log line to this file (env HIVENET_LOG_FILE; logrotate-safe).",
+    )(func)
+
+
 def chosen_log_level() -> str | None:
     """The level given with --log-level / HIVENET_LOG_LEVEL, if any."""
     ctx = click.get_current_context(silent=True)
@@ -47,7 +80,14 @@ def setup_logging(verbose: bool = False, *, quiet: bool = False) -> None:
     from node.logs import configure_logging
 
     level = chosen_log_level()
-    configure_logging(verbose or level == "debug", quiet=quiet)
+    ctx = click.get_current_context(silent=True)
+    meta = {} if ctx is None else ctx.meta
+    configure_logging(
+        verbose or level == "debug",
+        quiet=quiet,
+        log_file=meta.get(_LOG_FILE_KEY),
+        log_format=meta.get(_LOG_FORMAT_KEY) or "text",
+    )
     if level is not None:
         logging.getLogger().setLevel(level.upper())
 
