@@ -9,6 +9,7 @@ import click
 
 from cli.calibrate import calibrate
 from cli.dashboard import dashboard
+from cli.examples import add_examples
 from cli.ledger import ledger
 from cli.model import model
 from cli.node_commands import doctor, identity, join, peers, seed, simulate
@@ -34,6 +35,7 @@ def cli() -> None:
 
 for command in (identity, join, seed, peers, doctor, simulate, weights, ledger, dashboard, model, calibrate):
     cli.add_command(command)
+add_examples(cli)
 
 
 def main() -> None:
