@@ -24,6 +24,7 @@ from hivemind.p2p import P2P, PeerID
 
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.store import VersionEntry
+from node.log_limit import LogOncePer
 from node.signed_records import SignedRecords
 from protocol.dht_keys import weights_holders_key, weights_pointer_key, weights_version_key
 from protocol.errors import InvalidMessage
@@ -37,6 +38,9 @@ from protocol.manifest import (
 )
 
 logger = logging.getLogger(__name__)
+
+_UNAUTHORISED_LOG_INTERVAL_S = 600.0
+"""A stale or foreign pointer is looked at on every poll; it is logged once per signer per this long."""
 
 _FORWARD_PROBES = 8
 """Most versions after the one `latest` names that one lookup of the newest follows."""
@@ -81,6 +85,7 @@ class BroadcastRecords:
         self._addresses: tuple[str, ...] | None = None
         self._newest_seen: dict[str, WeightsPointer] = {}
         """Per run, the newest authorised pointer found so far."""
+        self._unauthorised_logged = LogOncePer(_UNAUTHORISED_LOG_INTERVAL_S)
 
     # ---- reading -------------------------------------------------------------------------
 
@@ -136,9 +141,15 @@ class BroadcastRecords:
             if pointer.publisher != value.signer or pointer.run_id != run_id:
                 continue
             if value.signer not in self.authorized:
-                logger.info(
-                    "[%s] ignoring weights pointer from unauthorised %s", self.owner, PeerID(value.signer)
-                )
+                if self._unauthorised_logged(
+                    value.signer
+                ):  # anyone can store one: a line per signer per interval
+                    logger.info(
+                        "[%s] ignoring weights pointer from unauthorised %s (said once per %.0f min)",
+                        self.owner,
+                        PeerID(value.signer),
+                        _UNAUTHORISED_LOG_INTERVAL_S / 60,
+                    )
                 continue
             if version is not None and pointer.version != version:
                 continue

@@ -160,3 +160,38 @@ def test_the_newest_never_goes_below_a_version_held_or_seen(tmp_path: Path) -> N
         assert newest is not None and newest.version == 3
 
     asyncio.run(main())
+
+
+def test_a_foreign_pointer_seen_on_every_poll_is_logged_once_per_signer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Anyone can store a pointer under the run's key; a follower polls it twice a second and must not
+    log a line each time."""
+    import logging
+
+    publisher = create_identity(tmp_path / "publisher.key")
+    strangers = [create_identity(tmp_path / f"stranger{i}.key") for i in range(2)]
+    foreign = [
+        SignedValue(
+            s.peer_id_bytes, _manifest(s, 9).pointer().to_payload(), seq=1, expires_at=time.time() + 60
+        )
+        for s in strangers
+    ]
+    records = BroadcastRecords(
+        signed=_FakeSigned(publisher, {weights_pointer_key("floor"): foreign}),  # type: ignore[arg-type]
+        p2p=None,  # type: ignore[arg-type]
+        config=BroadcastConfig(store_dir=tmp_path, authorized_publishers=[publisher.peer_id.to_base58()]),
+        authorized={publisher.peer_id_bytes},
+        held=lambda: [],
+    )
+
+    async def poll() -> None:
+        for _ in range(20):
+            assert await records.find_pointer("floor") is None
+
+    with caplog.at_level(logging.INFO, logger="node.broadcast.records"):
+        asyncio.run(poll())
+    lines = [r.getMessage() for r in caplog.records if "unauthorised" in r.getMessage()]
+    assert len(lines) == 2 and {line.split("unauthorised ")[1].split()[0] for line in lines} == {
+        s.peer_id.to_base58() for s in strangers
+    }
