@@ -44,8 +44,13 @@ def run_until_interrupted(
     trainer: TrainerThread | None = None
     rl: Any = None
     try:
+        # an RL node's validator and trainer register their stream handlers after the node started:
+        # those roles are announced once they serve, so that no worker dials a protocol not served yet
+        withheld = (
+            [] if rl_config is None else [r for r in node.config.roles if r in (Role.VALIDATOR, Role.TRAINER)]
+        )
         with console.status(f"starting {label} (dialling seeds, joining the DHT)..."):
-            node.start(should_stop=lambda: stop.requested)
+            node.start(should_stop=lambda: stop.requested, withheld_roles=withheld)
         console.print(f"[green]{label} {node.short_id} running[/] on run [bold]{node.config.run_id}[/]")
         for address in node.multiaddrs():
             click.echo(address)
@@ -64,6 +69,8 @@ def run_until_interrupted(
             from cli.rl import RLRoles
 
             rl = RLRoles(node, rl_config, print_plain, checkpoint_dir=rl_checkpoint_dir)
+            if withheld:
+                node.announce_roles()
         last_summary = time.monotonic()
         with Live(console=console, refresh_per_second=1, transient=True) as live:
             while not stop.requested and (trainer is None or trainer.alive) and (rl is None or rl.alive):

@@ -179,6 +179,11 @@ class Membership:
                     "--identity PATH"
                 )
 
+    async def announce_roles(self, roles: list[Role]) -> bool:
+        """Publish the record again, now with `roles` (a role is announced once what serves it is ready)."""
+        self.record = self.record.model_copy(update={"roles": tuple(roles)})
+        return await self.publish()
+
     async def publish(self, status: NodeStatus = NodeStatus.ONLINE) -> bool:
         """Sign and store the current record; return whether at least one DHT peer accepted it."""
         if status != self.record.status:

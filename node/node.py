@@ -17,7 +17,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -111,11 +111,15 @@ class HivenetNode:
         self.runtime.add_service(service)
         return service
 
-    def start(self, should_stop: Callable[[], bool] | None = None) -> None:
+    def start(
+        self, should_stop: Callable[[], bool] | None = None, *, withheld_roles: Collection[Role] = ()
+    ) -> None:
         """Join the swarm; raises IdentityError / PeerUnreachable with a fix on failure.
 
         `should_stop` is polled while seeds are retried; if it turns true, start gives up
-        with KeyboardInterrupt after releasing everything it took.
+        with KeyboardInterrupt after releasing everything it took. `withheld_roles` are left out of
+        the node record until `announce_roles` (a role whose stream handler a component registers
+        after the node started: peers that found it earlier would dial a protocol not served yet).
         """
         if self._ephemeral_dir is None:
             self.identity.lock()
@@ -142,7 +146,7 @@ class HivenetNode:
                         self.dht,
                         self.identity,
                         run_id=self.config.run_id,
-                        roles=list(self.config.roles),
+                        roles=[role for role in self.config.roles if role not in withheld_roles],
                         public_name=self.config.public_name,
                         addresses=self.multiaddrs(),
                         record_ttl_s=self.config.record_ttl_s,
@@ -162,6 +166,11 @@ class HivenetNode:
         if self.announce:
             logger.info("joined run %r as %s", self.config.run_id, ",".join(self.config.roles))
         self.refresh_view()
+
+    def announce_roles(self) -> None:
+        """Publish the node record with every configured role (those `start` withheld included)."""
+        if self.membership is not None:
+            self.call(self.membership.announce_roles(list(self.config.roles)))
 
     def _start_receipts(self, path: Path) -> None:
         assert self.dht is not None
