@@ -12,11 +12,12 @@ import json
 import logging
 import os
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from node.http_server import BoundedHTTPServer
 from node.metrics import METRICS_CONTENT_TYPE, MetricsFigures, NodeMetrics
 from node.runtime import offload
 from protocol.errors import ConfigError
@@ -71,6 +72,8 @@ def read_status_file(path: Path) -> NodeStatusSnapshot | None:
 
 
 STATUS_CONNECTION_TIMEOUT_S = 5.0
+MAX_STATUS_CONNECTIONS = 16
+"""Connections served at once (a scraper and a few health checks); more get 503 without a thread."""
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 
 
@@ -96,7 +99,7 @@ class StatusServer:
         self.metrics = metrics or NodeMetrics()
         self.port: int | None = None
         self._snapshot: NodeStatusSnapshot | None = None
-        self._server: ThreadingHTTPServer | None = None
+        self._server: BoundedHTTPServer | None = None
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         owner = self
@@ -142,7 +145,9 @@ class StatusServer:
 
     async def start(self) -> None:
         try:
-            self._server = ThreadingHTTPServer((self.host, self.requested_port), self._handler())
+            self._server = BoundedHTTPServer(
+                (self.host, self.requested_port), self._handler(), max_connections=MAX_STATUS_CONNECTIONS
+            )
         except OSError as exc:
             raise ConfigError(
                 f"cannot serve the status on {self.host}:{self.requested_port} ({exc.strerror or exc}): another "

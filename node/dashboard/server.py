@@ -1,6 +1,6 @@
 """The dashboard's web server: the page, its shipped assets, a JSON API per panel and live updates.
 
-Standard library only (`ThreadingHTTPServer`). Routes:
+Standard library only (`node.http_server.BoundedHTTPServer`, a capped `ThreadingHTTPServer`). Routes:
 
 - `/` and `/node/<PeerID>`: the page (one HTML file; `app.js` draws the panels from the API);
 - `/static/<name>`: the assets shipped in this package (no CDN: it works offline);
@@ -23,12 +23,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from node.dashboard.data import DashboardData, parse_peer
+from node.http_server import BoundedHTTPServer
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,8 @@ EVENT_POLL_S = 1.0
 EVENT_STREAM_MAX_S = 600.0
 """An event stream ends after this long; browsers reconnect by themselves."""
 CONNECTION_TIMEOUT_S = 10.0
+MAX_CONNECTIONS = MAX_EVENT_STREAMS + 32
+"""Connections served at once: every event stream, plus room for the page and its API calls."""
 ASSETS = {"app.js": "text/javascript", "style.css": "text/css", "index.html": "text/html"}
 _LOCAL_HOSTS = ("127.0.0.1", "localhost", "[::1]")
 _SECURITY_HEADERS = {
@@ -108,7 +111,7 @@ class DashboardServer:
         self.requested_port = port
         self.expose = host not in ("127.0.0.1", "localhost", "::1")
         self.port: int | None = None
-        self._server: ThreadingHTTPServer | None = None
+        self._server: BoundedHTTPServer | None = None
         self._stopping = threading.Event()
         self._streams = threading.Semaphore(MAX_EVENT_STREAMS)
         self._routes: dict[str, Callable[[dict[str, str]], Any]] = {
@@ -257,8 +260,9 @@ class DashboardServer:
         return Handler
 
     def start(self) -> None:
-        server = ThreadingHTTPServer((self.host, self.requested_port), self._handler())
-        server.daemon_threads = True
+        server = BoundedHTTPServer(
+            (self.host, self.requested_port), self._handler(), max_connections=MAX_CONNECTIONS
+        )
         self._server = server
         self.port = server.server_address[1]
         threading.Thread(target=server.serve_forever, name="dashboard-http", daemon=True).start()
