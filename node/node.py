@@ -141,21 +141,9 @@ class HivenetNode:
             if self.dht_only:
                 self.call(in_dht(self.dht, serve_dial_back))
             if self.announce:
-                self.membership = self.add_service(
-                    Membership(
-                        self.dht,
-                        self.identity,
-                        run_id=self.config.run_id,
-                        roles=[role for role in self.config.roles if role not in withheld_roles],
-                        public_name=self.config.public_name,
-                        addresses=self.multiaddrs(),
-                        record_ttl_s=self.config.record_ttl_s,
-                        refresh_interval_s=self.config.refresh_interval_s,
-                        software_version=SOFTWARE_VERSION,
-                        protocol_version=PROTOCOL_VERSION,
-                        check_identity=bool(self.config.initial_peers),
-                    )
-                )
+                published = [role for role in self.config.roles if role not in withheld_roles]
+                if published:  # with every role withheld, the record waits for `announce_roles`
+                    self.membership = self.add_service(self._membership(published))
                 if self.config.ledger_path is not None and not self.dht_only:
                     self._start_receipts(self.config.ledger_path)
                     self._sign_bootstrap_receipts()
@@ -169,8 +157,28 @@ class HivenetNode:
 
     def announce_roles(self) -> None:
         """Publish the node record with every configured role (those `start` withheld included)."""
-        if self.membership is not None:
+        if not self.announce:
+            return
+        if self.membership is None:
+            self.membership = self.add_service(self._membership(list(self.config.roles)))
+        else:
             self.call(self.membership.announce_roles(list(self.config.roles)))
+
+    def _membership(self, roles: list[Role]) -> Membership:
+        assert self.dht is not None
+        return Membership(
+            self.dht,
+            self.identity,
+            run_id=self.config.run_id,
+            roles=roles,
+            public_name=self.config.public_name,
+            addresses=self.multiaddrs(),
+            record_ttl_s=self.config.record_ttl_s,
+            refresh_interval_s=self.config.refresh_interval_s,
+            software_version=SOFTWARE_VERSION,
+            protocol_version=PROTOCOL_VERSION,
+            check_identity=bool(self.config.initial_peers),
+        )
 
     def _start_receipts(self, path: Path) -> None:
         assert self.dht is not None

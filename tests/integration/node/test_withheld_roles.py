@@ -48,3 +48,26 @@ def test_a_withheld_role_is_announced_only_when_the_node_says_it_serves(tmp_path
     finally:
         for n in (watcher, node, seed):
             n.stop()
+
+
+def test_a_node_whose_every_role_is_withheld_publishes_its_record_when_it_announces(tmp_path: Path) -> None:
+    """An RL trainer (trainer and validator, both served by handlers started after the node) has no
+    role to announce at first: its record appears, with both, once it says it serves."""
+    seed = _node(tmp_path, "seed", [], [Role.SEED], seed=True)
+    seed.start()
+    node = _node(tmp_path, "rl-trainer", seed.multiaddrs(), [Role.TRAINER, Role.VALIDATOR])
+    watcher = _node(tmp_path, "watcher", seed.multiaddrs(), [Role.INFERENCE])
+    try:
+        node.start(withheld_roles=[Role.TRAINER, Role.VALIDATOR])
+        watcher.start()
+        assert node.membership is None and node.state == "running"
+        node.announce_roles()
+        assert wait_until(
+            lambda: (
+                {n.record.peer_id for n in watcher.discover(Role.VALIDATOR)} == {node.identity.peer_id_bytes}
+            ),
+            timeout_s=30,
+        )
+    finally:
+        for n in (watcher, node, seed):
+            n.stop()
