@@ -10,7 +10,8 @@ proofs built on the fly), honestly (`honest`) or with one cheat of `CHEAT_CLASSE
 * `older_1_step`, `older_2_steps`: the weights one or two GRPO steps away (the version lie: the
   figures see the distance between two checkpoints of a run, which steps forward from the
   claimed weights give just as well as steps back);
-* `other_model`: another model of the same architecture (another random init);
+* `other_model`: another model of the same architecture: every weight tensor's values permuted
+  (the same shapes and weight statistics, another function);
 * `prompt_token_changed`: one token of the assigned prompt changed, the assigned prompt claimed;
 * `greedy`: the most likely token instead of the seeded sampler's;
 * `other_temperature`, `other_top_p`: sampled at 0.7 times the run's temperature, or with a
