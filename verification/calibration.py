@@ -389,7 +389,8 @@ def calibrate(
 ) -> Calibration:
     """Measure `factory`'s honest rollouts and cheats, derive the limits, and check that they separate them.
 
-    Raises `CalibrationOverlap` when some cheat rollout passes the derived limits.
+    Raises `CalibrationOverlap` (carrying what was measured) when the limits reject less than
+    `plan.min_detection` of some class's rollouts.
     """
     started = time.perf_counter()
     rng = random.Random(plan.seed)
