@@ -10,7 +10,9 @@ pretrained policy:
 3. the same swarm with the honest worker joined by one dishonest worker of each kind
    (precision swap, other weights);
 4. the worker's generation loop alone: the same number of rollouts generated in this process
-   with no network, no proofs and no verification.
+   with no network, no proofs and no verification;
+5. two credited workers signing verdicts and training receipts for each other and a sybil
+   (`bench/_rl_collusion.py`): `sybil_credit` and `collusion_gain`, both targets 0.
 
 Both runs' final policies are scored on the same held-out prompts and sampling seeds, so
 `reward_gain_ratio = (R_swarm - R0) / (R_sync - R0)`. `throughput_ratio` is the honest worker's
@@ -55,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from bench._model_choice import add_model_option, chosen_model  # noqa: E402
+from bench._rl_collusion import run_collusion  # noqa: E402
 from protocol.assignment import derive_assignment  # noqa: E402
 from training.causal_lm import CausalLM  # noqa: E402
 from training.generation import generate  # noqa: E402
@@ -218,6 +221,7 @@ def main() -> None:
         "reward_initial": f"{r0:.3f}",
         "reward_sync": f"{r_sync:.3f}",
         "reward_swarm": f"{r_swarm:.3f}",
+        **run_collusion(),
     }
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
 

@@ -3,7 +3,7 @@
 `hivenet join` prints `contribution_line` at most once a minute and once at exit. Work is read
 from the node's own metrics (tokens trained and generated, chunks served, outer steps); credit
 only from receipts other peers signed for this node (an inference worker's verdicts), counted by
-the ledger's rules with the run's trainers as the trusted signers, so the figure is the one a
+the ledger's rules with the run's trainers and validators as the signers of their kinds, so the figure is the one a
 ledger would compute, never this node's own say-so.
 """
 
@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterable
 
 from node.ledger.credit import compute_credit
+from node.ledger.signers import RunSigners
 from node.metrics import MetricsFigures
 from protocol.errors import InvalidMessage
 from protocol.receipts import Receipt, open_receipt
@@ -36,7 +37,7 @@ def contribution_line(
     me: bytes,
     run_id: str,
     receipts: Iterable[bytes] = (),
-    trusted: Iterable[bytes] = (),
+    trusted: Iterable[bytes] | RunSigners = (),
     now: float | None = None,
 ) -> str:
     """One line: this node's work so far and the credit its receipts earned."""

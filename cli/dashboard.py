@@ -1,6 +1,7 @@
 """`hivenet dashboard`: the contributor dashboard, a web page over the swarm and a receipts ledger.
 
-`hivenet dashboard --run R --initial-peers ADDR [--ledger PATH] [--trusted PEERID ...]` joins the
+`hivenet dashboard --run R --initial-peers ADDR [--ledger PATH] [--trainer PEERID ...]
+[--validator PEERID ...]` joins the
 swarm as an unannounced client with a throwaway identity, re-reads discovery every few seconds,
 pulls the receipts of the live nodes into its ledger (`node.receipts`: at most `--pull-peers` nodes
 every `--pull-every` seconds, at most `--pull-max` receipts from each, every one re-verified) and
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 import click
 
 from cli.errors import friendly_errors
-from cli.ledger import _peer_ids
+from cli.ledger import run_signers, signer_options
 from cli.output import setup_logging
 
 if TYPE_CHECKING:
@@ -35,13 +36,7 @@ if TYPE_CHECKING:
     type=click.Path(dir_okay=False, path_type=Path),
     help="The receipts ledger (SQLite) to show; default: an empty one for this session.",
 )
-@click.option(
-    "--trusted",
-    "trusted",
-    multiple=True,
-    metavar="PEERID",
-    help="Base58 PeerID of a signer the run trusts: a trainer or validator (repeatable).",
-)
+@signer_options
 @click.option(
     "--half-life-days",
     type=click.FloatRange(min=0, min_open=True),
@@ -91,6 +86,8 @@ def dashboard(
     run_id: str,
     initial_peers: tuple[str, ...],
     ledger_path: Path | None,
+    trainers: tuple[str, ...],
+    validators: tuple[str, ...],
     trusted: tuple[str, ...],
     half_life_days: float,
     host: str,
@@ -110,7 +107,7 @@ def dashboard(
     from node.shutdown import StopRequest
 
     setup_logging(verbose, quiet=not verbose)
-    trusted_peers = _peer_ids(trusted)
+    trusted_peers = run_signers(trusted, trainers, validators)
     stop = StopRequest()
     scratch = None
     if ledger_path is None:
@@ -143,9 +140,11 @@ def dashboard(
                 server.start()
             except OSError as exc:
                 raise click.ClickException(f"cannot serve on {host}:{port}: {exc.strerror or exc}") from None
-            if not trusted_peers:
+            if not trusted_peers.everyone:
                 click.echo(
-                    "no --trusted signer given: every receipt counts zero (shown as untrusted)", err=True
+                    "no --trainer, --validator or --trusted signer given: every receipt counts zero (shown as "
+                    "untrusted)",
+                    err=True,
                 )
             click.echo(f"dashboard of run {run_id!r} at {server.url} (Ctrl-C to stop)", err=True)
             click.echo(server.url)  # alone on stdout, for scripts

@@ -40,9 +40,9 @@ EXAMPLES: dict[str, list[str]] = {
     "weights status": [f"hivenet weights status --run my-run --initial-peers {SEED} --publisher {TRAINER}"],
     "ledger export": ["hivenet ledger export --db node.ledger.db --out receipts.jsonl"],
     "ledger import": ["hivenet ledger import receipts.jsonl --db audit.ledger.db"],
-    "ledger verify": [f"hivenet ledger verify receipts.jsonl --trusted {TRAINER}"],
-    "ledger credit": [f"hivenet ledger credit --db node.ledger.db --trusted {TRAINER} --top 10"],
-    "dashboard": [f"hivenet dashboard --run my-run --initial-peers {SEED} --trusted {TRAINER}"],
+    "ledger verify": [f"hivenet ledger verify receipts.jsonl --trainer {TRAINER}"],
+    "ledger credit": [f"hivenet ledger credit --db node.ledger.db --trainer {TRAINER} --top 10"],
+    "dashboard": [f"hivenet dashboard --run my-run --initial-peers {SEED} --trainer {TRAINER}"],
     "model init": [
         "hivenet model init ./llama-tiny",
         "hivenet model init ./qwen-micro --family qwen2 --size micro",

@@ -4,12 +4,15 @@
   then `{"receipt": "<base64 envelope>"}` per receipt; see `node.ledger.export`).
 - `import FILE --db PATH`: add an export's receipts to a ledger, each re-verified as of when it
   was issued (so an old export imports whole); exits 1 if any line is refused.
-- `verify FILE [--run R] [--trusted PEERID ...] [--json]`: re-check every signature and recompute
-  every total from the receipts alone, then print the per-contributor credit table. Credit counts
-  only receipts signed by the trusted PeerIDs (the run's trainers and validators) or, capped, by a
-  signer that earned credit from them; other receipts show in the "untrusted" column. Exits 1 when
-  any line fails or the file is shorter than its header says.
-- `credit --db PATH [--trusted ...] [--json]`: the same table straight from a ledger.
+- `verify FILE [--run R] [--trainer P ...] [--validator P ...] [--trusted P ...] [--json]`:
+  re-check every signature and recompute every total from the receipts alone, then print the
+  per-contributor credit table. A receipt counts only when signed by a peer whose role the run
+  gives its kind (rollout verdicts: the run's validators and trainers; training receipts: its
+  trainers; `--trusted` peers: every kind), or, for transfer and seed receipts only and capped, by
+  a signer that earned credit from them; other receipts show in the "untrusted" column. Exits 1
+  when any line fails or the file is shorter than its header says.
+- `credit --db PATH [--trainer ...] [--validator ...] [--trusted ...] [--json]`: the same table
+  straight from a ledger.
 
 Nothing heavy is imported at module level, so `hivenet --help` stays fast.
 """
@@ -27,7 +30,7 @@ import click
 from cli.errors import friendly_errors
 
 if TYPE_CHECKING:
-    from node.ledger import AuditReport, CreditReport
+    from node.ledger import AuditReport, CreditReport, RunSigners
 
 _ROLES = ("inference", "trainer", "broadcast", "seed")
 _MAX_SHOWN_INVALID = 20
@@ -39,7 +42,7 @@ def ledger() -> None:
     """Contribution receipts: export a ledger, audit an export offline."""
 
 
-def _peer_ids(texts: Iterable[str]) -> list[bytes]:
+def _peer_ids(texts: Iterable[str], option: str = "--trusted") -> list[bytes]:
     from hivemind.p2p import PeerID
 
     from protocol.errors import InvalidMessage
@@ -52,7 +55,7 @@ def _peer_ids(texts: Iterable[str]) -> list[bytes]:
             check_ed25519_peer_id(peer)
         except (ValueError, InvalidMessage) as exc:
             raise click.BadParameter(
-                f"{text!r} is not an Ed25519 PeerID ({exc})", param_hint="--trusted"
+                f"{text!r} is not an Ed25519 PeerID ({exc})", param_hint=option
             ) from None
         peers.append(peer)
     return peers
@@ -64,15 +67,54 @@ def _base58(peer: bytes) -> str:
     return str(PeerID(peer).to_base58())
 
 
-_trusted_option = click.option(
-    "--trusted",
-    "trusted",
-    multiple=True,
-    metavar="PEERID",
-    help="Base58 PeerID of a signer the run trusts: a trainer or validator (repeatable).",
-)
+SIGNER_OPTIONS = [
+    click.option(
+        "--trainer",
+        "trainers",
+        multiple=True,
+        metavar="PEERID",
+        help="Base58 PeerID of one of the run's trainers (repeatable): its training receipts count, and its "
+        "rollout verdicts (each trainer runs a validator).",
+    ),
+    click.option(
+        "--validator",
+        "validators",
+        multiple=True,
+        metavar="PEERID",
+        help="Base58 PeerID of one of the run's standalone validators (repeatable): its rollout verdicts count.",
+    ),
+    click.option(
+        "--trusted",
+        "trusted",
+        multiple=True,
+        metavar="PEERID",
+        help="Base58 PeerID trusted to sign every kind of receipt (repeatable). Transfer and seed receipts "
+        "count from any of these signers; verdicts only from trainers and validators.",
+    ),
+]
+
+
+def signer_options(func: Any) -> Any:
+    """`--trainer`, `--validator` and `--trusted` (see `run_signers`)."""
+    for option in reversed(SIGNER_OPTIONS):
+        func = option(func)
+    return func
+
+
+def run_signers(trusted: Iterable[str], trainers: Iterable[str], validators: Iterable[str]) -> RunSigners:
+    """The run's signers by role from the signer options; each PeerID checked."""
+    from node.ledger import RunSigners
+
+    trainer_ids = frozenset(_peer_ids(trainers, "--trainer"))
+    return RunSigners.for_every_kind(_peer_ids(trusted, "--trusted")).union(
+        RunSigners(
+            validators=trainer_ids | frozenset(_peer_ids(validators, "--validator")), trainers=trainer_ids
+        )
+    )
+
+
 _credit_options = [
-    _trusted_option,
+    *SIGNER_OPTIONS,
     click.option(
         "--half-life-days",
         type=click.FloatRange(min=0, min_open=True),
@@ -152,6 +194,8 @@ def import_(file: Path, db: Path, run_id: str | None) -> None:
 def verify(
     file: Path,
     run_id: str | None,
+    trainers: tuple[str, ...],
+    validators: tuple[str, ...],
     trusted: tuple[str, ...],
     half_life_days: float,
     at: float | None,
@@ -164,7 +208,7 @@ def verify(
     report = audit_export(
         file,
         run_id=run_id,
-        trusted=_peer_ids(trusted),
+        trusted=run_signers(trusted, trainers, validators),
         now=time.time() if at is None else at,
         half_life_s=half_life_days * 86400,
     )
@@ -182,13 +226,22 @@ def verify(
 @credit_options
 @friendly_errors
 def credit(
-    db: Path, trusted: tuple[str, ...], half_life_days: float, at: float | None, top: int, as_json: bool
+    db: Path,
+    trainers: tuple[str, ...],
+    validators: tuple[str, ...],
+    trusted: tuple[str, ...],
+    half_life_days: float,
+    at: float | None,
+    top: int,
+    as_json: bool,
 ) -> None:
     """Show the credit table of a ledger DB."""
     from node.ledger import Ledger
 
     with Ledger(db) as store:
-        report = store.credit(trusted=_peer_ids(trusted), now=at, half_life_s=half_life_days * 86400)
+        report = store.credit(
+            trusted=run_signers(trusted, trainers, validators), now=at, half_life_s=half_life_days * 86400
+        )
         run_id = store.run_id
     if as_json:
         click.echo(json.dumps({"run_id": run_id, **_credit_json(report)}, indent=2))
@@ -277,4 +330,7 @@ def _print_credit(console: Any, report: CreditReport, top: int, *, title: str) -
         f"{len(report.vouchers)} vouching signer(s) one hop away"
     )
     if not report.trusted:
-        console.print("[yellow]no --trusted signer given: every receipt counts zero (shown as untrusted)[/]")
+        console.print(
+            "[yellow]no --trainer, --validator or --trusted signer given: every receipt counts zero "
+            "(shown as untrusted)[/]"
+        )

@@ -137,16 +137,17 @@ def _contribution(node: HivenetNode, rl: Any) -> str:
     from hivemind.p2p import PeerID
 
     from cli.contribution import contribution_line
+    from node.ledger import RunSigners
 
     receipts: list[bytes] = []
-    trusted: list[bytes] = []
+    trusted = RunSigners()
     if rl is not None:
         if rl.worker is not None:
             receipts = [receipt.envelope for receipt in rl.worker.receipts]
-        trusted = [
-            PeerID.from_base58(p).to_bytes()
-            for p in [*rl.config.authorized_publishers, *rl.config.trusted_validators]
-        ]
+        trainers = frozenset(PeerID.from_base58(p).to_bytes() for p in rl.config.authorized_publishers)
+        validators = frozenset(PeerID.from_base58(p).to_bytes() for p in rl.config.trusted_validators)
+        # each trainer runs a validator of its own
+        trusted = RunSigners(validators=trainers | validators, trainers=trainers)
     return contribution_line(
         node.metrics.figures(),
         me=node.identity.peer_id_bytes,

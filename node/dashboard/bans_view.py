@@ -48,12 +48,17 @@ class WorkerBans:
 class BanTally:
     """Collects the bans on record while a snapshot reads the ledger (`note` every receipt once)."""
 
-    def __init__(self, trusted: frozenset[bytes]) -> None:
-        self.trusted = trusted
+    def __init__(self, validators: frozenset[bytes]) -> None:
+        self.validators = validators
+        """Only the run's validators' bans are on record."""
         self.workers: dict[bytes, WorkerBans] = {}
 
     def note(self, receipt: Receipt) -> None:
-        if receipt.kind is not ReceiptKind.ROLLOUT or receipt.accepted or receipt.signer not in self.trusted:
+        if (
+            receipt.kind is not ReceiptKind.ROLLOUT
+            or receipt.accepted
+            or receipt.signer not in self.validators
+        ):
             return
         verdict = stored_payload(receipt.envelope, rollouts_pb2.RolloutVerdict)
         if verdict is None or not verdict.banned_until:

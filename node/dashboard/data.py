@@ -26,7 +26,7 @@ from node.dashboard.bans_view import bans_json
 from node.dashboard.ledger_view import LedgerView
 from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, time_edges
 from node.dashboard.training_view import panel_json
-from node.ledger import DEFAULT_HALF_LIFE_S, Ledger, Standing
+from node.ledger import DEFAULT_HALF_LIFE_S, Ledger, RunSigners, Standing
 from node.membership import LiveNode
 from protocol import rollouts_pb2
 from protocol.receipts import ROLES, Receipt, ReceiptKind, stored_payload
@@ -62,7 +62,7 @@ class DashboardData:
         self,
         ledger: Ledger,
         *,
-        trusted: Iterable[bytes],
+        trusted: Iterable[bytes] | RunSigners,
         half_life_s: float = DEFAULT_HALF_LIFE_S,
         max_age_s: float = 30.0,
         count_ttl_s: float = 0.5,

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import TypeVar
 
 from node.dashboard.snapshot import LedgerSnapshot, take_snapshot
-from node.ledger import DEFAULT_HALF_LIFE_S, Ledger
+from node.ledger import DEFAULT_HALF_LIFE_S, Ledger, RunSigners
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -43,14 +43,14 @@ class LedgerView:
         self,
         ledger: Ledger,
         *,
-        trusted: Iterable[bytes],
+        trusted: Iterable[bytes] | RunSigners,
         half_life_s: float = DEFAULT_HALF_LIFE_S,
         max_age_s: float = 30.0,
         count_ttl_s: float = 0.5,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.ledger = ledger
-        self.trusted = frozenset(trusted)
+        self.trusted = RunSigners.of(trusted)
         self.half_life_s = half_life_s
         self.max_age_s = max_age_s
         self.count_ttl_s = count_ttl_s

@@ -19,7 +19,7 @@ from itertools import accumulate
 
 from node.dashboard.bans_view import BanTally, WorkerBans
 from node.dashboard.training_view import TrainingFigures, TrainingTally
-from node.ledger import CreditRates, CreditReport, compute_credit
+from node.ledger import CreditRates, CreditReport, RunSigners, compute_credit
 from protocol.receipts import Receipt, ReceiptKind
 
 RECENT_PER_FIGURE = 200
@@ -114,7 +114,7 @@ def take_snapshot(
     receipts: Iterable[Receipt],
     *,
     count: int,
-    trusted: Iterable[bytes],
+    trusted: Iterable[bytes] | RunSigners,
     now: float,
     half_life_s: float,
     rates: CreditRates | None = None,
@@ -124,7 +124,7 @@ def take_snapshot(
     The training panel's loss and reward, and the bans on record, are read from the envelopes:
     read `receipts` with them.
     """
-    trusted = frozenset(trusted)
+    run_signers = RunSigners.of(trusted)
     kinds: Counter[str] = Counter()
     rejected: Counter[str] = Counter()
     rejected_peers: dict[bytes, Counter[str]] = defaultdict(Counter)
@@ -137,7 +137,7 @@ def take_snapshot(
     latest: deque[Receipt] = deque(maxlen=LATEST_KEPT)
     timeline: list[tuple[float, bytes, bool, bytes]] = []
     training = TrainingTally()
-    bans = BanTally(trusted)
+    bans = BanTally(run_signers.validators)
 
     def note(receipt: Receipt) -> Receipt:
         nonlocal accepted, tokens_accepted, first_at, last_at
@@ -168,7 +168,7 @@ def take_snapshot(
         return receipt
 
     report = compute_credit(
-        (note(r) for r in receipts), trusted=trusted, now=now, half_life_s=half_life_s, rates=rates
+        (note(r) for r in receipts), trusted=run_signers, now=now, half_life_s=half_life_s, rates=rates
     )
     for receipt in latest:
         recent[("standing", report.standing[receipt.receipt_id].value)].append(receipt)

@@ -126,17 +126,16 @@ class TrainingTally:
             rewards.ids.append(receipt.receipt_id)
 
     def finish(self, report: CreditReport) -> TrainingFigures:
-        """The figures, counting only the signers `report` trusts or vouches for."""
-
-        def counts(signer: bytes) -> bool:
-            return signer in report.trusted or signer in report.vouchers
+        """The figures, counting only signers whose receipts of that kind count (`CreditReport.counts_for`):
+        losses from the run's trainers and the volunteer trainers they vouch for, rewards from its
+        validators."""
 
         losses: dict[int, dict[bytes, float]] = defaultdict(dict)
         step_ids: dict[int, deque[bytes]] = defaultdict(lambda: deque(maxlen=IDS_PER_POINT))
         step_receipts: dict[int, int] = defaultdict(int)
         tokens = nbytes = kept = left_out = 0
         for rid, signer, step, step_tokens, step_bytes, loss in self._training:
-            if not counts(signer):
+            if not report.counts_for(ReceiptKind.TRAINING, signer):
                 left_out += 1
                 continue
             kept += 1
@@ -160,7 +159,7 @@ class TrainingTally:
 
         by_version: dict[int, _Rewards] = defaultdict(_Rewards)
         for (version, signer), rewards in self._rewards.items():
-            if not counts(signer):
+            if not report.counts_for(ReceiptKind.ROLLOUT, signer):
                 left_out += rewards.count
                 continue
             merged = by_version[version]

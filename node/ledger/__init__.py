@@ -9,7 +9,8 @@ Map of the package:
   `export` (a consistent snapshot while receipts arrive), `credit`.
 - `credit`: `compute_credit` -> `CreditReport` (per contributor and role: total, recent average
   with a half-life, untrusted points; `Standing` of each receipt), `CreditRates`, the sybil rule
-  (trusted signers, one hop of vouching capped by what the voucher earned).
+  (signers by role, `signers.RunSigners`; one hop of vouching for transfer and seed receipts, capped
+  by what the voucher earned).
 - `export`: the export format (JSON lines of base64 envelopes), `write_export`, `export_run` and `export_envelopes` (reading one back,
   e.g. to import it into a ledger), `audit_export` -> `AuditReport` (every signature re-checked, every total recomputed offline).
 
@@ -26,10 +27,12 @@ from node.ledger.credit import (
     compute_credit,
 )
 from node.ledger.export import AuditReport, audit_export, export_envelopes, export_run, write_export
+from node.ledger.signers import VOUCHING_ROLE, RunSigners
 from node.ledger.store import AddResult, ContributorReceipts, Ledger, StoredEnvelope
 
 __all__ = [
     "DEFAULT_HALF_LIFE_S",
+    "VOUCHING_ROLE",
     "AddResult",
     "AuditReport",
     "ContributorCredit",
@@ -38,6 +41,7 @@ __all__ = [
     "CreditReport",
     "Ledger",
     "RoleCredit",
+    "RunSigners",
     "Standing",
     "StoredEnvelope",
     "audit_export",

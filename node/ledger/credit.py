@@ -8,10 +8,15 @@ per (signer, source, manifest) transfer and per seed service session.
 
 Sybils. Anyone can mint keys and sign receipts for each other, so a receipt's credit counts only
 when its signer is vouched for:
-1. signers the run trusts (its trainers and validators, a configured set) count in full;
+1. a signer whose role the run gives that kind of receipt counts in full
+   (`node.ledger.signers.RunSigners`: rollout verdicts from its validators, training receipts
+   from its trainers, transfer and seed receipts from any of them);
 2. a signer that itself holds credit from a trusted signer (one hop) counts too, but all the
    credit it grants is capped at the credit it earned from trusted signers, so a sybil ring
-   bootstrapped by one honest contribution can mint no more than that contribution;
+   bootstrapped by one honest contribution can mint no more than that contribution. This holds
+   for transfer and seed receipts, and for training receipts only when the signer earned trainer
+   credit (`node.ledger.signers.VOUCHING_ROLE`); its rollout verdicts count zero, since a credited
+   worker could otherwise sign "accepted" for identities that did no work;
 3. receipts from anyone else are kept and shown, but count zero ("untrusted").
 
 The recent average is BOINC's RAC: credit decayed exponentially with a half-life (default one
@@ -28,6 +33,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from node.ledger.signers import VOUCHING_ROLE, RunSigners
 from protocol.receipts import ROLES, Receipt, ReceiptKind
 
 DEFAULT_HALF_LIFE_S = 86400.0
@@ -136,6 +142,8 @@ class CreditReport:
     now: float
     half_life_s: float
     trusted: frozenset[bytes]
+    """Every signer with a role in the run (see `signers` for which kinds each may sign)."""
+    signers: RunSigners
     vouchers: dict[bytes, float]
     """One-hop signers and the credit they may grant (what they earned from trusted signers)."""
     contributors: dict[bytes, ContributorCredit]
@@ -143,12 +151,22 @@ class CreditReport:
     """Receipt id -> how it counted."""
     counted: dict[bytes, float]
     """Receipt id -> points it counted (absent: zero)."""
+    trainer_vouchers: frozenset[bytes] = frozenset()
+    """The one-hop signers whose training receipts count (they earned trainer credit)."""
 
     def leaderboard(self) -> list[ContributorCredit]:
         """Contributors by total credit, then recent average, then raw untrusted points."""
         return sorted(
             self.contributors.values(), key=lambda c: (-c.total, -c.recent, -c.untrusted, c.contributor)
         )
+
+    def counts_for(self, kind: ReceiptKind, signer: bytes) -> bool:
+        """Whether receipts of `kind` signed by `signer` may count (in full, or vouched and capped)."""
+        if self.signers.trusts(kind, signer):
+            return True
+        if kind is ReceiptKind.TRAINING:
+            return signer in self.trainer_vouchers
+        return kind in VOUCHING_ROLE and signer in self.vouchers
 
     def standing_counts(self) -> dict[str, int]:
         counts = dict.fromkeys((s.value for s in Standing), 0)
@@ -163,6 +181,7 @@ class _Item:
     receipt_id: bytes
     signer: bytes
     contributor: bytes
+    kind: ReceiptKind
     role: str
     claim: tuple[Any, ...]
     points: float
@@ -171,17 +190,21 @@ class _Item:
 def compute_credit(
     receipts: Iterable[Receipt],
     *,
-    trusted: Iterable[bytes],
+    trusted: Iterable[bytes] | RunSigners,
     now: float,
     half_life_s: float = DEFAULT_HALF_LIFE_S,
     rates: CreditRates | None = None,
 ) -> CreditReport:
-    """Credit per contributor and role from verified `receipts` (see the module docstring for the rules)."""
+    """Credit per contributor and role from verified `receipts` (see the module docstring for the rules).
+
+    `trusted`: the run's signers by role, or PeerIDs trusted to sign every kind of receipt.
+    """
     if not half_life_s > 0:
         raise ValueError(f"half-life must be positive, got {half_life_s}")
     rates = rates or CreditRates()
-    trusted_set = frozenset(trusted)
-    report = CreditReport(now, half_life_s, trusted_set, {}, {}, {}, {})
+    signers = RunSigners.of(trusted)
+    trusted_set = signers.everyone
+    report = CreditReport(now, half_life_s, trusted_set, signers, {}, {}, {}, {})
     by_trusted: list[_Item] = []
     others: list[_Item] = []
     seen: set[bytes] = set()
@@ -194,6 +217,7 @@ def compute_credit(
             receipt.receipt_id,
             receipt.signer,
             receipt.contributor,
+            receipt.kind,
             receipt.role,
             claim_of(receipt),
             rates.of(receipt),
@@ -202,21 +226,26 @@ def compute_credit(
         credit.roles[item.role].receipts += 1
         if item.points <= 0:
             report.standing[item.receipt_id] = Standing.REJECTED
-        elif item.signer in trusted_set:
+        elif signers.trusts(item.kind, item.signer):
             by_trusted.append(item)
         else:
             others.append(item)
 
     claimed: set[tuple[Any, ...]] = set()
     earned: dict[bytes, float] = defaultdict(float)
+    earned_in: dict[tuple[bytes, str], float] = defaultdict(float)
     for item in sorted(by_trusted, key=_order):
         if _count(report, item, item.points, Standing.TRUSTED, claimed):
             earned[item.contributor] += item.points
+            earned_in[(item.contributor, item.role)] += item.points
 
     report.vouchers = {peer: points for peer, points in earned.items() if peer not in trusted_set}
+    report.trainer_vouchers = frozenset(
+        peer for peer in report.vouchers if earned_in[(peer, VOUCHING_ROLE[ReceiptKind.TRAINING] or "")] > 0
+    )
     spent: dict[bytes, float] = defaultdict(float)
     for item in sorted(others, key=_order):
-        budget = report.vouchers.get(item.signer)
+        budget = _vouched_budget(report.vouchers, earned_in, item)
         if budget is None:
             report.standing[item.receipt_id] = Standing.UNTRUSTED
             _contributor(report, item.contributor).roles[item.role].untrusted += item.points
@@ -230,6 +259,18 @@ def compute_credit(
             spent[item.signer] += points
             _count(report, item, points, Standing.VOUCHED, claimed)
     return report
+
+
+def _vouched_budget(
+    vouchers: dict[bytes, float], earned_in: dict[tuple[bytes, str], float], item: _Item
+) -> float | None:
+    """What `item`'s signer may grant in all, if it may vouch for this kind of receipt at all."""
+    if item.kind not in VOUCHING_ROLE or item.signer not in vouchers:
+        return None
+    role = VOUCHING_ROLE[item.kind]
+    if role is not None and earned_in[(item.signer, role)] <= 0:
+        return None
+    return vouchers[item.signer]
 
 
 def _order(item: _Item) -> tuple[float, bytes]:

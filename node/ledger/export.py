@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from node.ledger.credit import DEFAULT_HALF_LIFE_S, CreditRates, CreditReport, compute_credit
+from node.ledger.signers import RunSigners
 from protocol.errors import InvalidMessage
 from protocol.receipts import MAX_RECEIPT_BYTES, Receipt, open_receipt
 
@@ -166,7 +167,7 @@ def audit_export(
     path: Path,
     *,
     run_id: str | None = None,
-    trusted: Iterable[bytes] = (),
+    trusted: Iterable[bytes] | RunSigners = (),
     now: float | None = None,
     half_life_s: float = DEFAULT_HALF_LIFE_S,
     rates: CreditRates | None = None,

@@ -30,6 +30,7 @@ from typing import Any
 from node.ledger.credit import DEFAULT_HALF_LIFE_S, CreditRates, CreditReport, compute_credit
 from node.ledger.export import write_export
 from node.ledger.schema import COLUMNS, KIND_CODES, KIND_OF_CODE, SCHEMA, SCHEMA_VERSION
+from node.ledger.signers import RunSigners
 from protocol.errors import ConfigError, InvalidMessage
 from protocol.receipts import MAX_RECEIPT_BYTES, Receipt, ReceiptKind, open_receipt, receipt_id
 
@@ -394,7 +395,7 @@ class Ledger:
     def credit(
         self,
         *,
-        trusted: Iterable[bytes],
+        trusted: Iterable[bytes] | RunSigners,
         now: float | None = None,
         half_life_s: float = DEFAULT_HALF_LIFE_S,
         rates: CreditRates | None = None,

@@ -111,3 +111,23 @@ def test_import_an_export_into_a_new_ledger(tmp_path: Path) -> None:
     )
     totals = {row["peer_id"]: row["total"] for row in json.loads(output)["contributors"]}
     assert totals[_b58(peers["worker"])] == 42
+
+
+def test_signers_by_role_a_validator_named_as_trainer_earns_its_workers_nothing(tmp_path: Path) -> None:
+    peers = _ledger_with_receipts(tmp_path / "l.db")
+    db = str(tmp_path / "l.db")
+
+    def worker_total(*options: str) -> float:
+        code, output = _invoke("ledger", "credit", "--db", db, *options, "--json")
+        assert code == 0, output
+        totals = {row["peer_id"]: row["total"] for row in json.loads(output)["contributors"]}
+        return totals[_b58(peers["worker"])]
+
+    assert worker_total("--validator", _b58(peers["validator"])) == 42
+    assert worker_total("--trainer", _b58(peers["validator"])) == 42  # a trainer validates too
+    # the sybil named as a validator: its training receipt for its friend still counts zero
+    code, output = _invoke("ledger", "credit", "--db", db, "--validator", _b58(peers["sybil"]), "--json")
+    friend = next(r for r in json.loads(output)["contributors"] if r["peer_id"] == _b58(peers["friend"]))
+    assert friend["total"] == 0 and friend["untrusted"] == 10**6
+    code, output = _invoke("ledger", "credit", "--db", db, "--validator", "bob")
+    assert code == 2 and "--validator" in output and "not an Ed25519 PeerID" in output

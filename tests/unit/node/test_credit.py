@@ -7,6 +7,7 @@ import time
 import pytest
 
 from node.ledger.credit import DEFAULT_HALF_LIFE_S, CreditRates, Standing, compute_credit
+from node.ledger.signers import RunSigners
 from protocol.receipts import Receipt, open_receipt, receipt_id
 from tests.helpers import receipts as make
 from tests.helpers.receipts import new_peer
@@ -141,3 +142,54 @@ def test_no_trusted_signer_means_no_credit() -> None:
     report = compute_credit(receipts, trusted=[], now=NOW)
     assert report.contributors[peer].total == 0 and report.contributors[peer].untrusted == 10
     assert report.counted == {} and receipt_id(receipts[0].envelope) in report.standing
+
+
+def test_colluding_workers_cannot_mint_verdict_or_training_credit_for_a_sybil() -> None:
+    validator_key, validator = new_peer()
+    trainer_key, trainer = new_peer()
+    alice_key, alice = new_peer()
+    bob_key, bob = new_peer()
+    _, sybil = new_peer()
+    signers = RunSigners(validators=frozenset({validator, trainer}), trainers=frozenset({trainer}))
+    honest = _open(
+        make.verdict(validator_key, alice, tokens=500, issued_at=NOW - 60),
+        make.verdict(trainer_key, bob, tokens=500, issued_at=NOW - 60),  # a trainer validates too
+    )
+    # both workers hold (inference) credit from the run's signers; each signs "accepted" verdicts
+    # and training receipts for the other and for an identity that did no work
+    collusion = _open(
+        *(make.verdict(key, peer, tokens=400) for key in (alice_key, bob_key) for peer in (sybil,)),
+        make.verdict(alice_key, bob, tokens=400),
+        make.verdict(bob_key, alice, tokens=400),
+        make.training(alice_key, sybil, tokens=400),
+        make.training(bob_key, alice, tokens=400),
+        # a validator is not a trainer: its training receipt is not evidence of training
+        make.training(validator_key, sybil, tokens=400),
+    )
+    report = compute_credit(honest + collusion, trusted=signers, now=NOW)
+    assert report.contributors[sybil].total == 0
+    assert report.contributors[alice].total == pytest.approx(500)
+    assert report.contributors[bob].total == pytest.approx(500)
+    assert all(report.standing[r.receipt_id] is Standing.UNTRUSTED for r in collusion)
+    assert all(report.standing[r.receipt_id] is Standing.TRUSTED for r in honest)
+
+
+def test_a_credited_worker_still_vouches_for_transfers_and_seed_service() -> None:
+    validator_key, validator = new_peer()
+    worker_key, worker = new_peer()
+    _, relay = new_peer()
+    receipts = _open(
+        make.verdict(validator_key, worker, tokens=100, issued_at=NOW - 10),
+        make.transfer(worker_key, relay, byte_count=int(0.5 * (1 << 20))),
+    )
+    report = compute_credit(receipts, trusted=RunSigners(validators=frozenset({validator})), now=NOW)
+    assert report.standing[receipts[1].receipt_id] is Standing.VOUCHED
+    assert report.contributors[relay].total == pytest.approx(50)
+
+
+def test_a_flat_trusted_set_trusts_every_kind() -> None:
+    key, signer = new_peer()
+    _, peer = new_peer()
+    receipts = _open(make.verdict(key, peer, tokens=5), make.training(key, peer, tokens=7))
+    assert RunSigners.of([signer]) == RunSigners.for_every_kind([signer])
+    assert compute_credit(receipts, trusted=[signer], now=NOW).contributors[peer].total == 12
