@@ -11,7 +11,12 @@ pretrained policy:
    (precision swap, other weights);
 4. the worker's generation loop alone: the same number of rollouts generated in this process
    with no network, no proofs and no verification;
-5. two credited workers signing verdicts and training receipts for each other and a sybil
+5. a grinder (`training.rl_grinder`) beside an honest worker: it generates each ticket under every
+   version it holds, submits the best and drops what scores below its median;
+   `grinder_reward_advantage` is the mean reward of its accepted rollouts over what the same
+   tickets would have earned honestly, minus 1 (target |x| <= 0.02), with its abandoned tickets
+   and bans;
+6. two credited workers signing verdicts and training receipts for each other and a sybil
    (`bench/_rl_collusion.py`): `sybil_credit` and `collusion_gain`, both targets 0.
 
 Both runs' final policies are scored on the same held-out prompts and sampling seeds, so
@@ -78,7 +83,7 @@ def evaluate(model: CausalLM, task: Task, config: GRPOConfig) -> float:
     """Mean reward of `model` on fixed held-out prompts and sampling seeds (one completion each)."""
     rewards = []
     for i in range(EVAL_PROMPTS):
-        assignment = derive_assignment("bench-eval", 0, b"evaluator", i, 1)
+        assignment = derive_assignment("bench-eval", 0, b"evaluator", i, 1, nonce=b"")
         prompt = task.prompt(assignment.prompt_seed)
         out = generate(
             model, prompt, task.max_new_tokens, config.sampling, assignment.sampling_seeds[0],
@@ -95,7 +100,7 @@ def plain_generation(model: CausalLM, task: Task, config: GRPOConfig, rollouts: 
     done = tokens = 0
     counter = 0
     while done < rollouts:
-        assignment = derive_assignment("bench-plain", 0, b"plain", counter, config.group_size)
+        assignment = derive_assignment("bench-plain", 0, b"plain", counter, config.group_size, nonce=b"")
         prompt = task.prompt(assignment.prompt_seed)
         for seed in assignment.sampling_seeds:
             out = generate(
@@ -118,6 +123,29 @@ def swarm_run(
     config: RLRunConfig, policy: CausalLM, cheaters: dict[int, CheatMode], workers: int
 ) -> RLSimulation:
     return simulate_rl(config, copy.deepcopy(policy), workers=workers, cheaters=cheaters)
+
+
+def grinder_figures(run: RLSimulation, name: str) -> dict[str, str]:
+    """The grinder's gain: the mean reward of its accepted rollouts over the mean an honest worker
+    would have earned on the same tickets (the ticket version's group of each), minus 1."""
+    records = run.grind_records.get(name, [])
+    accepted = run.accepted_rewards.get(name, [])
+    honest = statistics.fmean(r.honest_reward for r in records) if records else float("nan")
+    got = statistics.fmean(accepted) if accepted else float("nan")
+    stats = run.validator_stats.workers.get(run.worker_peers[name]) if run.validator_stats else None
+    advantage = got / honest - 1 if accepted and honest > 0 else float("nan")
+    dropped = sum(r.submitted_version is None for r in records)
+    other_version = sum(r.submitted_version not in (None, r.ticket_version) for r in records)
+    print(f"grinder: {len(records)} tickets, {dropped} dropped, {other_version} submitted with another version "
+          f"than the ticket's; accepted {len(accepted)} rollouts, mean reward {got:.3f} vs {honest:.3f} honest on "
+          f"the same tickets; validator: {stats.describe() if stats else '-'}")  # fmt: skip
+    return {
+        "grinder_reward_advantage": f"{advantage:.3f}",
+        "grinder_tickets": str(len(records)),
+        "grinder_accepted_rollouts": str(len(accepted)),
+        "grinder_abandoned": str(stats.abandoned if stats else 0),
+        "grinder_banned": str(stats.strikes if stats else 0),
+    }
 
 
 def main() -> None:
@@ -165,6 +193,7 @@ def main() -> None:
     cheat_steps = 2 if args.quick else max(2, steps // 2)
     cheat_config = config.model_copy(update={"max_trainer_steps": cheat_steps})
     cheating = swarm_run(cheat_config, policy, {1: CheatMode.PRECISION, 2: CheatMode.WEIGHTS}, workers=3)
+    grinding = swarm_run(config, policy, {1: CheatMode.GRINDER}, workers=2)
 
     generated = sum(len(g) * grpo.group_size for g in honest.groups.values())
     stale = honest.stale_dropped + honest.rejected_by_reason.get("stale", 0)
@@ -206,6 +235,8 @@ def main() -> None:
         view = stats.describe_worker(cheating.worker_peers[name]) if stats is not None else "-"
         print(f"cheater {name} ({mode}): trained on {cheating.trained_from.get(name, 0)}; validator: {view}")
 
+    grind = grinder_figures(grinding, "worker1")
+
     gain_sync = r_sync - r0
     fields = {
         "reward_gain_ratio": f"{(r_swarm - r0) / gain_sync:.3f}" if abs(gain_sync) > 1e-9 else "nan",
@@ -221,6 +252,7 @@ def main() -> None:
         "reward_initial": f"{r0:.3f}",
         "reward_sync": f"{r_sync:.3f}",
         "reward_swarm": f"{r_swarm:.3f}",
+        **grind,
         **run_collusion(),
     }
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))

@@ -1,11 +1,12 @@
 """Rollout assignments: which prompt and which sampling seeds a worker must use, derived, never chosen.
 
-A worker's `counter`-th assignment in a run is a pure function of the run id, the policy version
-it generates with, the worker's PeerID and the counter. Nobody hands it out, so nothing can be
-withheld or forged; any validator re-derives it from the group it receives and rejects a group
-whose prompt or seeds differ. A worker cannot pick favourable prompts or seeds: every counter is
-used once (a second group with the same counter is a replay), and counters a worker skipped are
-visible to a validator as abandoned assignments.
+A worker's assignment is a pure function of the run id, the policy version, the worker's PeerID,
+a counter and a nonce, the last three from a ticket the validator issued (`Ticket` in
+`protocol/rollouts.proto`). The validator picks the counter and the policy version (its newest)
+and draws the nonce at random, so the worker learns the prompt and the seeds only once both are
+fixed: it cannot generate a counter under several versions and submit the best, nor generate
+ahead and ask for a ticket that suits the outcome. Each ticket is judged once (a second group for
+it is a replay), and tickets a worker let expire are counted as abandoned assignments.
 """
 
 from __future__ import annotations
@@ -15,12 +16,12 @@ from dataclasses import dataclass
 
 __all__ = ["Assignment", "derive_assignment"]
 
-_DOMAIN = b"hivenet-assignment-v1\x00"
+_DOMAIN = b"hivenet-assignment-v2\x00"
 
 
 @dataclass(frozen=True)
 class Assignment:
-    """The worker's `counter`-th assignment: one prompt (by seed) and one sampling seed per completion."""
+    """The worker's assignment of one ticket: one prompt (by seed) and one sampling seed per completion."""
 
     run_id: str
     policy_version: int
@@ -38,14 +39,20 @@ def _u64(*parts: bytes) -> int:
 
 
 def derive_assignment(
-    run_id: str, policy_version: int, worker: bytes, counter: int, group_size: int
+    run_id: str, policy_version: int, worker: bytes, counter: int, group_size: int, *, nonce: bytes
 ) -> Assignment:
-    """The assignment number `counter` of `worker` (PeerID bytes) on `policy_version` of `run_id`."""
+    """The assignment of the ticket (`counter`, `policy_version`, `nonce`) issued to `worker` (PeerID bytes)."""
     if counter < 0 or policy_version < 0:
         raise ValueError("counter and policy_version must be >= 0")
     if group_size < 1:
         raise ValueError(f"group_size must be >= 1, got {group_size}")
-    base = (run_id.encode(), str(policy_version).encode(), worker, str(counter).encode())
+    base = (
+        run_id.encode(),
+        str(policy_version).encode(),
+        worker,
+        str(counter).encode(),
+        nonce.hex().encode(),
+    )
     return Assignment(
         run_id=run_id,
         policy_version=policy_version,

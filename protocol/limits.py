@@ -129,6 +129,16 @@ MAX_GROUPS_PER_SUBMISSION = 4
 """Most groups a worker submits at once, each on a stream of its own (a validator's submit intake
 lets one peer hold this many streams)."""
 
+TICKET_NONCE_BYTES = 16
+"""Length of a ticket's nonce (random bytes the assignment's prompt and seeds derive from)."""
+
+MAX_OPEN_TICKETS = 2 * MAX_GROUPS_PER_SUBMISSION
+"""Most tickets a worker may hold open at one validator (issued, not yet judged or abandoned)."""
+
+MAX_TICKET_REQUEST_BYTES = 256
+"""Largest ticket request frame a validator reads (a run id and a count)."""
+
+
 MAX_VERDICT_REASON_CHARS = 64
 """Longest reason code a verdict may carry."""
 
@@ -154,6 +164,9 @@ MAX_SUBMIT_RESPONSE_BYTES = (
     MAX_ROLLOUTS_PER_GROUP * (MAX_ENVELOPE_BYTES + 8) + 4 * MAX_SUBMIT_ERROR_CHARS + 64
 )
 """Largest submit response frame a worker reads: one sealed verdict per rollout, or an error."""
+
+MAX_TICKET_RESPONSE_BYTES = MAX_OPEN_TICKETS * (TICKET_NONCE_BYTES + 32) + 4 * MAX_SUBMIT_ERROR_CHARS + 64
+"""Largest ticket response frame a worker reads: the open tickets, or an error."""
 
 MAX_ROLLOUT_FORWARD_BYTES = MAX_ROLLOUT_GROUP_BYTES + MAX_ROLLOUTS_PER_GROUP * (MAX_ENVELOPE_BYTES + 8) + 4096
 """Largest sealed forward accepted: the worker's group, the verdicts and the forward envelope's own fields."""

@@ -1,8 +1,8 @@
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Iterable as _Iterable
-from typing import ClassVar as _ClassVar, Optional as _Optional
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
@@ -73,3 +73,31 @@ class RolloutVerdict(_message.Message):
     issued_at: float
     banned_until: float
     def __init__(self, worker: _Optional[bytes] = ..., rollout_hash: _Optional[bytes] = ..., policy_version: _Optional[int] = ..., counter: _Optional[int] = ..., index: _Optional[int] = ..., tokens: _Optional[int] = ..., accepted: _Optional[bool] = ..., reason: _Optional[str] = ..., detail: _Optional[str] = ..., reward: _Optional[float] = ..., issued_at: _Optional[float] = ..., banned_until: _Optional[float] = ...) -> None: ...
+
+class TicketRequest(_message.Message):
+    __slots__ = ("run_id", "count", "policy_version")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    count: int
+    policy_version: int
+    def __init__(self, run_id: _Optional[str] = ..., count: _Optional[int] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class Ticket(_message.Message):
+    __slots__ = ("counter", "policy_version", "nonce")
+    COUNTER_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    counter: int
+    policy_version: int
+    nonce: bytes
+    def __init__(self, counter: _Optional[int] = ..., policy_version: _Optional[int] = ..., nonce: _Optional[bytes] = ...) -> None: ...
+
+class TicketResponse(_message.Message):
+    __slots__ = ("tickets", "error")
+    TICKETS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    tickets: _containers.RepeatedCompositeFieldContainer[Ticket]
+    error: str
+    def __init__(self, tickets: _Optional[_Iterable[_Union[Ticket, _Mapping]]] = ..., error: _Optional[str] = ...) -> None: ...

@@ -191,9 +191,10 @@ class RLRunConfig(BaseModel):
         return self
 
 
-def group_id(worker: bytes, counter: int) -> bytes:
-    """The id of a worker's `counter`-th group: the rollouts GRPO compares with each other."""
-    return hashlib.sha256(worker + counter.to_bytes(8, "big")).digest()
+def group_id(worker: bytes, counter: int, validator: bytes) -> bytes:
+    """The id of the group of a worker's ticket `counter` from `validator` (each validator numbers its
+    own tickets): the rollouts GRPO compares with each other, trained on once."""
+    return hashlib.sha256(validator + b"\x00" + worker + counter.to_bytes(8, "big")).digest()
 
 
 def held_versions(broadcast: WeightBroadcast, run_id: str, newest: int) -> list[VersionEntry]:

@@ -46,11 +46,12 @@ from node.rollouts.config import ForwardConfig
 from node.rollouts.errors import GroupRefused
 from node.rollouts.forward import ForwardIntake
 from node.rollouts.intake import RolloutIntake
+from node.rollouts.tickets import TicketIntake
 from node.runtime import offload
 from protocol.envelope import Envelope
 from protocol.manifest import Manifest
 from protocol.rollout_messages import Forwarded, parse_rollout
-from protocol.rollouts_pb2 import RolloutGroup
+from protocol.rollouts_pb2 import RolloutGroup, Ticket
 from training.causal_lm import CausalLM
 from training.checkpoint import CheckpointError
 from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
@@ -80,6 +81,11 @@ class RolloutJudge(Protocol):
     ) -> list[tuple[list[bytes], list[ScoredRollout]]]:
         """Per `(worker, group)`, in order: sealed verdicts for the group's rollouts and the accepted
         ones with recomputed rewards (as if judged one after another)."""
+        ...
+
+    def issue_tickets(self, worker: bytes, count: int, version: int) -> list[Ticket]:
+        """`worker`'s open tickets, topped up to `count` with tickets of `version` (raises TicketsRefused
+        to issue none)."""
         ...
 
     def add_version(self, version: int, model: CausalLM) -> None: ...
@@ -226,6 +232,8 @@ class RLTrainer(RoleThread):
         """Of those, the ones the training loop has taken and acted on (stepped on, buffered or dropped)."""
         self._taken: dict[bytes, int] = {}
         """Policy version of every group id taken into the buffer while that version is usable."""
+        self._taken_rollouts: dict[bytes, int] = {}
+        """The same for the hash of every rollout of those groups."""
         super().__init__()
         publishers = [node.identity.peer_id.to_base58(), *config.authorized_publishers]
         self.broadcast = node.add_service(
@@ -244,6 +252,11 @@ class RLTrainer(RoleThread):
             CallBatcher(judge.judge_groups, linger_s=JUDGE_LINGER_S, max_batch=JUDGE_MAX_BATCH)
         )
         """Groups that arrive together are judged in one batch."""
+        self.tickets = node.add_service(
+            TicketIntake(
+                dht=node.dht, identity=node.identity, run_id=config.run_id, handler=self._issue_tickets
+            )
+        )
         self.intake = node.add_service(
             RolloutIntake(
                 dht=node.dht, identity=node.identity, run_id=config.run_id, handler=self._handle_group
@@ -280,6 +293,9 @@ class RLTrainer(RoleThread):
 
     # ---- intake --------------------------------------------------------------------------
 
+    async def _issue_tickets(self, worker: bytes, count: int, version: int) -> list[Ticket]:
+        return await offload(self.judge.issue_tickets, worker, count, version)
+
     async def _handle_group(self, worker: bytes, envelope: Envelope, group: RolloutGroup) -> list[bytes]:
         verdicts, accepted = await self.judging.submit((worker, group))
         if accepted:
@@ -301,7 +317,7 @@ class RLTrainer(RoleThread):
                     completion_ids=list(rollout.completion_ids),
                     reward=verdict.reward,
                     policy_version=group.policy_version,
-                    group_id=group_id(worker, group.counter),
+                    group_id=group_id(worker, group.counter, validator),
                     rollout_hash=verdict.rollout_hash,
                     worker=worker,
                 )
@@ -395,12 +411,21 @@ class RLTrainer(RoleThread):
         """Buffer the group that `arrived` (if any), drop what fell out of use, and step on a full
         batch; returns the next step's number."""
         grpo = self.config.grpo
-        if arrived and arrived[0].group_id not in self._taken:  # a group judged twice is trained on once
+        # a group judged twice (by one validator, or its rollouts by two) is trained on once
+        if (
+            arrived
+            and arrived[0].group_id not in self._taken
+            and not self._taken_rollouts.keys() & {r.rollout_hash for r in arrived}
+        ):
             self._taken[arrived[0].group_id] = arrived[0].policy_version
+            self._taken_rollouts.update(
+                dict.fromkeys((r.rollout_hash for r in arrived), arrived[0].policy_version)
+            )
             groups[arrived[0].group_id] = list(arrived)
         oldest_usable = self.version - grpo.async_level
-        for gid in [g for g, v in self._taken.items() if v < oldest_usable]:
-            del self._taken[gid]  # a group of an unusable version is refused as stale anyway
+        for taken in (self._taken, self._taken_rollouts):
+            for key in [k for k, v in taken.items() if v < oldest_usable]:
+                del taken[key]  # a group of an unusable version is refused as stale anyway
         # the learner holds the weights of the versions it made since it started (a restarted
         # trainer: none before its checkpoint's), and it can learn from rollouts of those only
         known = set(self.learner.known_versions)

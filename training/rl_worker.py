@@ -1,19 +1,21 @@
 """The inference worker role: follow the run's policy, generate assigned rollouts with proofs, submit them.
 
 `InferenceWorker(node, config)` hosts a `WeightBroadcast` on the node and follows the run's
-versions, keeping the newest `async_level + 1` as models. Its loop takes assignment after
-assignment (`protocol.assignment`: the prompt and the sampling seeds are derived from the run,
-the version, this node's PeerID and a counter, never chosen), generates the group's completions
-with seeded sampling and TOPLOC proofs and seals the group with the node's key. Once it holds
-`groups_per_submission` groups, or sooner when a newer version arrives, it submits them all at
-once (a stream each, so a validator judges them in one batch) to a validator found through
-membership, failing over to the next validator when one does not answer, and submitting again a
-group a validator could not judge yet because it does not hold its version. Every group ends in
-a `GroupReport` (version, accepted/rejected by reason, tokens/s).
+versions, keeping the newest `async_level + 1` as models. Its loop takes the run's trusted
+validators in turn (found through membership): it asks the next one for `groups_per_submission`
+tickets (`protocol.assignment`: each fixes a counter, the policy version and a random nonce, from
+which the prompt and the sampling seeds derive; none is chosen by the worker), generates each
+ticket's group with that version (it asks for tickets of the newest version it holds that the
+validator holds too), with seeded sampling and TOPLOC proofs, seals the groups with the node's key and submits them all at once (a
+stream each, so the validator judges them in one batch) to that validator, the only one that can
+judge them. An unanswered submission, or a group the validator cannot judge yet because it does
+not hold its version again after a restart, is submitted there again until `submit_timeout_s`.
+Every group ends in a `GroupReport` (version, accepted/rejected by reason, tokens/s).
 
-The next assignment counter is kept next to the weights store, and the versions the store
-already holds are loaded at start: a restarted worker goes on where it stopped. The validators'
-signed verdicts (the worker's receipts) go into the node's ledger when it keeps one.
+The versions the store already holds are loaded at start, and a validator answers a worker's
+ticket request with the tickets it still holds open there: a restarted worker regenerates those
+and goes on. The validators' signed verdicts (the worker's receipts) go into the node's ledger
+when it keeps one.
 
 `cheat` makes a dishonest worker for demos, tests and benchmarks: it generates in another
 precision than it claims, or with other weights than the version it names.
@@ -23,12 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import enum
 import logging
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
@@ -36,15 +35,18 @@ from node.broadcast.store import VersionEntry
 from node.membership import LiveNode
 from node.node import HivenetNode
 from node.rollouts.client import Receipt, submit_group_receipts
+from node.rollouts.errors import TicketsRefused
 from node.rollouts.peers import connect_member
+from node.rollouts.tickets import request_tickets
 from node.runtime import offload
 from protocol.assignment import derive_assignment
 from protocol.node_record import Role
-from protocol.rollout_messages import BANNED, GROUP_SIZE, STALE, UNKNOWN_VERSION, seal_group
-from protocol.rollouts_pb2 import Rollout, RolloutGroup
+from protocol.rollout_messages import UNKNOWN_VERSION, seal_group
+from protocol.rollouts_pb2 import Rollout, RolloutGroup, Ticket
 from training.causal_lm import CausalLM
 from training.devices import resolve_device
 from training.generation import generate_group
+from training.rl_grinder import Grinder
 from training.rl_run import (
     DTYPES,
     ModelWindow,
@@ -57,6 +59,7 @@ from training.rl_run import (
 )
 from training.sampling import SamplingParams
 from training.tasks import Task
+from training.worker_groups import CheatMode, GeneratedGroup, GroupReport, refusal_summary
 
 __all__ = ["CheatMode", "GroupReport", "InferenceWorker"]
 
@@ -64,75 +67,8 @@ logger = logging.getLogger(__name__)
 
 _NO_VALIDATOR_WAIT_S = 1.0
 _NO_VERSION_WAIT_S = 1.0
-
-
-class CheatMode(enum.StrEnum):
-    """Ways a dishonest worker can cut corners (only for demos, tests and benchmarks)."""
-
-    PRECISION = "precision"
-    """Generates in bfloat16 but claims the run's precision."""
-    WEIGHTS = "weights"
-    """Generates with perturbed weights but names the real version."""
-
-
-@dataclass(frozen=True)
-class _Generated:
-    """A generated group, sealed and waiting to be submitted."""
-
-    counter: int
-    version: int
-    tokens: int
-    seconds: float
-    sealed: bytes
-
-
-@dataclass
-class GroupReport:
-    """What happened to one submitted group."""
-
-    counter: int
-    version: int
-    validator: str
-    tokens: int
-    seconds: float
-    accepted: int = 0
-    rejected: Counter[str] = field(default_factory=Counter)
-    error: str = ""
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds > 0 else 0.0
-
-    def describe(self) -> str:
-        if self.error:
-            return f"group {self.counter:>4} | v{self.version} | not judged: {self.error}"
-        rejected = ", ".join(f"{reason} {n}" for reason, n in sorted(self.rejected.items())) or "0"
-        return (
-            f"group {self.counter:>4} | v{self.version} | accepted {self.accepted} | rejected {rejected} | "
-            f"{self.tokens_per_s:,.0f} tokens/s | validator {self.validator}"
-        )
-
-
-def _refusal(outcomes: list[tuple[str, list[Receipt], str]]) -> str | None:
-    """What stands in the worker's way after a submission: every validator that judged it banned it, or
-    found its version stale (None when anything was judged on its merits)."""
-    reasons = {
-        (validator, receipt.verdict.reason) for validator, receipts, _ in outcomes for receipt in receipts
-    }
-    if reasons and all(reason == GROUP_SIZE for _, reason in reasons):
-        details = {receipt.verdict.detail for _, receipts, _ in outcomes for receipt in receipts}
-        return (
-            f"validators refuse its groups: {'; '.join(sorted(details))}. Start this worker with the run's "
-            "--group-size (every node of an RL run needs the same RL options)"
-        )
-    if not reasons or any(reason not in (BANNED, STALE) for _, reason in reasons):
-        return None
-    banned_by = sorted(validator for validator, reason in reasons if reason == BANNED)
-    if banned_by:
-        return f"banned by validator(s) {', '.join(banned_by)}; their bans expire, then it submits again"
-    return (
-        "its groups arrive stale (the trainer moved past their policy version); it follows the newest version"
-    )
+_SUBMIT_ATTEMPTS = 3
+_FAILED_VALIDATOR_PAUSE_S = 60.0
 
 
 class InferenceWorker(RoleThread):
@@ -154,6 +90,7 @@ class InferenceWorker(RoleThread):
         self.device = resolve_device(node.config.device)
         config.check_worker_device(self.device.type)
         self.cheat = cheat
+        self.grinder = Grinder(self) if cheat is CheatMode.GRINDER else None
         self.on_group = on_group
         self.max_groups = max_groups
         self.window = ModelWindow(config.grpo.async_level + 1)
@@ -170,8 +107,8 @@ class InferenceWorker(RoleThread):
         what a plain generation loop would have spent on the same rollouts."""
         super().__init__()
         self._validator_turn = 0
-        self.counter_path = node.config.weights_dir / f"{config.run_id}.next-counter"
-        """The next assignment counter, kept so that a restarted worker does not redo used ones (replays)."""
+        self._failed_until: dict[str, float] = {}
+        """Validators that did not answer lately, and until when they are passed over."""
         self.broadcast = add_policy_follower(node, config)
         self.trusted = frozenset([*config.authorized_publishers, *config.trusted_validators])
         """The validators this worker submits to: the run's trainers (each runs one) and its trusted
@@ -233,52 +170,119 @@ class InferenceWorker(RoleThread):
 
     # ---- the loop ------------------------------------------------------------------------
 
-    def _saved_counter(self) -> int:
-        try:
-            return max(0, int(self.counter_path.read_text()))
-        except (OSError, ValueError):
-            return 0
-
-    def _save_counter(self, next_counter: int) -> None:
-        self.counter_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.counter_path.with_name(self.counter_path.name + ".tmp")
-        tmp.write_text(str(next_counter))
-        tmp.replace(self.counter_path)
-
     def _run(self) -> None:
-        counter = self._saved_counter()
-        first = counter
-        while not self._stop.is_set() and (self.max_groups is None or counter - first < self.max_groups):
+        produced = 0
+        while not self._stop.is_set() and (self.max_groups is None or produced < self.max_groups):
+            validator = self._next_validator()
+            if validator is None:
+                return  # stopped while looking for a validator
             wanted = self.config.groups_per_submission
             if self.max_groups is not None:
-                wanted = min(wanted, first + self.max_groups - counter)
-            generated: list[_Generated] = []
-            while len(generated) < wanted and not self._stop.is_set():
-                newest = self.window.newest()
-                if newest is None:
-                    if generated:
-                        break  # submit what is ready rather than sit on it
-                    self._waiting(self._no_version)
-                    self._stop.wait(_NO_VERSION_WAIT_S)
+                wanted = min(wanted, self.max_groups - produced)
+            tickets = self._tickets(validator, wanted)
+            generated: list[GeneratedGroup] = []
+            for ticket in tickets[:wanted]:
+                if self._stop.is_set():
+                    break
+                model = self._model_for(ticket)
+                if model is None:
                     continue
-                if self.waiting_for == self._no_version:
-                    self._waiting(None)  # other obstacles (a ban) last until a submission shows them gone
-                version, model = newest
-                if generated and version != generated[-1].version:
-                    break  # the policy moved on: what is ready goes now, before it grows staler
                 try:
-                    generated.append(self._generate(counter, version, model))
+                    group = self.generate(ticket, model)
+                    chosen = group if self.grinder is None else self.grinder.choose(ticket, group)
+                    if chosen is not None:
+                        generated.append(chosen)
                 except Exception as exc:  # a bug must not kill the worker silently
-                    logger.exception("[%s] group %d failed", self.node.short_id, counter)
-                    self._report(GroupReport(counter, version, "-", 0, 0.0, error=repr(exc)))
-                counter += 1
+                    logger.exception("[%s] group %d failed", self.node.short_id, ticket.counter)
+                    self._report(
+                        GroupReport(ticket.counter, ticket.policy_version, "-", 0, 0.0, error=repr(exc))
+                    )
             if not generated:
                 continue
-            outcomes = self._submit(generated)
+            produced += len(generated)
+            outcomes = self._submit(validator, generated)
             if outcomes is None:
-                return  # stopped while looking for a validator
-            for g, (validator, receipts, error) in zip(generated, outcomes, strict=True):
-                self._report(self._judged(g, validator, receipts, error))
+                return  # stopped while submitting
+            for g, (receipts, error) in zip(generated, outcomes, strict=True):
+                self._report(self._judged(g, validator.short_id, receipts, error))
+            done = [(validator.short_id, receipts, error) for receipts, error in outcomes]
+            self._waiting(refusal_summary(done), level=logging.WARNING)
+
+    def _trusted_validators(self) -> list[LiveNode]:
+        return [v for v in self.node.discover(Role.VALIDATOR) if v.peer_id.to_base58() in self.trusted]
+
+    def _next_validator(self) -> LiveNode | None:
+        """The next of the run's trusted validators in turn, once one is live (one that failed lately
+        only when no other is live); None if stopped first."""
+        while not self._stop.is_set():
+            validators = self._trusted_validators()
+            now = time.monotonic()
+            answering = [v for v in validators if self._failed_until.get(v.peer_id.to_base58(), 0.0) <= now]
+            validators = answering or validators
+            if validators:
+                self._validator_turn += 1
+                return validators[self._validator_turn % len(validators)]
+            self._waiting(
+                f"none of the validators run {self.config.run_id!r} trusts is live yet (its trainers, "
+                "and those named with --trusted-validator); any other node claiming the role is ignored"
+            )
+            self._stop.wait(_NO_VALIDATOR_WAIT_S)
+        return None
+
+    def _tickets(self, validator: LiveNode, count: int) -> list[Ticket]:
+        """This worker's open tickets at `validator`, topped up to `count` with tickets of the newest
+        version both hold (the worker asks for its own versions, newest first); none, after a pause,
+        when the validator issues none or does not answer."""
+        versions = self.window.versions()
+        if not versions:
+            self._waiting(self._no_version)
+            self.window.wait_for_any(_NO_VERSION_WAIT_S)
+            return []
+        reason = ""
+        for version in reversed(versions):
+            try:
+                return self.node.call(
+                    self._request_tickets(validator, count, version),
+                    timeout_s=self.config.submit_timeout_s + 15.0,
+                )
+            except TicketsRefused as exc:
+                reason = str(exc)  # maybe it does not hold this version yet: an older one, then
+            except Exception as exc:
+                reason = f"validator {validator.short_id}: {exc}"
+                self._failed(validator)
+                break
+        self._waiting(f"no tickets: {reason}", level=logging.WARNING)
+        self._stop.wait(_NO_VALIDATOR_WAIT_S)
+        return []
+
+    async def _request_tickets(self, validator: LiveNode, count: int, version: int) -> list[Ticket]:
+        await connect_member(self.broadcast.p2p, validator)
+        return await request_tickets(
+            self.broadcast.p2p,
+            validator.peer_id,
+            run_id=self.config.run_id,
+            count=count,
+            policy_version=version,
+            timeout_s=self.config.submit_timeout_s,
+        )
+
+    def _failed(self, validator: LiveNode) -> None:
+        """Pass over `validator` for a while: it did not answer (its tickets would be lost again)."""
+        self._failed_until[validator.peer_id.to_base58()] = time.monotonic() + _FAILED_VALIDATOR_PAUSE_S
+
+    def _model_for(self, ticket: Ticket) -> CausalLM | None:
+        """The model of the ticket's version; None if this worker does not hold it (then the ticket
+        lapses). It asks for tickets of versions it holds, so only a ticket left open from before a
+        restart can name one it no longer has."""
+        model = self.window.get(int(ticket.policy_version))
+        if model is None:
+            logger.warning(
+                "[%s] ticket %d names policy v%d, which this worker does not hold: it lapses",
+                self.node.short_id,
+                ticket.counter,
+                ticket.policy_version,
+            )
+        return model
 
     def _report(self, report: GroupReport) -> None:
         self.reports.append(report)
@@ -290,11 +294,14 @@ class InferenceWorker(RoleThread):
                     "[%s] reporting group %d failed; the worker goes on", self.node.short_id, report.counter
                 )
 
-    def _generate(self, counter: int, version: int, model: CausalLM) -> _Generated:
-        """Generate, prove and seal the group of assignment `counter` with policy `version`."""
+    def generate(self, ticket: Ticket, model: CausalLM) -> GeneratedGroup:
+        """Generate, prove and seal the group of `ticket` with its policy version's `model`."""
         grpo = self.config.grpo
         me = self.node.identity.peer_id_bytes
-        assignment = derive_assignment(self.config.run_id, version, me, counter, grpo.group_size)
+        counter, version = int(ticket.counter), int(ticket.policy_version)
+        assignment = derive_assignment(
+            self.config.run_id, version, me, counter, grpo.group_size, nonce=ticket.nonce
+        )
         prompt = self.task.prompt(assignment.prompt_seed)
         sampling = SamplingParams(temperature=grpo.temperature, top_p=grpo.top_p)
         generator = self._generating_model(model)
@@ -335,10 +342,9 @@ class InferenceWorker(RoleThread):
         )
         self.cpu_seconds += time.thread_time() - cpu_started
         self.node.metrics.rollouts_generated(len(rollouts), tokens=tokens)
-        self._save_counter(counter + 1)  # generated, the counter is used: a restart goes on after it
-        return _Generated(counter, version, tokens, seconds, sealed)
+        return GeneratedGroup(counter, version, tokens, seconds, sealed)
 
-    def _judged(self, g: _Generated, validator: str, receipts: list[Receipt], error: str) -> GroupReport:
+    def _judged(self, g: GeneratedGroup, validator: str, receipts: list[Receipt], error: str) -> GroupReport:
         """Keep the receipts of a submitted group and report its verdicts."""
         report = GroupReport(g.counter, g.version, validator, g.tokens, g.seconds, error=error)
         self.receipts.extend(receipts)
@@ -352,72 +358,50 @@ class InferenceWorker(RoleThread):
                 report.rejected[receipt.verdict.reason] += 1
         return report
 
-    def _submit(self, generated: list[_Generated]) -> list[tuple[str, list[Receipt], str]] | None:
-        """Submit the groups, all at once, to one validator after another until each is judged; None if
-        stopped first.
+    def _submit(
+        self, validator: LiveNode, generated: list[GeneratedGroup]
+    ) -> list[tuple[list[Receipt], str]] | None:
+        """Submit the groups, all at once, to the validator whose tickets they are, until each is judged
+        or `submit_timeout_s` passes; per group its receipts and an error; None if stopped first.
 
-        A validator that does not hold a group's version yet refuses it as `unknown_version` without
-        judging it: the group goes to the next validator, and again to all of them while its version
-        is still one this worker generates with, for up to `submit_timeout_s`.
+        A group's ticket is good at its validator only, so an unanswered submission is retried there,
+        `_SUBMIT_ATTEMPTS` times in all (a validator gone for good costs the groups in hand, not the
+        worker's time); a group the validator could not judge yet (`unknown_version`: it restarted
+        and does not hold the version again yet) is submitted again too.
         """
-        outcomes: list[tuple[str, list[Receipt], str] | None] = [None] * len(generated)
-        unjudged: dict[int, tuple[str, list[Receipt], str]] = {}
+        outcomes: list[tuple[list[Receipt], str] | None] = [None] * len(generated)
         deadline = time.monotonic() + self.config.submit_timeout_s
+        attempts = 0
         while not self._stop.is_set():
-            validators = [
-                v for v in self.node.discover(Role.VALIDATOR) if v.peer_id.to_base58() in self.trusted
-            ]
-            if not validators:
-                self._waiting(
-                    f"none of the validators run {self.config.run_id!r} trusts is live yet (its trainers, "
-                    "and those named with --trusted-validator); any other node claiming the role is ignored"
+            attempts += 1
+            todo = [i for i, outcome in enumerate(outcomes) if outcome is None]
+            try:
+                answers = self.node.call(
+                    self._submit_to(validator, [generated[i].sealed for i in todo]),
+                    timeout_s=self.config.submit_timeout_s + 15.0,
                 )
-                self._stop.wait(_NO_VALIDATOR_WAIT_S)
-                continue
-            self._validator_turn += 1
-            ordered = (
-                validators[self._validator_turn % len(validators) :]
-                + validators[: self._validator_turn % len(validators)]
-            )
-            errors = []
-            for live in ordered:
-                todo = [i for i, outcome in enumerate(outcomes) if outcome is None]
-                if not todo:
-                    break
-                try:
-                    answers = self.node.call(
-                        self._submit_to(live, [generated[i].sealed for i in todo]),
-                        timeout_s=self.config.submit_timeout_s + 15.0,
-                    )
-                except Exception as exc:
-                    answers = [exc] * len(todo)
-                for i, answer in zip(todo, answers, strict=True):
-                    if isinstance(answer, BaseException):
-                        errors.append(f"{live.short_id}: {answer}")
-                        logger.warning(
-                            "[%s] validator %s: %s; trying another", self.node.short_id, live.short_id, answer
-                        )
-                    elif answer and all(r.verdict.reason == UNKNOWN_VERSION for r in answer):
-                        unjudged[i] = (live.short_id, answer, "")
-                    else:
-                        outcomes[i] = (live.short_id, answer, "")
-            for i, outcome in unjudged.items():
-                version_gone = generated[i].version not in self.window.versions()
-                if outcomes[i] is None and (version_gone or time.monotonic() > deadline):
-                    outcomes[i] = outcome
+            except Exception as exc:
+                answers = [exc] * len(todo)
+            late = time.monotonic() > deadline
+            for i, answer in zip(todo, answers, strict=True):
+                if isinstance(answer, BaseException):
+                    logger.warning("[%s] validator %s: %s", self.node.short_id, validator.short_id, answer)
+                    if late or attempts >= _SUBMIT_ATTEMPTS:
+                        outcomes[i] = ([], f"not judged: {answer}")
+                elif answer and all(r.verdict.reason == UNKNOWN_VERSION for r in answer):
+                    if late or generated[i].version not in self.window.versions():
+                        outcomes[i] = (answer, "")
+                else:
+                    outcomes[i] = (answer, "")
             done = [outcome for outcome in outcomes if outcome is not None]
-            if len(done) == len(generated):
-                self._waiting(_refusal(done), level=logging.WARNING)
+            if len(done) == len(outcomes):
+                if any(error for _, error in done):
+                    self._failed(validator)
                 return done
-            if unjudged:
-                self._waiting(
-                    f"validators do not hold policy v{max(generated[i].version for i in unjudged)} yet "
-                    "(they answer unknown_version); resubmitting"
-                )
-            if errors:
-                logger.warning(
-                    "[%s] no validator judged the group: %s", self.node.short_id, "; ".join(errors)
-                )
+            self._waiting(
+                f"validator {validator.short_id} has not judged {sum(o is None for o in outcomes)} group(s) "
+                "yet; submitting them again"
+            )
             self._stop.wait(_NO_VALIDATOR_WAIT_S)
         return None
 

@@ -8,13 +8,15 @@
   training receipt for each other trainer whose contribution a round accepted).
 - `StandaloneValidator(node, config)`: `--role validator` on an RL run. It follows the run's
   policy versions through the weight broadcast (the newest `async_level + 1`; the newest
-  published version is its staleness reference), judges the groups workers submit to it, and
-  forwards each group with its accepted rollouts to the run's trainers, which re-check every
-  signature and accept forwards only from validators they trust.
+  published version is its staleness reference), issues tickets and judges the groups workers
+  submit for them, and forwards each accepted group to one of the run's trainers (the next if
+  that one fails, so that it is trained on once), which re-checks every signature and accepts
+  forwards only from validators it trusts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import time
@@ -30,11 +32,12 @@ from node.rollouts.batcher import CallBatcher
 from node.rollouts.forward import forward_group
 from node.rollouts.intake import RolloutIntake
 from node.rollouts.peers import connect_member
+from node.rollouts.tickets import TicketIntake
 from node.runtime import offload
 from protocol import hivenet_pb2 as hpb
 from protocol.envelope import Envelope
 from protocol.node_record import Role
-from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict
+from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict, Ticket
 from training.causal_lm import CausalLM
 from training.devices import resolve_device
 from training.grpo import ScoredRollout
@@ -50,6 +53,7 @@ from training.rl_run import (
     run_task,
 )
 from training.rl_trainer import RLStepReport, RLTrainer, UpdatesFactory, every_step_updates
+from verification.tickets import TicketBook
 from verification.validator import Validator, VerifiedRollout
 
 __all__ = ["StandaloneValidator", "TrainerJudge", "scored", "start_rl_trainer"]
@@ -66,13 +70,14 @@ def scored(rollout: VerifiedRollout) -> ScoredRollout:
         completion_ids=list(rollout.completion_ids),
         reward=rollout.reward,
         policy_version=rollout.policy_version,
-        group_id=group_id(rollout.worker, rollout.counter),
+        group_id=group_id(rollout.worker, rollout.counter, rollout.validator),
         rollout_hash=rollout.rollout_hash,
         worker=rollout.worker,
     )
 
 
 def make_validator(node: HivenetNode, config: RLRunConfig) -> Validator:
+    """The run's validator on `node`, its tickets kept beside the node's weights (a restart keeps them)."""
     return Validator(
         private_key=node.identity.private_key,
         run_id=config.run_id,
@@ -81,8 +86,21 @@ def make_validator(node: HivenetNode, config: RLRunConfig) -> Validator:
         async_level=config.grpo.async_level,
         sampling=config.grpo.sampling,
         verification=config.run_verification,
+        tickets=TicketBook(
+            node.config.weights_dir / f"{config.run_id}.tickets.db",
+            run_id=config.run_id,
+            grace_s=config.submit_timeout_s,
+        ),
         on_verdicts=node.receipt_sink,  # the validator's own ledger keeps (and serves) its receipts
     )
+
+
+def issue_tickets(validator: Validator, worker: bytes, count: int, version: int) -> list[Ticket]:
+    """The validator's tickets for `worker`, as the ticket service sends them."""
+    return [
+        Ticket(counter=t.counter, policy_version=t.policy_version, nonce=t.nonce)
+        for t in validator.issue_tickets(worker, count, version)
+    ]
 
 
 def count_verdicts(metrics: NodeMetrics, sealed_verdicts: list[bytes], seconds: float) -> None:
@@ -124,6 +142,9 @@ class TrainerJudge:
             self.accepted_hashes.update(r.rollout_hash for r in accepted)
             results.append((verdicts, [scored(r) for r in accepted]))
         return results
+
+    def issue_tickets(self, worker: bytes, count: int, version: int) -> list[Ticket]:
+        return issue_tickets(self.validator, worker, count, version)
 
     def add_version(self, version: int, model: CausalLM) -> None:
         self.validator.add_version(version, model)
@@ -174,6 +195,11 @@ class StandaloneValidator:
             CallBatcher(self.validator.judge_groups, linger_s=JUDGE_LINGER_S, max_batch=JUDGE_MAX_BATCH)
         )
         """Groups that arrive together are judged in one batch."""
+        self.tickets = node.add_service(
+            TicketIntake(
+                dht=node.dht, identity=node.identity, run_id=config.run_id, handler=self._issue_tickets
+            )
+        )
         self.intake = node.add_service(
             RolloutIntake(
                 dht=node.dht, identity=node.identity, run_id=config.run_id, handler=self._handle_group
@@ -197,6 +223,9 @@ class StandaloneValidator:
         self.validator.add_version(entry.version, model)
         self.validator.set_trainer_step(entry.version)
 
+    async def _issue_tickets(self, worker: bytes, count: int, version: int) -> list[Ticket]:
+        return await offload(issue_tickets, self.validator, worker, count, version)
+
     async def _handle_group(self, worker: bytes, envelope: Envelope, group: RolloutGroup) -> list[bytes]:
         started = time.monotonic()
         verdicts, accepted = await self.judging.submit((worker, group))
@@ -206,8 +235,17 @@ class StandaloneValidator:
         return verdicts
 
     async def _forward(self, envelope: Envelope, verdicts: list[bytes]) -> None:
-        """Hand the group and its receipts to every trainer of the run (each trusts this validator or not)."""
-        trainers = await offload(self.node.discover, Role.TRAINER)
+        """Hand the group and its receipts to one of the run's trainers, so that it is trained on once:
+        the first in an order drawn from the group (every group has its own), the next if it fails."""
+        publishers = set(self.config.authorized_publishers)
+        trainers = [
+            t for t in await offload(self.node.discover, Role.TRAINER) if t.peer_id.to_base58() in publishers
+        ]
+        trainers.sort(key=lambda t: hashlib.sha256(envelope.sealed[-64:] + t.peer_id.to_bytes()).digest())
+        if not trainers:
+            logger.warning(
+                "[%s] no trainer of the run is live: an accepted group is not trained on", self.node.short_id
+            )
         for trainer in trainers:
             try:
                 await connect_member(self.broadcast.p2p, trainer)
@@ -225,3 +263,5 @@ class StandaloneValidator:
                 logger.warning(
                     "[%s] could not forward to trainer %s: %s", self.node.short_id, trainer.short_id, exc
                 )
+            else:
+                return

@@ -37,6 +37,7 @@ from protocol.node_record import Role
 from training.causal_lm import CausalLM
 from training.devices import resolve_device
 from training.rl_diloco import DiLoCoUpdates, OuterStepRecord
+from training.rl_grinder import GrindRecord
 from training.rl_run import RLRunConfig
 from training.rl_trainer import RLStepReport, RLTrainer
 from training.rl_worker import CheatMode, GroupReport, InferenceWorker
@@ -99,6 +100,10 @@ class RLSimulation:
     """The trainer's policy at the end."""
     metrics: dict[str, MetricsFigures] = field(default_factory=dict)
     """Each node's metrics at the end, by node name."""
+    accepted_rewards: dict[str, list[float]] = field(default_factory=dict)
+    """The validator-recomputed reward of every accepted rollout, per worker name (from its receipts)."""
+    grind_records: dict[str, list[GrindRecord]] = field(default_factory=dict)
+    """What each grinding worker did with each of its tickets (`training.rl_grinder`)."""
     trainers: dict[str, TrainerRecord] = field(default_factory=dict)
     """Each trainer's record, by node name ("trainer" alone, "trainer0", "trainer1", ... with several)."""
     seconds: float = 0.0
@@ -248,6 +253,9 @@ def simulate_rl(
             result.accepted[name] = sum(g.accepted for g in worker.reports)
             result.worker_cpu_seconds[name] = worker.cpu_seconds
             result.worker_decode_cpu_seconds[name] = worker.decode_cpu_seconds
+            result.accepted_rewards[name] = [r.verdict.reward for r in worker.receipts if r.verdict.accepted]
+            if worker.grinder is not None:
+                result.grind_records[name] = list(worker.grinder.records)
             for g in worker.reports:
                 for reason, n in g.rejected.items():
                     result.rejected_by_reason[reason] = result.rejected_by_reason.get(reason, 0) + n

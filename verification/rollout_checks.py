@@ -54,8 +54,11 @@ class GroupReason(enum.StrEnum):
 
     BANNED = BANNED
     REPLAY = "replay"
-    """The assignment counter was judged already (or written off as abandoned), or a rollout was
-    accepted before."""
+    """The ticket was judged already (or abandoned), or a rollout was accepted before."""
+    NO_TICKET = "no_ticket"
+    """This validator never issued the ticket the group names (ask it for tickets first)."""
+    WRONG_VERSION = "wrong_version"
+    """The group was generated with another policy version than its ticket fixes."""
     UNKNOWN_VERSION = UNKNOWN_VERSION
     WRONG_TASK = "wrong_task"
     GROUP_SIZE = GROUP_SIZE
@@ -81,16 +84,17 @@ BANNING_REASONS: frozenset[str] = frozenset(
         RejectReason.SAMPLING,
         GroupReason.SAMPLING_PARAMS,
         GroupReason.COMPLETION_LENGTH,
+        GroupReason.WRONG_VERSION,
     }
 )
 """Reasons that prove the worker ran something other than the protocol: honest software never
 produces them. The others (stale, unknown version, replay, wrong task or size) are only counted."""
 
 UNJUDGED_REASONS: frozenset[str] = frozenset(
-    {GroupReason.BANNED, GroupReason.REPLAY, GroupReason.UNKNOWN_VERSION}
+    {GroupReason.BANNED, GroupReason.REPLAY, GroupReason.UNKNOWN_VERSION, GroupReason.NO_TICKET}
 )
-"""Group refusals that leave the assignment counter as it was: nothing was judged (the worker may
-resubmit once unbanned, or once the validator holds the version), or the counter is settled."""
+"""Group refusals that leave the ticket as it was: nothing was judged (the worker may resubmit once
+unbanned, or once the validator holds the version), or there is no open ticket to close."""
 
 
 class RewardTask(Protocol):

@@ -1,22 +1,29 @@
 """The validator of a decentralized RL run: judges workers' rollout groups and signs a receipt per rollout.
 
+A worker first asks for tickets (`issue_tickets`): each fixes an assignment's counter, its policy
+version (the newest this validator holds) and a random nonce (`verification.tickets`).
+
 `Validator.judge_group(worker, group)` takes a `RolloutGroup` whose envelope the transport has
 already verified as signed by `worker` (`judge_groups` takes several and verifies them in one
-batch). First the group-level checks, cheap and in this order
-(every rollout of the group then gets the same reason): the worker is banned (`banned`); its
-assignment counter was judged already, or written off long ago as abandoned (`replay`); the
-policy version is not held and never was (`unknown_version`: nothing is used up, the worker
-may resubmit once this validator holds it); the task is not the run's (`wrong_task`); the
-group does not hold `group_size` rollouts (`group_size`); the version is more than
-`async_level` behind the trainer or already dropped (`stale`); a rollout was accepted before
-(`replay`). Then the per-rollout checks of `verification.rollout_checks` (assignment, TOPLOC
-and sampling verdict, recomputed reward); a group is accepted whole or not at all.
+batch). First the group-level checks, cheap and in this order (every rollout of the group then
+gets the same reason): the worker is banned (`banned`); the group names no open ticket of this
+worker: one this validator never issued (`no_ticket`), or one judged or abandoned already
+(`replay`, or `stale` when its version is too old anyway); the group's version is not its
+ticket's (`wrong_version`: it bans); the version is not held yet (`unknown_version`: after a
+restart; nothing is used up, the worker may resubmit); the task is not the run's
+(`wrong_task`); the group does not hold `group_size` rollouts (`group_size`); the version is more
+than `async_level` behind the trainer or already dropped (`stale`); a rollout was accepted
+before (`replay`). Then the per-rollout checks of `verification.rollout_checks` (assignment from
+the ticket, TOPLOC and sampling verdict, recomputed reward); a group is accepted whole or not at
+all, and closes its ticket either way.
 
 Rejections that prove tampering (`BANNING_REASONS`) ban the worker, for longer each time, and
 the verdict of the rollout that proved it carries the ban's end (`banned_until`), so a ban is on
-record in every ledger that holds the verdict; the others are only counted. Every judged group uses its assignment counter; skipped counters
-are counted as abandoned assignments (`verification.worker_accounts`). Each verdict is sealed
-as a receipt signed by the validator (`protocol.rollout_messages.seal_verdict`).
+record in every ledger that holds the verdict; the others are only counted. Tickets that expire
+unused count as abandoned, and a worker that abandons more than `abandon_allowance` permits is
+banned too (dropping the assignments that came out badly pays only while it goes unnoticed).
+Each verdict is sealed as a receipt signed by the validator
+(`protocol.rollout_messages.seal_verdict`).
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from dataclasses import dataclass
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from node.bans import BanList
+from node.rollouts.errors import TicketsRefused
 from protocol import rollouts_pb2
 from protocol.assignment import derive_assignment
 from protocol.limits import MAX_VERDICT_BAN_S
@@ -47,9 +55,10 @@ from verification.rollout_checks import (
     check_groups,
     parse_item,
 )
+from verification.tickets import Ticket, TicketBook
 from verification.verdict import RolloutVerifier
-from verification.verifier_window import VerifierWindow, VersionStatus
-from verification.worker_accounts import DEFAULT_LATE_WINDOW, ValidatorStats, WorkerAccounts, WorkerStats
+from verification.verifier_window import VerifierWindow, VersionStatus, VersionVerdict
+from verification.worker_accounts import ValidatorStats, WorkerAccounts, WorkerStats
 
 __all__ = [
     "BANNING_REASONS",
@@ -59,7 +68,14 @@ __all__ = [
     "ValidatorStats",
     "VerifiedRollout",
     "WorkerStats",
+    "abandon_allowance",
 ]
+
+
+def abandon_allowance(judged: int) -> int:
+    """Tickets a worker with `judged` groups judged may abandon before it is banned: a few (a validator
+    that went away, a worker that crashed before generating) and one in 32 beyond."""
+    return 2 + judged // 32
 
 
 @dataclass
@@ -67,6 +83,8 @@ class VerifiedRollout:
     """An accepted rollout, with the reward the validator recomputed: what the trainer learns from."""
 
     worker: bytes
+    validator: bytes
+    """The validator that judged it (whose ticket `counter` is)."""
     rollout_hash: bytes
     policy_version: int
     counter: int
@@ -91,11 +109,13 @@ class Validator:
         bans: BanList | None = None,
         clock: Callable[[], float] = time.time,
         sampling: SamplingParams | None = None,
-        late_window: int = DEFAULT_LATE_WINDOW,
+        tickets: TicketBook | None = None,
         on_verdicts: Callable[[list[bytes]], None] | None = None,
     ) -> None:
-        """`on_verdicts` is handed every batch of sealed verdicts (the validator's own receipts, e.g. for
-        its node's ledger, `node.node.HivenetNode.receipt_sink`); it must not block."""
+        """`tickets`: the book of issued tickets (None: one in memory; a node keeps it in a file, so a
+        restart forgets no ticket). `on_verdicts` is handed every batch of sealed verdicts (the
+        validator's own receipts, e.g. for its node's ledger, `node.node.HivenetNode.receipt_sink`);
+        it must not block."""
         if group_size < 1:
             raise ValueError(f"group_size must be >= 1, got {group_size}")
         self.run_id = run_id
@@ -106,7 +126,8 @@ class Validator:
         self._signer = Signer(private_key)  # a verdict per rollout: derive the signing key once
         self._clock = clock
         self._window = VerifierWindow(async_level, verification)
-        self._accounts = WorkerAccounts(late_window)
+        self._accounts = WorkerAccounts()
+        self.tickets = tickets if tickets is not None else TicketBook(run_id=run_id)
         self._judging_counters: set[tuple[bytes, int]] = set()
         self._judging_hashes: set[bytes] = set()
         self._lock = threading.Lock()
@@ -119,11 +140,53 @@ class Validator:
         """Hold `version` (a private copy of `model`), dropping versions beyond the newest async_level + 1."""
         with self._lock:
             self._window.add(version, model)
+            self._expire_tickets()
 
     def set_trainer_step(self, step: int) -> None:
         """The trainer's current step: groups of versions older than `step - async_level` are stale."""
         with self._lock:
             self._window.trainer_step = step
+            self._expire_tickets()
+
+    # --- tickets ---
+
+    def issue_tickets(self, worker: bytes, count: int, version: int) -> list[Ticket]:
+        """`worker`'s open tickets here, topped up to `count` with tickets of policy `version`.
+
+        The worker names the version (the newest it holds) before it learns the tickets' nonces, so
+        before any outcome. Raises TicketsRefused (its reason for the worker) when the worker is
+        banned, when `version` is not held here or is too old to judge, or when every ticket this
+        validator keeps open is taken.
+        """
+        with self._lock:
+            self._expire_tickets()
+            if self.bans.is_banned(worker):
+                raise TicketsRefused("this worker is banned here for a while")
+            standing = self._window.classify(version)
+            if standing.status is not VersionStatus.HELD:
+                raise TicketsRefused(f"no tickets: {standing.detail}")
+            tickets = self.tickets.issue(worker, count, version, self._clock())
+        if not tickets:
+            raise TicketsRefused(
+                "busy: this validator has issued all the tickets it keeps open; ask again later"
+            )
+        return tickets
+
+    def _expire_tickets(self) -> None:
+        """Abandon tickets whose version has been too old to judge for a while, and ban the workers
+        that abandoned more than they may (lock held)."""
+
+        def usable(version: int) -> bool:
+            return self._window.classify(version).status is not VersionStatus.STALE
+
+        for worker, count in self.tickets.expire(usable, self._clock()).items():
+            counts = self.tickets.counts_of(worker)
+            if counts.abandoned > abandon_allowance(counts.judged):
+                duration = self.bans.ban(
+                    worker,
+                    f"abandoned {counts.abandoned} tickets (this time {count}), {counts.judged} judged",
+                )
+                self._accounts.record_ban(worker, self._clock() + duration)
 
     @property
     def held_versions(self) -> list[int]:
@@ -184,32 +247,38 @@ class Validator:
         thread) is a replay.
         """
         with self._lock:
+            self._expire_tickets()
             refusals = [self._refusal(worker, group, items) for worker, group, items in batch]
             reserved = [
                 self._reserve(worker, group, items if refusal is None else [])
-                for (worker, group, items), (refusal, _) in zip(batch, refusals, strict=True)
+                for (worker, group, items), (refusal, _, _) in zip(batch, refusals, strict=True)
                 if refusal is None or refusal[0] not in UNJUDGED_REASONS
             ]
         try:
             jobs = []
-            for (worker, group, items), (refusal, verifier) in zip(batch, refusals, strict=True):
+            for (worker, _, items), (refusal, verifier, ticket) in zip(batch, refusals, strict=True):
                 if refusal is None:
-                    assert verifier is not None
+                    assert verifier is not None and ticket is not None
                     assignment = derive_assignment(
-                        self.run_id, int(group.policy_version), worker, int(group.counter), self.group_size
+                        self.run_id,
+                        ticket.policy_version,
+                        worker,
+                        ticket.counter,
+                        self.group_size,
+                        nonce=ticket.nonce,
                     )
                     jobs.append(GroupJob(items, assignment, verifier))
             check_groups(jobs, task=self.task, sampling=self.sampling)
             results = []
-            for (worker, group, items), (refusal, _) in zip(batch, refusals, strict=True):
+            for (worker, group, items), (refusal, _, ticket) in zip(batch, refusals, strict=True):
                 with self._lock:
                     if refusal is None and self.bans.is_banned(worker):  # by a group before it in this batch
                         refusal = (GroupReason.BANNED, "this worker is banned")
                     if refusal is not None:
                         for item in items:
                             item.reject(*refusal)
-                    if refusal is None or refusal[0] not in UNJUDGED_REASONS:
-                        self._accounts.use_counter(worker, int(group.counter))
+                    if ticket is not None and (refusal is None or refusal[0] not in UNJUDGED_REASONS):
+                        self.tickets.judged(worker, ticket.counter)
                 accepted = refusal is None and not any(item.reason for item in items)
                 results.append(self._conclude(worker, group, items, accepted=accepted))
             return results
@@ -255,6 +324,7 @@ class Validator:
         return verdicts, [
             VerifiedRollout(
                 worker=worker,
+                validator=self._signer.peer_id,
                 rollout_hash=item.hash,
                 policy_version=version,
                 counter=counter,
@@ -269,22 +339,48 @@ class Validator:
 
     def _refusal(
         self, worker: bytes, group: rollouts_pb2.RolloutGroup, items: list[RolloutItem]
-    ) -> tuple[tuple[str, str] | None, RolloutVerifier | None]:
-        """The group-level rejection, if any, else the verifier of the group's version (lock held)."""
+    ) -> tuple[tuple[str, str] | None, RolloutVerifier | None, Ticket | None]:
+        """The group-level rejection, if any, else the verifier of the group's version and its open
+        ticket (lock held)."""
         version, counter = int(group.policy_version), int(group.counter)
         if self.bans.is_banned(worker):
-            return (GroupReason.BANNED, "this worker is banned"), None
-        status = self._accounts.counter_status(worker, counter)
+            return (GroupReason.BANNED, "this worker is banned"), None, None
         if (worker, counter) in self._judging_counters:
-            return (GroupReason.REPLAY, f"assignment counter {counter} is being judged"), None
-        if status == "used":
-            return (GroupReason.REPLAY, f"assignment counter {counter} was already judged"), None
-        if status == "settled":
-            return (
-                GroupReason.REPLAY,
-                f"assignment counter {counter} is settled (judged, or written off as abandoned)",
-            ), None
+            return (GroupReason.REPLAY, f"ticket {counter} is being judged"), None, None
+        ticket = self.tickets.ticket(worker, counter)
         standing = self._window.classify(version)
+        if ticket is None:
+            if not self.tickets.was_issued(worker, counter):
+                return (
+                    (
+                        GroupReason.NO_TICKET,
+                        f"this validator issued no ticket {counter} to this worker; ask it for tickets first",
+                    ),
+                    None,
+                    None,
+                )
+            if standing.status is VersionStatus.STALE:
+                return (GroupReason.STALE, f"{standing.detail}; its ticket expired"), None, None
+            return (GroupReason.REPLAY, f"ticket {counter} was judged or abandoned already"), None, None
+        if version != ticket.policy_version:
+            return (
+                (
+                    GroupReason.WRONG_VERSION,
+                    f"ticket {counter} fixes policy version {ticket.policy_version}, the group names {version}",
+                ),
+                None,
+                None,
+            )
+        refusal, verifier = self._version_refusal(group, items, standing)
+        return refusal, verifier, ticket
+
+    def _version_refusal(
+        self,
+        group: rollouts_pb2.RolloutGroup,
+        items: list[RolloutItem],
+        standing: VersionVerdict,
+    ) -> tuple[tuple[str, str] | None, RolloutVerifier | None]:
+        """The checks after the ticket's: version held, task, size, staleness, replayed rollouts."""
         if standing.status is VersionStatus.UNKNOWN:
             return (GroupReason.UNKNOWN_VERSION, standing.detail), None
         if group.task != self.task.name:
@@ -356,6 +452,8 @@ class Validator:
         """Per worker: accepted, rejected by reason, abandoned assignments, ban; and the totals."""
         with self._lock:
             workers = self._accounts.workers()
-            strikes = {w: self.bans.strikes(w) for w in workers}
-            banned = {w for w in workers if self.bans.is_banned(w)}
-            return self._accounts.snapshot(strikes, banned)
+            tickets = self.tickets.counts()
+            everyone = set(workers) | tickets.keys()
+            strikes = {w: self.bans.strikes(w) for w in everyone}
+            banned = {w for w in everyone if self.bans.is_banned(w)}
+            return self._accounts.snapshot(strikes, banned, tickets)

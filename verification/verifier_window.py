@@ -3,8 +3,9 @@
 A worker may generate with a policy up to `async_level` steps behind the trainer. The window
 keeps a `RolloutVerifier` (its own copy of the weights) for each of the newest
 `async_level + 1` versions, remembers which older versions it has dropped, and classifies the
-version a group claims: held (verifiable), stale (older than the trainer's step allows, or
-already dropped), or unknown (never seen: maybe newer than what this validator holds yet).
+version a group claims: held (verifiable), stale (older than the trainer's step allows, already
+dropped, or older than every version held), or unknown (not held yet: maybe newer than what this
+validator holds, or one between its held versions that it has yet to add).
 
 It also remembers the hashes of rollouts judged for each held version, so a rollout submitted
 twice is a replay; those are forgotten with their version (a rollout is bound to its version by
@@ -96,7 +97,8 @@ class VerifierWindow:
         verifier = self._verifiers.get(version)
         if verifier is not None:
             return VersionVerdict(VersionStatus.HELD, verifier=verifier)
-        if version in self._dropped:
+        if version in self._dropped or (self._verifiers and version < min(self._verifiers)):
+            # dropped, or older than any held (a restarted validator holds what it resumed at and newer)
             return VersionVerdict(
                 VersionStatus.STALE,
                 f"policy version {version} is older than the versions this validator keeps",

@@ -13,6 +13,11 @@ class GroupRefused(RolloutTransportError):
     """Raised by an injected handler to refuse a whole group; its message is sent back to the peer."""
 
 
+class TicketsRefused(RolloutTransportError):
+    """Raised by a ticket handler to issue nothing (its message is sent back), and by the worker's side
+    when a validator answered so."""
+
+
 class SubmissionRefused(RolloutTransportError):
     """The validator (or trainer) answered with an error instead of verdicts; the message is its reason."""
 

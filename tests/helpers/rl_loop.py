@@ -2,9 +2,10 @@
 
 - `tiny_run` / `TINY`: a run small enough for a test (a 1-layer TinyGPT, groups of 4).
 - `LoopbackNodes`: real `HivenetNode`s on 127.0.0.1 (a seed first), stopped in reverse order.
-- `honest_group`: exactly what an honest `InferenceWorker` generates for an assignment.
-- `ScriptedWorker`: a node that submits whatever a test hands it (honest, replayed, cut short)
-  over the real submit protocol, so the test decides what crosses the network and when.
+- `honest_group`: exactly what an honest `InferenceWorker` generates for a ticket; `policy_at`: the
+  policy a trainer published as a version, to generate it with.
+- `ScriptedWorker`: a node that asks for tickets and submits whatever a test hands it (honest,
+  replayed, cut short) over the real protocols, so the test decides what crosses the network and when.
 - `FakeJudge`: a `RolloutJudge` that accepts the groups a predicate picks and remembers what it
   accepted and rejected, to check the trainer learns from nothing else.
 """
@@ -16,28 +17,40 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
+import torch
 from hivemind.p2p import P2P
 
 from node.broadcast.wire import encode_frame
 from node.config import NodeConfig
 from node.membership import LiveNode
 from node.node import HivenetNode
-from node.rollouts import PROTO_SUBMIT, connect_member, replicate_p2p, submit_group
+from node.rollouts import (
+    PROTO_SUBMIT,
+    TicketsRefused,
+    connect_member,
+    replicate_p2p,
+    request_tickets,
+    submit_group,
+)
 from node.swarm import wait_until
 from protocol.assignment import derive_assignment
+from protocol.limits import TICKET_NONCE_BYTES
 from protocol.node_record import Role
 from protocol.rollout_messages import rollout_hash, seal_group, seal_verdict
-from protocol.rollouts_pb2 import Rollout, RolloutGroup, RolloutVerdict
+from protocol.rollouts_pb2 import Rollout, RolloutGroup, RolloutVerdict, Ticket
 from protocol.toploc import proof_length
 from training.causal_lm import CausalLM
 from training.generation import generate
 from training.grpo import GRPOConfig, ScoredRollout
 from training.model import ModelConfig
-from training.rl_run import RLRunConfig, group_id, run_task
+from training.rl_run import RLRunConfig, group_id, model_from_state, run_task
 from training.rl_trainer import RLTrainer
 from training.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from verification.tickets import Ticket as IssuedTicket
 
 __all__ = [
     "TINY",
@@ -46,8 +59,12 @@ __all__ = [
     "ScriptedWorker",
     "fake_group",
     "honest_group",
+    "policy_at",
     "tiny_run",
 ]
+
+AnyTicket = Union[Ticket, "IssuedTicket"]
+"""A ticket as the wire carries it, or as a validator's book holds it (both name counter, version, nonce)."""
 
 TINY = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=96)
 SUBMIT_TIMEOUT_S = 60.0
@@ -116,13 +133,14 @@ def loopback_nodes(root: Path, run_id: str) -> Iterator[LoopbackNodes]:
         nodes.close()
 
 
-def honest_group(
-    model: CausalLM, config: RLRunConfig, worker: bytes, version: int, counter: int
-) -> RolloutGroup:
-    """The group an honest worker generates with `model` (policy `version`) for its `counter`-th assignment."""
+def honest_group(model: CausalLM, config: RLRunConfig, worker: bytes, ticket: AnyTicket) -> RolloutGroup:
+    """The group an honest worker generates with `model` (the ticket's policy version) for `ticket`."""
     grpo = config.grpo
     task = run_task(config)
-    assignment = derive_assignment(config.run_id, version, worker, counter, grpo.group_size)
+    version, counter = int(ticket.policy_version), int(ticket.counter)
+    assignment = derive_assignment(
+        config.run_id, version, worker, counter, grpo.group_size, nonce=ticket.nonce
+    )
     prompt = task.prompt(assignment.prompt_seed)
     sampling = SamplingParams(temperature=grpo.temperature, top_p=grpo.top_p)
     rollouts = []
@@ -149,6 +167,13 @@ def honest_group(
             ).SerializeToString()
         )
     return RolloutGroup(policy_version=version, counter=counter, task=task.name, rollouts=rollouts)
+
+
+def policy_at(trainer: RLTrainer, version: int) -> CausalLM:
+    """The policy `trainer` published as `version`, read back from its weight store (what a worker loads)."""
+    entry = trainer.broadcast.store.get(trainer.config.run_id, version)
+    assert entry is not None and entry.complete, f"the trainer holds no complete version {version}"
+    return model_from_state(trainer.config, entry.load_state_dict(), torch.float32)
 
 
 def fake_group(counter: int, *, version: int = 0, size: int = 4) -> RolloutGroup:
@@ -186,6 +211,23 @@ class ScriptedWorker:
         self.config = config
         self.peer = node.identity.peer_id_bytes
         self.p2p: P2P = node.call(replicate_p2p(node.dht))
+
+    def tickets(self, validator: LiveNode, version: int, count: int = 1) -> list[Ticket]:
+        """This worker's open tickets at `validator`, topped up to `count` with tickets of `version`, over
+        the ticket protocol."""
+
+        async def go() -> list[Ticket]:
+            await connect_member(self.p2p, validator)
+            return await request_tickets(
+                self.p2p,
+                validator.peer_id,
+                run_id=self.config.run_id,
+                count=count,
+                policy_version=version,
+                timeout_s=SUBMIT_TIMEOUT_S,
+            )
+
+        return self.node.call(go(), timeout_s=SUBMIT_TIMEOUT_S + 10)
 
     def seal(self, group: RolloutGroup) -> bytes:
         return seal_group(
@@ -247,6 +289,7 @@ class FakeJudge:
         self.rejected_hashes: set[bytes] = set()
         self.versions: list[int] = []
         self.steps: list[int] = []
+        self._next_counter: dict[bytes, int] = {}
         self._lock = threading.Lock()
 
     def judge_groups(
@@ -288,12 +331,24 @@ class FakeJudge:
                 completion_ids=list(r.completion_ids),
                 reward=(i % 2) * 1.0,
                 policy_version=group.policy_version,
-                group_id=group_id(worker, group.counter),
+                group_id=group_id(worker, group.counter, self.node.identity.peer_id_bytes),
                 rollout_hash=h,
                 worker=worker,
             )
             for i, (r, h) in enumerate(zip(rollouts, hashes, strict=True))
         ]
+
+    def issue_tickets(self, worker: bytes, count: int, version: int) -> list[Ticket]:
+        """Fresh tickets of `version` once added (a fake judge keeps no book: it judges anything)."""
+        with self._lock:
+            if version not in self.versions:
+                raise TicketsRefused(f"policy version {version} is not held (holding {self.versions})")
+            first = self._next_counter.get(worker, 0)
+            self._next_counter[worker] = first + count
+            return [
+                Ticket(counter=first + i, policy_version=version, nonce=bytes(TICKET_NONCE_BYTES))
+                for i in range(count)
+            ]
 
     def add_version(self, version: int, model: CausalLM) -> None:
         self.versions.append(version)

@@ -1,9 +1,10 @@
 """Inference workers of an RL run, honest or not, building `RolloutGroup`s for validator tests.
 
-A worker derives its assignment, builds the prompt with the task, generates one completion per
-assigned seed with `training.generation.generate` (stopping at the task's stop token) and
-serializes each as a `Rollout`. The
-`tamper` hooks let a test change what a dishonest worker generates or submits.
+A worker derives its assignment from a ticket (by default one whose nonce is `ZERO_NONCE`, what
+the validators of these tests issue), builds the prompt with the task, generates one completion
+per assigned seed with `training.generation.generate` (stopping at the task's stop token) and
+serializes each as a `Rollout`. The `tamper` hooks let a test change what a dishonest worker
+generates or submits.
 """
 
 from __future__ import annotations
@@ -16,9 +17,19 @@ import torch
 
 from protocol import rollouts_pb2
 from protocol.assignment import derive_assignment
+from protocol.limits import TICKET_NONCE_BYTES
 from training.generation import generate
 from training.model import TinyGPT
 from training.sampling import SamplingParams
+
+ZERO_NONCE = bytes(TICKET_NONCE_BYTES)
+"""The nonce of every ticket the validators of these tests issue (`zero_nonces`)."""
+
+
+def zero_nonces(size: int) -> bytes:
+    """A ticket book's nonce source for tests: predictable, so groups can be built before tickets."""
+    return bytes(size)
+
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -107,11 +118,12 @@ class RLWorker:
         choose: Callable[[int, torch.Tensor, int], int] | None = None,
         tamper: Tamper | None = None,
         task_name: str | None = None,
+        nonce: bytes = ZERO_NONCE,
     ) -> rollouts_pb2.RolloutGroup:
-        """The group for assignment `counter` of `as_worker` (default: this worker) on `version`."""
+        """The group of ticket (`counter`, `version`, `nonce`) of `as_worker` (default: this worker)."""
         sampling = sampling or self.sampling
         assignment = derive_assignment(
-            self.run_id, version, as_worker or self.worker, counter, self.group_size
+            self.run_id, version, as_worker or self.worker, counter, self.group_size, nonce=nonce
         )
         prompt = self.task.prompt(assignment.prompt_seed)
         rollouts = []

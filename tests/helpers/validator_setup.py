@@ -1,7 +1,10 @@
 """What the RL validator tests share: the run's constants, the validator's and workers' keys, a
-settable clock, tampering edits used by several tests, and readers of sealed verdicts."""
+settable clock, a validator that issues each group's ticket as it arrives, tampering edits used
+by several tests, and readers of sealed verdicts."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -10,7 +13,7 @@ from protocol.envelope import open_envelope
 from protocol.peer_keys import peer_id_from_private_key
 from protocol.rollout_messages import DOMAIN_VERDICT as VERDICT_DOMAIN
 from tests.helpers.rl_workers import Generated
-from verification.validator import Validator
+from verification.validator import Validator, VerifiedRollout
 from verification.verdict import RejectReason
 
 RUN = "rl-test-run"
@@ -41,6 +44,23 @@ def peer_key(seed: int) -> tuple[Ed25519PrivateKey, bytes]:
 VALIDATOR_KEY, VALIDATOR_ID = peer_key(1)
 _, ALICE = peer_key(2)
 _, BOB = peer_key(3)
+
+
+class AutoTicketValidator(Validator):
+    """A `Validator` that issues each submitted group's ticket (its counter, at the version the group
+    names) just before judging it, as if the worker had asked for it then: for the tests of every
+    check after the ticket's. A counter issued once is never issued again, so replays stay replays.
+    Ticket checks themselves are tested on `Validator` (`test_tickets.py`)."""
+
+    def judge_groups(
+        self, submissions: Sequence[tuple[bytes, rollouts_pb2.RolloutGroup]]
+    ) -> list[tuple[list[bytes], list[VerifiedRollout]]]:
+        for worker, group in submissions:
+            while not self.tickets.was_issued(worker, int(group.counter)):
+                held = len(self.tickets.open_tickets(worker))
+                if not self.tickets.issue(worker, held + 1, int(group.policy_version), NOW)[held:]:
+                    break  # every ticket the book keeps open is taken: the group goes in without one
+        return super().judge_groups(submissions)
 
 
 def open_verdicts(sealed: list[bytes]) -> list[rollouts_pb2.RolloutVerdict]:

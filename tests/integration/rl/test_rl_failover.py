@@ -1,7 +1,8 @@
 """Two validators in one run: the trainer's own and a standalone validator node it trusts.
 
-- A group submitted to both (each has its own assignment counters, so both accept it, and the
-  standalone one forwards it) is trained on once.
+- A group judged by one is refused by the other (tickets are a validator's own: replaying a group
+  at a second validator of the run earns nothing), and the one trainer it is forwarded to trains
+  on it once.
 - A worker submits only to those two, never to a third node that claims the validator role.
 - A real inference worker spreads its groups over both; when the standalone validator stops
   answering (its node still listed in membership), the worker fails over to the trainer's
@@ -68,20 +69,26 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoValidators]:
         nodes.close()
 
 
-def test_a_group_accepted_by_both_validators_is_trained_on_once(run: TwoValidators) -> None:
+def test_a_group_judged_by_one_validator_is_refused_by_the_other_and_trained_on_once(
+    run: TwoValidators,
+) -> None:
     scripted = ScriptedWorker(run.nodes.add("scripted", [Role.INFERENCE]), run.config)
     try:
         assert wait_until(lambda: 0 in run.standalone.validator.held_versions, 60.0, interval_s=0.5)
-        group = honest_group(run.policy_v0, run.config, scripted.peer, 0, 0)
-        sealed = scripted.seal(group)
         own = scripted.validator(run.trainer.node.identity.peer_id_bytes)
         other = scripted.validator(run.standalone.node.identity.peer_id_bytes)
+        ticket = scripted.tickets(other, version=0)[0]
+        assert ticket.policy_version == 0
+        group = honest_group(run.policy_v0, run.config, scripted.peer, ticket)
+        sealed = scripted.seal(group)
 
-        assert all(v.accepted for v in scripted.submit(own, sealed))
         assert all(v.accepted for v in scripted.submit(other, sealed))
         assert wait_until(
             lambda: run.trainer.forwards is not None and run.trainer.forwards.forwards_accepted >= 1, 30.0
         )
+        assert_steps_settle_at(run.trainer, 1)
+        # the same group replayed at the trainer's own validator: no ticket of its own, nothing judged
+        assert {v.reason for v in scripted.submit(own, sealed)} == {"no_ticket"}
         assert_steps_settle_at(run.trainer, 1)
         assert run.trainer.trained_from[scripted.peer] == 4
         assert {rollout_hash(r) for r in group.rollouts} <= run.trainer.trained_hashes
@@ -118,14 +125,18 @@ def test_a_worker_fails_over_when_a_validator_stops_answering(run: TwoValidators
         judged_by = lambda: {r.validator for r in worker.reports if not r.error}  # noqa: E731
         assert wait_until(lambda: judged_by() >= {own, standalone}, 120.0, interval_s=0.5), judged_by()
 
-        run.standalone.node.call(run.standalone.intake.stop())  # the validator dies; its record stays
+        # the validator dies (it neither issues tickets nor judges); its record stays
+        run.standalone.node.call(run.standalone.intake.stop())
+        run.standalone.node.call(run.standalone.tickets.stop())
         killed_at = len(worker.reports)
         steps_at = len(run.trainer.reports)
         assert wait_until(lambda: len(worker.reports) >= killed_at + 4, 120.0, interval_s=0.5)
         assert wait_until(lambda: len(run.trainer.reports) >= steps_at + 2, 60.0, interval_s=0.5)
 
-        # every group after the one in flight was judged by the trainer's own validator, none lost
-        after = worker.reports[killed_at + 1 :]
+        # the groups of the dead validator's tickets in hand when it died are lost (its tickets are
+        # good there only); every later one was judged by the trainer's own validator
+        in_hand = run.config.groups_per_submission
+        after = worker.reports[killed_at + in_hand :]
         assert after and all(r.validator == own and not r.error for r in after), [r.describe() for r in after]
         assert not {reason for r in worker.reports for reason in r.rejected} - {"stale"}
         assert run.trainer.alive

@@ -1,5 +1,6 @@
-"""How an inference worker submits: several groups at once, judged in one batch, and a group a
-validator could not judge yet (it does not hold the version) is submitted again, not lost.
+"""How an inference worker submits: several groups at once, judged in one batch, tickets of the
+newest version both sides hold, and a group a validator could not judge yet (it does not hold the
+version) is submitted again, not lost.
 
 A real worker node and a real trainer node whose judge is a `FakeJudge` (the validator's logic is
 tested on its own), so each test decides what the judge answers.
@@ -86,27 +87,20 @@ def test_groups_submitted_at_once_are_judged_in_one_batch(
         trainer.stop()
 
 
-def test_a_newer_version_sends_the_groups_of_the_older_one_right_away(
-    nodes: LoopbackNodes, monkeypatch: pytest.MonkeyPatch
+def test_a_worker_asks_for_tickets_of_the_newest_version_the_validator_holds_too(
+    nodes: LoopbackNodes,
 ) -> None:
-    monkeypatch.setattr(rl_trainer, "JUDGE_LINGER_S", 5.0)
-    config = _config(nodes, groups_per_submission=3)
-    trainer, _, worker = _run(nodes, config, lambda worker, group: True)
-    generate = worker._generate
-
-    def then_a_new_version(counter: int, version: int, model: TinyGPT) -> object:
-        generated = generate(counter, version, model)
-        if counter == 0:  # version 1 arrives while the first group is in hand
-            worker.window.add(1, model)
-        return generated
-
-    monkeypatch.setattr(worker, "_generate", then_a_new_version)
+    config = _config(nodes, groups_per_submission=2)
+    trainer, fake, worker = _run(nodes, config, lambda worker, group: True)
     try:
+        assert wait_until(lambda: fake.versions == [0], 60.0, interval_s=0.2)
+        worker.window.add(1, TinyGPT(TINY).eval())  # the worker holds a version the validator does not yet
         worker.start()
-        assert wait_until(lambda: len(worker.reports) >= 4, 120.0, interval_s=0.2), worker.reports
-        assert [(r.counter, r.version) for r in worker.reports[:4]] == [(0, 0), (1, 1), (2, 1), (3, 1)]
-        assert all(r.accepted == 4 for r in worker.reports[:4])
-        assert trainer.judging.batches[:2] == [1, 3]
+        assert wait_until(lambda: len(worker.reports) >= 2, 120.0, interval_s=0.2), worker.reports
+        assert [(r.counter, r.version) for r in worker.reports[:2]] == [(0, 0), (1, 0)]
+        fake.versions.append(1)  # now it does: the next tickets are of version 1
+        assert wait_until(lambda: any(r.version == 1 for r in worker.reports), 120.0, interval_s=0.2)
+        assert all(r.accepted == 4 for r in worker.reports)
     finally:
         worker.stop()
         trainer.stop()

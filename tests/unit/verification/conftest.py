@@ -1,5 +1,6 @@
 """Fixtures of the RL validator tests: the task, policy weights per version, two workers, honest
-groups generated once per session (read-only, handed out as copies), a clock and a validator factory."""
+groups generated once per session (read-only, handed out as copies), a clock and a validator
+factory (its tickets' nonces are zeros, so that groups can be generated ahead of them)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,19 @@ import pytest
 import torch
 
 from protocol import rollouts_pb2
-from tests.helpers.rl_workers import FakeTask, RLWorker
-from tests.helpers.validator_setup import ALICE, ASYNC, BOB, GROUP, RUN, VALIDATOR_KEY, FakeClock
+from tests.helpers.rl_workers import FakeTask, RLWorker, zero_nonces
+from tests.helpers.validator_setup import (
+    ALICE,
+    ASYNC,
+    BOB,
+    GROUP,
+    RUN,
+    VALIDATOR_KEY,
+    AutoTicketValidator,
+    FakeClock,
+)
 from training.model import ModelConfig, TinyGPT
+from verification.tickets import TicketBook
 from verification.validator import Validator
 
 
@@ -63,9 +74,13 @@ def make_validator(
     task: FakeTask, policies: dict[int, TinyGPT], clock: FakeClock
 ) -> Callable[..., Validator]:
     def make(versions: tuple[int, ...] = (0,), **kwargs: object) -> Validator:
+        """A validator holding `versions` that issues each group's ticket as it arrives
+        (`AutoTicketValidator`; `tickets_on_request=True`: a plain `Validator`, tickets only on request)."""
         kwargs.setdefault("task", task)
         kwargs.setdefault("private_key", VALIDATOR_KEY)
-        v = Validator(
+        kwargs.setdefault("tickets", TicketBook(run_id=RUN, nonces=zero_nonces))
+        kind = Validator if kwargs.pop("tickets_on_request", False) else AutoTicketValidator
+        v = kind(
             run_id=RUN,
             group_size=GROUP,
             async_level=ASYNC,

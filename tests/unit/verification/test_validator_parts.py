@@ -1,4 +1,4 @@
-"""The validator's bookkeeping on its own: assignment counters, the policy-version window, receipts,
+"""The validator's bookkeeping on its own: verdict accounts, the policy-version window, receipts,
 and the strict conversion of wire rollouts into claims."""
 
 from __future__ import annotations
@@ -10,70 +10,31 @@ from training.model import ModelConfig, TinyGPT
 from training.sampling import SamplingParams
 from verification.rollout_checks import completion_length_problem, parse_item
 from verification.rollout_wire import WireRejection, claim_from_rollout
+from verification.tickets import TicketCounts
 from verification.verifier_window import VerifierWindow, VersionStatus
-from verification.worker_accounts import CounterLog, WorkerAccounts
+from verification.worker_accounts import WorkerAccounts
 
-# --- counters and abandoned assignments ---
-
-
-def test_counters_used_in_order_abandon_nothing() -> None:
-    log = CounterLog(late_window=4)
-    for c in range(20):
-        assert log.status(c) == "open"
-        log.use(c)
-        assert log.status(c) == "used"
-    assert log.abandoned == 0 and log.judged == 20
-    assert len(log._used) <= 4  # compacted
+# --- verdict accounts ---
 
 
-def test_skipped_counters_are_abandoned_and_a_late_one_is_still_open() -> None:
-    log = CounterLog(late_window=100)
-    for c in (0, 1, 4, 6):
-        log.use(c)
-    assert log.abandoned == 3  # 2, 3, 5
-    assert log.status(3) == "open"
-    log.use(3)
-    assert log.abandoned == 2
-    with pytest.raises(ValueError):
-        log.use(3)
-
-
-def test_counters_far_behind_are_written_off_for_good() -> None:
-    log = CounterLog(late_window=4)
-    log.use(0)
-    log.use(10)
-    assert log.abandoned == 9
-    assert log.status(2) == "settled"  # more than 4 behind the highest: written off
-    assert log.status(8) == "open"
-    log.use(8)
-    assert log.abandoned == 8
-    assert log.status(0) == "settled"  # judged long ago, no longer told apart from written off
-    assert log.status(11) == "open"
-
-
-def test_a_huge_counter_keeps_memory_bounded() -> None:
-    log = CounterLog(late_window=8)
-    log.use(0)
-    log.use(2**63)
-    assert log.abandoned == 2**63 - 1
-    assert len(log._used) == 1
-    assert log.status(5) == "settled" and log.status(2**63) == "used"
-
-
-def test_accounts_count_verdicts_per_worker() -> None:
+def test_accounts_count_verdicts_per_worker_and_join_ticket_counts() -> None:
     accounts = WorkerAccounts()
-    accounts.use_counter(b"w1", 0)
     accounts.record(b"w1", True, "", 40)
     accounts.record(b"w1", False, "stale", 0)
     accounts.record(b"w2", False, "sampling", 40)
     accounts.record_ban(b"w2", 123.0)
-    stats = accounts.snapshot({b"w2": 1}, banned={b"w2"})
+    tickets = {b"w1": TicketCounts(judged=2, abandoned=1, open=0), b"w3": TicketCounts(0, 4, 2)}
+    stats = accounts.snapshot({b"w2": 1}, banned={b"w2"}, tickets=tickets)
     assert stats.workers[b"w1"].accepted == 1 and stats.workers[b"w1"].tokens_accepted == 40
     assert stats.workers[b"w1"].rejected == {"stale": 1} and stats.workers[b"w1"].banned_until is None
+    assert (stats.workers[b"w1"].groups, stats.workers[b"w1"].abandoned) == (2, 1)
+    assert (
+        stats.workers[b"w3"].abandoned == 4 and stats.workers[b"w3"].accepted == 0
+    )  # tickets, no verdict yet
     assert stats.workers[b"w2"].banned_until == 123.0 and stats.workers[b"w2"].strikes == 1
     assert stats.rejected == {"stale": 1, "sampling": 1} and stats.banned_workers == 1
-    assert accounts.snapshot({}, banned=set()).workers[b"w2"].banned_until is None
-    assert accounts.counter_status(b"new", 7) == "open"
+    assert stats.abandoned == 5 and stats.groups == 2
+    assert accounts.snapshot({}, banned=set(), tickets={}).workers[b"w2"].banned_until is None
 
 
 # --- policy-version window ---
