@@ -55,7 +55,7 @@ from verification.rollout_checks import (
     check_groups,
     parse_item,
 )
-from verification.tickets import Ticket, TicketBook
+from verification.tickets import ABANDONED, Ticket, TicketBook, ticket_evidence
 from verification.verdict import RolloutVerifier
 from verification.verifier_window import VerifierWindow, VersionStatus, VersionVerdict
 from verification.worker_accounts import ValidatorStats, WorkerAccounts, WorkerStats
@@ -179,14 +179,52 @@ class Validator:
         def usable(version: int) -> bool:
             return self._window.classify(version).status is not VersionStatus.STALE
 
-        for worker, count in self.tickets.expire(usable, self._clock()).items():
+        abandoned = self.tickets.expire(usable, self._clock())
+        verdicts: list[bytes] = []
+        for worker in dict.fromkeys(t.worker for t in abandoned):
+            tickets = [t for t in abandoned if t.worker == worker]
             counts = self.tickets.counts_of(worker)
+            ban_s = 0.0
             if counts.abandoned > abandon_allowance(counts.judged):
-                duration = self.bans.ban(
+                ban_s = self.bans.ban(
                     worker,
-                    f"abandoned {counts.abandoned} tickets (this time {count}), {counts.judged} judged",
+                    f"abandoned {counts.abandoned} tickets (this time {len(tickets)}), {counts.judged} judged",
                 )
-                self._accounts.record_ban(worker, self._clock() + duration)
+                self._accounts.record_ban(worker, self._clock() + ban_s)
+            verdicts += self._seal_abandoned(tickets, ban_s)
+        if verdicts and self.on_verdicts is not None:
+            self.on_verdicts(verdicts)
+
+    def _seal_abandoned(self, tickets: list[Ticket], ban_s: float) -> list[bytes]:
+        """One signed `abandoned` verdict per ticket (the last one carries the ban it caused, if any), so
+        that abandoned assignments are on record in every ledger, as rejections are."""
+        now = self._clock()
+        sealed = []
+        for i, ticket in enumerate(tickets):
+            self._seq += 1
+            last = i == len(tickets) - 1
+            sealed.append(
+                seal_verdict(
+                    self._signer,
+                    run_id=self.run_id,
+                    verdict=rollouts_pb2.RolloutVerdict(
+                        worker=ticket.worker,
+                        rollout_hash=ticket_evidence(self._signer.peer_id, ticket),
+                        policy_version=ticket.policy_version,
+                        counter=ticket.counter,
+                        index=0,
+                        tokens=0,
+                        accepted=False,
+                        reason=ABANDONED,
+                        detail=f"ticket {ticket.counter} of policy version {ticket.policy_version} expired unused",
+                        reward=0.0,
+                        issued_at=now,
+                        banned_until=now + min(ban_s, MAX_VERDICT_BAN_S) if last and ban_s > 0 else 0.0,
+                    ),
+                    seq=self._seq,
+                )
+            )
+        return sealed
 
     @property
     def held_versions(self) -> list[int]:

@@ -10,7 +10,8 @@ import pytest
 
 from node.rollouts.client import Receipt
 from protocol import rollouts_pb2 as rpb
-from training.rl_worker import InferenceWorker, _refusal
+from training.rl_worker import InferenceWorker
+from training.worker_groups import refusal_summary as _refusal
 
 
 def _receipts(*reasons: str) -> list[Receipt]:

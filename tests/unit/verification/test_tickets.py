@@ -168,7 +168,7 @@ def test_the_book_forgets_idle_never_judged_workers_first_when_full() -> None:
     book.judged(workers[0], 0)  # has history: kept
     for worker in workers[1:4]:
         book.issue(worker, 1, 0, 0.0)
-    assert book.expire(lambda version: False, 0.0) == {} and len(book.expire(lambda v: False, 1e9)) == 3
+    assert book.expire(lambda version: False, 0.0) == [] and len(book.expire(lambda v: False, 1e9)) == 3
     assert book.issue(workers[4], 1, 0, 0.0)  # full: the idle sybils make room
     counts = book.counts()
     assert workers[0] in counts and workers[4] in counts and len(counts) <= 4
