@@ -126,6 +126,19 @@ class WeightBroadcast:
     def service(self) -> BroadcastService:
         return self._live.service
 
+    def chunk_stored(self, entry: VersionEntry, index: int) -> None:
+        """A fetch stored a verified chunk of `entry`: serve it. A chunk whose write completes after the
+        broadcast stopped is on disk and nothing more (there is nobody left to serve it to)."""
+        running = self._running
+        if running is not None:
+            running.service.chunk_added(entry, index)
+
+    def chunk_wanted(self, entry: VersionEntry, index: int) -> None:
+        """A fetch requested chunk `index` of `entry` (for the service's bookkeeping), while running."""
+        running = self._running
+        if running is not None:
+            running.service.chunk_requested(entry, index)
+
     @property
     def records(self) -> BroadcastRecords:
         return self._live.records
@@ -377,8 +390,8 @@ class WeightBroadcast:
                     publisher=PeerID(pointer.publisher),
                     find_holders=find_holders,
                     dial=self.dialer.dial,
-                    on_chunk=lambda index: self.service.chunk_added(entry, index),
-                    on_request=lambda index: self.service.chunk_requested(entry, index),
+                    on_chunk=lambda index: self.chunk_stored(entry, index),
+                    on_request=lambda index: self.chunk_wanted(entry, index),
                     progress=progress,
                     owner=self.owner,
                     metrics=self.metrics,
