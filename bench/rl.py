@@ -16,7 +16,9 @@ pretrained policy:
    `grinder_reward_advantage` is the mean reward of its accepted rollouts over what the same
    tickets would have earned honestly, minus 1 (target |x| <= 0.02), with its abandoned tickets
    and bans;
-6. two credited workers signing verdicts and training receipts for each other and a sybil
+6. one judged group submitted again to a second validator, re-encoded, and after a restart
+   (`bench/_rl_replay.py`): `replayed_groups_credited`, target 0;
+7. two credited workers signing verdicts and training receipts for each other and a sybil
    (`bench/_rl_collusion.py`): `sybil_credit` and `collusion_gain`, both targets 0.
 
 Both runs' final policies are scored on the same held-out prompts and sampling seeds, so
@@ -63,6 +65,7 @@ import torch  # noqa: E402
 
 from bench._model_choice import add_model_option, chosen_model  # noqa: E402
 from bench._rl_collusion import run_collusion  # noqa: E402
+from bench._rl_replay import run_replay  # noqa: E402
 from protocol.assignment import derive_assignment  # noqa: E402
 from training.causal_lm import CausalLM  # noqa: E402
 from training.generation import generate  # noqa: E402
@@ -253,6 +256,7 @@ def main() -> None:
         "reward_sync": f"{r_sync:.3f}",
         "reward_swarm": f"{r_swarm:.3f}",
         **grind,
+        **run_replay(),
         **run_collusion(),
     }
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
