@@ -265,6 +265,7 @@ def _credit_json(report: CreditReport) -> dict[str, Any]:
                 "recent": item.recent,
                 "untrusted": item.untrusted,
                 "receipts": item.receipts,
+                "rejected": dict(item.rejected),
                 "roles": {role: credit.to_json() for role, credit in item.roles.items()},
             }
             for item in report.leaderboard()
@@ -305,14 +306,17 @@ def _print_audit(report: AuditReport, top: int) -> None:
 def _print_credit(console: Any, report: CreditReport, top: int, *, title: str) -> None:
     from rich.table import Table
 
+    from protocol import rollout_messages
+
     table = Table(title=title)
     table.add_column("contributor")
     for role in _ROLES:
         table.add_column(role, justify="right")
-    for column in ("total", "recent/day", "untrusted", "receipts"):
+    for column in ("total", "recent/day", "untrusted", "receipts", "rejected", "abandoned"):
         table.add_column(column, justify="right")
     board = report.leaderboard()
     for item in board[:top]:
+        abandoned = item.rejected.get(rollout_messages.ABANDONED, 0)
         table.add_row(
             _base58(item.contributor),
             *(f"{item.roles[role].total:,.0f}" for role in _ROLES),
@@ -320,6 +324,8 @@ def _print_credit(console: Any, report: CreditReport, top: int, *, title: str) -
             f"{item.recent:,.1f}",
             f"{item.untrusted:,.0f}" if item.untrusted else "",
             str(item.receipts),
+            str(sum(item.rejected.values()) - abandoned or ""),
+            str(abandoned or ""),
         )
     console.print(table)
     if len(board) > top:

@@ -53,6 +53,7 @@ from protocol.toploc import CHUNK_TOKENS, num_chunks
 from protocol.untrusted import capped_bytes, parse_untrusted
 
 __all__ = [
+    "ABANDONED",
     "BANNED",
     "DOMAIN_FORWARD",
     "DOMAIN_GROUP",
@@ -95,6 +96,10 @@ another --group-size than the run's)."""
 
 STALE = "stale"
 """The verdict reason of a rollout whose policy version is older than the validator accepts."""
+
+ABANDONED = "abandoned"
+"""The verdict reason of a ticket the worker let expire unused (its verdict names the ticket, not a
+rollout: `verification.tickets.ticket_evidence`)."""
 
 _MAX_ROLLOUT_BYTES = (
     (MAX_ROLLOUT_PROMPT_TOKENS + MAX_ROLLOUT_COMPLETION_TOKENS) * 6

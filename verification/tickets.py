@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from protocol.limits import MAX_OPEN_TICKETS, TICKET_NONCE_BYTES
+from protocol.rollout_messages import ABANDONED
 
 __all__ = ["ABANDONED", "DEFAULT_GRACE_S", "Ticket", "TicketBook", "TicketCounts", "ticket_evidence"]
 
-ABANDONED = "abandoned"
-"""The reason of the verdict a validator signs for a ticket that expired unused."""
 
 DEFAULT_GRACE_S = 120.0
 """How long a ticket whose version became too old to judge stays open: a slow honest worker still

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -117,6 +117,9 @@ class ContributorCredit:
 
     contributor: bytes
     roles: dict[str, RoleCredit] = field(default_factory=lambda: {role: RoleCredit() for role in ROLES})
+    rejected: Counter[str] = field(default_factory=Counter)
+    """Rollout verdicts against it, by reason (`abandoned`: tickets it let expire), from the run's
+    validators only."""
 
     @property
     def total(self) -> float:
@@ -226,6 +229,8 @@ def compute_credit(
         credit.roles[item.role].receipts += 1
         if item.points <= 0:
             report.standing[item.receipt_id] = Standing.REJECTED
+            if receipt.kind is ReceiptKind.ROLLOUT and signers.trusts(receipt.kind, receipt.signer):
+                credit.rejected[receipt.reason] += 1  # only the run's validators' word counts against it
         elif signers.trusts(item.kind, item.signer):
             by_trusted.append(item)
         else:

@@ -131,3 +131,28 @@ def test_signers_by_role_a_validator_named_as_trainer_earns_its_workers_nothing(
     assert friend["total"] == 0 and friend["untrusted"] == 10**6
     code, output = _invoke("ledger", "credit", "--db", db, "--validator", "bob")
     assert code == 2 and "--validator" in output and "not an Ed25519 PeerID" in output
+
+
+def test_the_credit_table_shows_abandoned_tickets_beside_other_rejections(tmp_path: Path) -> None:
+    validator_key, validator = new_peer()
+    _, worker = new_peer()
+    with Ledger(tmp_path / "a.db", RUN) as ledger:
+        ledger.add_many(
+            [
+                make.verdict(validator_key, worker, tokens=40),
+                *(
+                    make.verdict(validator_key, worker, tokens=0, accepted=False, reason="abandoned")
+                    for _ in range(3)
+                ),
+                make.verdict(validator_key, worker, tokens=5, accepted=False, reason="stale"),
+            ]
+        )
+    db = str(tmp_path / "a.db")
+    code, output = _invoke("ledger", "credit", "--db", db, "--validator", _b58(validator), "--json")
+    row = json.loads(output)["contributors"][0]
+    assert code == 0 and row["rejected"] == {"abandoned": 3, "stale": 1}
+    code, output = _invoke("ledger", "credit", "--db", db, "--validator", _b58(validator))
+    assert code == 0 and "abandoned" in output
+    line = next(line for line in output.splitlines() if _b58(worker)[:12] in line)
+    cells = [cell.strip() for cell in line.strip().strip("│|").split("│")]
+    assert cells[-2:] == ["1", "3"], line  # rejected for other reasons, abandoned

@@ -193,3 +193,17 @@ def test_a_flat_trusted_set_trusts_every_kind() -> None:
     receipts = _open(make.verdict(key, peer, tokens=5), make.training(key, peer, tokens=7))
     assert RunSigners.of([signer]) == RunSigners.for_every_kind([signer])
     assert compute_credit(receipts, trusted=[signer], now=NOW).contributors[peer].total == 12
+
+
+def test_rejections_count_against_a_worker_only_from_the_runs_validators() -> None:
+    validator_key, validator = new_peer()
+    sybil_key, _ = new_peer()
+    _, worker = new_peer()
+    receipts = _open(
+        make.verdict(validator_key, worker, tokens=0, accepted=False, reason="abandoned"),
+        make.verdict(validator_key, worker, tokens=9, accepted=False, reason="stale"),
+        # anyone can sign a verdict: a stranger's word that the worker abandoned work is not on record
+        *(make.verdict(sybil_key, worker, tokens=0, accepted=False, reason="abandoned") for _ in range(5)),
+    )
+    report = compute_credit(receipts, trusted=RunSigners(validators=frozenset({validator})), now=NOW)
+    assert report.contributors[worker].rejected == {"abandoned": 1, "stale": 1}
