@@ -55,11 +55,12 @@ class AutoTicketValidator(Validator):
     def judge_groups(
         self, submissions: Sequence[tuple[bytes, rollouts_pb2.RolloutGroup]]
     ) -> list[tuple[list[bytes], list[VerifiedRollout]]]:
-        for worker, group in submissions:
-            while not self.tickets.was_issued(worker, int(group.counter)):
-                held = len(self.tickets.open_tickets(worker))
-                if not self.tickets.issue(worker, held + 1, int(group.policy_version), NOW)[held:]:
-                    break  # every ticket the book keeps open is taken: the group goes in without one
+        with self._lock:  # the book is the validator's, used under its lock (groups may come from threads)
+            for worker, group in submissions:
+                while not self.tickets.was_issued(worker, int(group.counter)):
+                    held = len(self.tickets.open_tickets(worker))
+                    if not self.tickets.issue(worker, held + 1, int(group.policy_version), NOW)[held:]:
+                        break  # every ticket the book keeps open is taken: the group goes in without one
         return super().judge_groups(submissions)
 
 
