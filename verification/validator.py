@@ -151,17 +151,22 @@ class Validator:
     # --- tickets ---
 
     def issue_tickets(self, worker: bytes, count: int, version: int) -> list[Ticket]:
-        """`worker`'s open tickets here, topped up to `count` with tickets of policy `version`.
+        """`worker`'s open tickets here if it holds any, else `count` new tickets of policy `version`.
 
         The worker names the version (the newest it holds) before it learns the tickets' nonces, so
-        before any outcome. Raises TicketsRefused (its reason for the worker) when the worker is
-        banned, when `version` is not held here or is too old to judge, or when every ticket this
-        validator keeps open is taken.
+        before any outcome. It gets no new ticket while it holds one: every ticket is submitted (or
+        abandoned, which takes its version going stale and then `grace_s`) before the next ones,
+        so a worker cannot drop the tickets that came out badly and carry on. Raises
+        TicketsRefused (its reason for the worker) when the worker is banned, when `version` is not
+        held here or is too old to judge, or when every ticket this validator keeps open is taken.
         """
         with self._lock:
             self._expire_tickets()
             if self.bans.is_banned(worker):
                 raise TicketsRefused("this worker is banned here for a while")
+            held = self.tickets.open_tickets(worker)
+            if held:
+                return held
             standing = self._window.classify(version)
             if standing.status is not VersionStatus.HELD:
                 raise TicketsRefused(f"no tickets: {standing.detail}")

@@ -64,16 +64,20 @@ def test_a_judged_counter_cannot_be_re_rolled_on_another_version(make_validator,
     assert validator.stats().workers[ALICE].groups == 1
 
 
-def test_asking_again_returns_the_same_open_tickets_up_to_the_cap(make_validator) -> None:
+def test_asking_again_returns_the_open_tickets_and_no_new_one_until_they_are_submitted(
+    make_validator, honest
+) -> None:
     validator = _plain(make_validator)
     first = validator.issue_tickets(ALICE, 2, 0)
     assert [t.counter for t in first] == [0, 1]
     assert validator.issue_tickets(ALICE, 2, 0) == first  # a lost answer or a restart costs nothing
-    assert validator.issue_tickets(ALICE, 1, 0) == first  # and asking for fewer does not drop any
-    topped_up = validator.issue_tickets(ALICE, 64, 0)
-    assert topped_up[:2] == first and [t.counter for t in topped_up] == list(
-        range(validator.tickets.max_open)
-    )
+    assert validator.issue_tickets(ALICE, 8, 0) == first  # and no new one while these are open
+    validator.judge_group(ALICE, honest(0, 0))
+    # the worker dropped ticket 1 (it scored badly): it gets it back, and only it, until it submits it
+    assert validator.issue_tickets(ALICE, 8, 0) == first[1:]
+    validator.judge_group(ALICE, honest(0, 1))
+    fresh = validator.issue_tickets(ALICE, 64, 0)
+    assert [t.counter for t in fresh] == list(range(2, 2 + validator.tickets.max_open))
 
 
 def test_nonces_are_fresh_so_a_group_for_one_validator_is_refused_by_another(
