@@ -11,7 +11,8 @@
   published version is its staleness reference), issues tickets and judges the groups workers
   submit for them, and forwards each accepted group to one of the run's trainers (the next if
   that one fails, so that it is trained on once), which re-checks every signature and accepts
-  forwards only from validators it trusts.
+  forwards only from validators it trusts. A worker hears "accepted" once the group is queued
+  durably (`node.rollouts.forward_queue`): a busy or restarting trainer loses nothing.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from node.broadcast.store import VersionEntry
 from node.metrics import NodeMetrics
 from node.node import HivenetNode
 from node.rollouts.batcher import CallBatcher
+from node.rollouts.errors import GroupRefused
 from node.rollouts.forward import forward_group
+from node.rollouts.forward_queue import ForwardQueue
 from node.rollouts.intake import RolloutIntake
 from node.rollouts.peers import connect_member
 from node.rollouts.tickets import TicketIntake
@@ -206,6 +209,15 @@ class StandaloneValidator:
             )
         )
         self._forward_seq = itertools.count(time.time_ns())
+        self.forwards = node.add_service(
+            ForwardQueue(
+                node.config.weights_dir / f"{config.run_id}.forwards.db",
+                send=self._forward,
+                owner=node.short_id,
+            )
+        )
+        """Accepted groups not yet taken by a trainer (durable: a worker is told "accepted" once its
+        group is here)."""
 
     def start(self) -> StandaloneValidator:
         self.node.call(self._follow())
@@ -227,25 +239,26 @@ class StandaloneValidator:
         return await offload(issue_tickets, self.validator, worker, count, version)
 
     async def _handle_group(self, worker: bytes, envelope: Envelope, group: RolloutGroup) -> list[bytes]:
+        if self.forwards.full():  # before judging: the ticket stays open, the worker submits it again
+            raise GroupRefused(
+                "busy: no trainer has taken this validator's accepted groups lately; submit later"
+            )
         started = time.monotonic()
         verdicts, accepted = await self.judging.submit((worker, group))
         count_verdicts(self.node.metrics, verdicts, time.monotonic() - started)
-        if accepted:
-            await self._forward(envelope, verdicts)
+        if accepted:  # queued durably before the worker hears "accepted"
+            await offload(self.forwards.put, envelope.sealed, verdicts, envelope.expires_at)
         return verdicts
 
-    async def _forward(self, envelope: Envelope, verdicts: list[bytes]) -> None:
+    async def _forward(self, sealed_group: bytes, verdicts: list[bytes]) -> bool:
         """Hand the group and its receipts to one of the run's trainers, so that it is trained on once:
-        the first in an order drawn from the group (every group has its own), the next if it fails."""
+        the first in an order drawn from the group (every group has its own), the next if it fails;
+        whether one took it."""
         publishers = set(self.config.authorized_publishers)
         trainers = [
             t for t in await offload(self.node.discover, Role.TRAINER) if t.peer_id.to_base58() in publishers
         ]
-        trainers.sort(key=lambda t: hashlib.sha256(envelope.sealed[-64:] + t.peer_id.to_bytes()).digest())
-        if not trainers:
-            logger.warning(
-                "[%s] no trainer of the run is live: an accepted group is not trained on", self.node.short_id
-            )
+        trainers.sort(key=lambda t: hashlib.sha256(sealed_group[-64:] + t.peer_id.to_bytes()).digest())
         for trainer in trainers:
             try:
                 await connect_member(self.broadcast.p2p, trainer)
@@ -254,7 +267,7 @@ class StandaloneValidator:
                     trainer.peer_id,
                     private_key=self.node.identity.private_key,
                     run_id=self.config.run_id,
-                    sealed_group=envelope.sealed,
+                    sealed_group=sealed_group,
                     sealed_verdicts=verdicts,
                     timeout_s=FORWARD_TIMEOUT_S,
                     seq=next(self._forward_seq),
@@ -264,4 +277,5 @@ class StandaloneValidator:
                     "[%s] could not forward to trainer %s: %s", self.node.short_id, trainer.short_id, exc
                 )
             else:
-                return
+                return True
+        return False
