@@ -27,6 +27,7 @@ from tests.helpers.rl_loop import (
     ScriptedWorker,
     assert_steps_settle_at,
     honest_group,
+    policy_at,
     tiny_run,
 )
 from training.model import TinyGPT
@@ -91,6 +92,35 @@ def test_a_group_judged_by_one_validator_is_refused_by_the_other_and_trained_on_
         assert {v.reason for v in scripted.submit(own, sealed)} == {"no_ticket"}
         assert_steps_settle_at(run.trainer, 1)
         assert run.trainer.trained_from[scripted.peer] == 4
+        assert {rollout_hash(r) for r in group.rollouts} <= run.trainer.trained_hashes
+    finally:
+        scripted.close()
+
+
+def test_a_group_accepted_while_the_trainer_refuses_forwards_is_trained_on_once_it_takes_them(
+    run: TwoValidators,
+) -> None:
+    scripted = ScriptedWorker(run.nodes.add("scripted-q", [Role.INFERENCE]), run.config)
+    forwards = run.trainer.forwards
+    assert forwards is not None
+    try:
+        assert wait_until(lambda: 0 in run.standalone.validator.held_versions, 60.0, interval_s=0.5)
+        other = scripted.validator(run.standalone.node.identity.peer_id_bytes)
+        version = max(run.standalone.validator.held_versions)
+        ticket = scripted.tickets(other, version=version)[0]
+        policy = policy_at(run.trainer, version)
+        group = honest_group(policy, run.config, scripted.peer, ticket)
+        run.trainer.node.call(forwards.stop())  # the trainer takes no forward for now
+        queue = run.standalone.forwards
+        retries = queue.retries
+
+        assert all(v.accepted for v in scripted.submit(other, scripted.seal(group)))  # queued durably
+        assert wait_until(lambda: queue.retries > retries, 60.0), "the forward was never tried"
+        assert len(queue) == 1 and scripted.peer not in run.trainer.trained_from
+
+        run.trainer.node.call(forwards.start())  # it takes forwards again: the queue's next try lands
+        assert wait_until(lambda: len(queue) == 0, 120.0), "the queued group never reached the trainer"
+        assert wait_until(lambda: run.trainer.trained_from.get(scripted.peer, 0) == 4, 60.0)
         assert {rollout_hash(r) for r in group.rollouts} <= run.trainer.trained_hashes
     finally:
         scripted.close()
