@@ -39,9 +39,7 @@ from node.bans import BanList
 from node.rollouts.errors import TicketsRefused
 from protocol import rollouts_pb2
 from protocol.assignment import derive_assignment
-from protocol.limits import MAX_VERDICT_BAN_S
 from protocol.peer_keys import Signer
-from protocol.rollout_messages import seal_verdict
 from protocol.verification_policy import RunVerification
 from training.causal_lm import CausalLM
 from training.sampling import SamplingParams
@@ -55,8 +53,9 @@ from verification.rollout_checks import (
     check_groups,
     parse_item,
 )
-from verification.tickets import ABANDONED, Ticket, TicketBook, ticket_evidence
+from verification.tickets import Ticket, TicketBook
 from verification.verdict import RolloutVerifier
+from verification.verdict_sealing import seal_abandoned_verdicts, seal_group_verdicts
 from verification.verifier_window import VerifierWindow, VersionStatus, VersionVerdict
 from verification.worker_accounts import ValidatorStats, WorkerAccounts, WorkerStats
 
@@ -201,35 +200,17 @@ class Validator:
             self.on_verdicts(verdicts)
 
     def _seal_abandoned(self, tickets: list[Ticket], ban_s: float) -> list[bytes]:
-        """One signed `abandoned` verdict per ticket (the last one carries the ban it caused, if any), so
-        that abandoned assignments are on record in every ledger, as rejections are."""
-        now = self._clock()
-        sealed = []
-        for i, ticket in enumerate(tickets):
-            self._seq += 1
-            last = i == len(tickets) - 1
-            sealed.append(
-                seal_verdict(
-                    self._signer,
-                    run_id=self.run_id,
-                    verdict=rollouts_pb2.RolloutVerdict(
-                        worker=ticket.worker,
-                        rollout_hash=ticket_evidence(self._signer.peer_id, ticket),
-                        policy_version=ticket.policy_version,
-                        counter=ticket.counter,
-                        index=0,
-                        tokens=0,
-                        accepted=False,
-                        reason=ABANDONED,
-                        detail=f"ticket {ticket.counter} of policy version {ticket.policy_version} expired unused",
-                        reward=0.0,
-                        issued_at=now,
-                        banned_until=now + min(ban_s, MAX_VERDICT_BAN_S) if last and ban_s > 0 else 0.0,
-                    ),
-                    seq=self._seq,
-                )
-            )
-        return sealed
+        """The `abandoned` verdicts of one worker's expired tickets (lock held)."""
+        first_seq = self._seq
+        self._seq += len(tickets)
+        return seal_abandoned_verdicts(
+            self._signer,
+            run_id=self.run_id,
+            tickets=tickets,
+            ban_s=ban_s,
+            now=self._clock(),
+            first_seq=first_seq,
+        )
 
     @property
     def held_versions(self) -> list[int]:
@@ -457,37 +438,22 @@ class Validator:
         accepted: bool,
         ban: tuple[int, float] | None,
     ) -> list[bytes]:
-        """One signed verdict per rollout; the rollout that got the worker banned (`ban`: its index
-        and the ban's length) says so in its verdict, so the ban is on record in the ledger."""
-        now = self._clock()
-        ban_index, ban_s = ban if ban is not None else (-1, 0.0)
+        """One signed verdict per rollout (`verification.verdict_sealing`)."""
         with self._lock:
             first_seq = self._seq
             self._seq += len(items)
-        return [
-            seal_verdict(
-                self._signer,
-                run_id=self.run_id,
-                verdict=rollouts_pb2.RolloutVerdict(
-                    worker=worker,
-                    rollout_hash=item.hash,
-                    policy_version=version,
-                    counter=counter,
-                    index=item.index,
-                    tokens=item.tokens,
-                    accepted=accepted,
-                    reason="" if accepted else str(item.reason),
-                    detail="accepted" if accepted else item.detail,
-                    reward=item.reward if accepted else 0.0,
-                    issued_at=now,
-                    banned_until=now + min(ban_s, MAX_VERDICT_BAN_S)
-                    if item.index == ban_index and ban_s > 0
-                    else 0.0,
-                ),
-                seq=first_seq + i,
-            )
-            for i, item in enumerate(items)
-        ]
+        return seal_group_verdicts(
+            self._signer,
+            run_id=self.run_id,
+            worker=worker,
+            version=version,
+            counter=counter,
+            items=items,
+            accepted=accepted,
+            ban=ban,
+            now=self._clock(),
+            first_seq=first_seq,
+        )
 
     # --- accounting ---
 
