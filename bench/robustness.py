@@ -27,6 +27,11 @@ fetch completes), a joiner resyncing while an attacker serves poisoned state
 (`averager_rss_growth_mib`, the averager process's RSS growth; target <= 16). Part 2 is the same
 with and without `--quick` (about a minute).
 
+Part 3, a flood of genuine receipts from fresh identities through a node's pull path
+(`bench/_receipt_flood.py`): the ledger's growth over 10 minutes of it (one with `--quick`) with
+the run's signers known (`junk_receipts_stored_mib`, target <= 16) and without
+(`junk_receipts_unfiltered_mib`), and whether honest receipts still get in after it.
+
     python bench/robustness.py --quick   # 10 outer steps of H=20 + part 2 (under 2 minutes on 2 cores)
     python bench/robustness.py           # 30 outer steps of H=50 (~15 minutes on 2 cores) + part 2
 
@@ -50,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench._receipt_flood import run_receipt_flood  # noqa: E402
 from bench._robustness_attacks import run_attacks  # noqa: E402
 from node.averaging.robust import DEFAULT_RULE, AggregationRule, aggregate  # noqa: E402
 from node.averaging.rounds import RoundOutcome  # noqa: E402
@@ -267,6 +273,7 @@ def main() -> None:
             fields[f"loss_ratio_{attack}_robust"] = f"{ratios['robust']:.4f}"
             fields[f"loss_ratio_{attack}_mean"] = f"{ratios['mean']:.4f}"
     fields.update(run_attacks())
+    fields.update(run_receipt_flood(quick=args.quick))
     fields.update(rule=args.rule, H=str(args.inner_steps), outer_steps=str(args.outer_steps),
                   wall_s=f"{time.perf_counter() - start:.0f}")  # fmt: skip
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))

@@ -128,7 +128,7 @@ def dashboard(
                     assert client.dht is not None
                     pulls = ReceiptsConfig(
                         serve=False, peers_per_cycle=pull_peers, pull_interval_s=pull_every_s,
-                        max_receipts_per_pull=pull_max,
+                        max_receipts_per_pull=pull_max, trusted_signers=[*trainers, *validators, *trusted],
                     )  # fmt: skip
                     client.add_service(
                         ReceiptExchange(dht=client.dht, identity=client.identity, ledger=ledger, config=pulls)

@@ -206,6 +206,14 @@ def join(
         if Role.TRAINER in config.roles and not is_rl
         else None
     )
+    config.trusted_signers = sorted(
+        {
+            *publishers,
+            *(rl_config.trusted_validators if rl_config else []),
+            *(rl_config.admitted_trainers if rl_config else []),
+            *(trainer.admitted_trainers if trainer else []),
+        }
+    )
     run_until_interrupted(
         HivenetNode(config),
         "node",

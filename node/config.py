@@ -121,6 +121,11 @@ class NodeConfig(BaseModel):
     metrics_host: str = "127.0.0.1"
     """Address the status port listens on. Another than loopback (0.0.0.0, a LAN address) lets a
     Prometheus server elsewhere scrape /metrics; /status and /health still answer local clients only."""
+    trusted_signers: list[str] = Field(default_factory=list)
+    """Base58 PeerIDs the run names as signers of receipts (its trainers and validators; `hivenet
+    join` sets them from --publisher, --trusted-validator and --admitted-trainer): the receipts this
+    node pulls from peers are kept in full only for them and the peers they credited
+    (`node.receipts.standing`)."""
     ledger_path: Path | None = None
     """If set, the node keeps its receipts in this ledger (SQLite), serves it to peers and pulls theirs
     into it (`node.receipts`); `hivenet join` sets it (`default_ledger_path`, in the node's own state
@@ -148,6 +153,11 @@ class NodeConfig(BaseModel):
                     f"invalid announce address {item!r}: {exc}; e.g. /ip4/203.0.113.5/tcp/31337"
                 ) from None
         return value
+
+    @field_validator("trusted_signers")
+    @classmethod
+    def _check_trusted_signers(cls, value: list[str]) -> list[str]:
+        return check_base58_peer_ids(value)
 
     @field_validator("device")
     @classmethod

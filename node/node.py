@@ -184,7 +184,7 @@ class HivenetNode:
         assert self.dht is not None
         path.parent.mkdir(parents=True, exist_ok=True)
         self.ledger = Ledger(path, self.config.run_id)
-        config = ReceiptsConfig()
+        config = ReceiptsConfig(trusted_signers=self.config.trusted_signers)
         bans = BanList(
             config.ban_base_s, config.ban_max_s, owner=self.short_id, on_ban=self.metrics.peer_banned
         )

@@ -1,7 +1,10 @@
 """The ledger's SQLite schema: tables, the decoded columns of a receipt, and how kinds are stored.
 
 `SCHEMA_VERSION` is recorded in each ledger's `meta` table; a ledger of another version is refused
-rather than misread. `seq` is SQLite's rowid, so a receipt's position only grows.
+rather than misread (a table added later, like `unvouched`, is created in an older ledger on open).
+`seq` is SQLite's rowid, so a receipt's position only grows. `unvouched` lists the pulled receipts
+whose signers had no standing in the run, with the peer they came from, oldest first: what a full
+ledger evicts first (`node.receipts.standing`).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ CREATE TABLE IF NOT EXISTS receipts (
 );
 CREATE INDEX IF NOT EXISTS receipts_by_contributor ON receipts (contributor);
 CREATE TABLE IF NOT EXISTS pull_cursors (peer BLOB PRIMARY KEY, cursor INTEGER NOT NULL, updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS unvouched (receipt_id BLOB PRIMARY KEY, source BLOB NOT NULL);
+CREATE INDEX IF NOT EXISTS unvouched_by_source ON unvouched (source);
 """
 
 COLUMNS = (

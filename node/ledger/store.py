@@ -349,6 +349,54 @@ class Ledger:
                 self._db.execute("ROLLBACK")
                 raise
 
+    # --- pulled receipts of signers without standing (`node.receipts.standing`) ---
+
+    def mark_unvouched(self, ids: Iterable[bytes], source: bytes) -> None:
+        """Note stored receipts as pulled from `source` although their signers had no standing."""
+        with self._lock:
+            self._db.executemany(
+                "INSERT OR IGNORE INTO unvouched (receipt_id, source) VALUES (?, ?)",
+                [(i, source) for i in ids],
+            )
+
+    def unvouched_count(self, source: bytes | None = None) -> int:
+        """Receipts noted unvouched (from `source`, or from anyone)."""
+        query, args = "SELECT COUNT(*) FROM unvouched", tuple[bytes, ...]()
+        if source is not None:
+            query, args = query + " WHERE source = ?", (source,)
+        with self._lock:
+            (count,) = self._db.execute(query, args).fetchone()
+        return int(count)
+
+    def evict_unvouched(self, keep: int) -> int:
+        """Delete the oldest unvouched receipts until `keep` are left; returns how many went."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                doomed = "SELECT receipt_id FROM unvouched ORDER BY rowid DESC LIMIT -1 OFFSET ?"
+                gone = self._db.execute(
+                    f"DELETE FROM receipts WHERE receipt_id IN ({doomed})", (keep,)
+                ).rowcount
+                self._db.execute(f"DELETE FROM unvouched WHERE receipt_id IN ({doomed})", (keep,))
+                self._db.execute("COMMIT")
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+        return int(gone)
+
+    def credited_by(self, signers: Iterable[bytes]) -> set[bytes]:
+        """The contributors of receipts signed by any of `signers` (who earned credit from them)."""
+        with self._lock:
+            indexes = [i for i in (self._peer_ids.get(s) for s in signers) if i is not None]
+            if not indexes:
+                return set()
+            rows = self._db.execute(
+                f"SELECT DISTINCT contributor FROM receipts WHERE accepted = 1 AND signer IN "
+                f"({', '.join('?' * len(indexes))})",
+                indexes,
+            ).fetchall()
+            return {self._peers[index] for (index,) in rows}
+
     def export(self, out: Path) -> int:
         """Write every receipt stored so far to `out` (`node.ledger.export` format); returns the count.
 

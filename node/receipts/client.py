@@ -29,6 +29,7 @@ from node.broadcast.wire import TruncatedFrame, read_frame, write_frame
 from node.ledger import Ledger
 from node.receipts.quota import SignerQuota
 from node.receipts.server import PROTO_RECEIPTS
+from node.receipts.standing import StandingFilter
 from node.runtime import offload
 from protocol import receipts_exchange_pb2 as xpb
 from protocol.errors import InvalidMessage
@@ -59,6 +60,9 @@ class PullResult:
     """Why the pull ended before `complete` or its receipt budget ("" if it did not)."""
     banned: bool = False
     """The peer broke the protocol or served an invalid receipt, and was banned."""
+    unvouched_dropped: int = 0
+    """Receipts of signers without standing left out over the budget of this peer or of all peers
+    (`node.receipts.standing`); the cursor moves past them."""
     capped: int = 0
     """New receipts left unverified because their signer had used its quota (`SignerQuota`): the
     pull stopped at their page and the next one resumes there, so they wait for the signer's next
@@ -96,13 +100,24 @@ def _within_quota(
 
 
 def _store_page(
-    ledger: Ledger, receipts: list[bytes], result: PullResult, quota: SignerQuota | None = None
+    ledger: Ledger,
+    receipts: list[bytes],
+    result: PullResult,
+    quota: SignerQuota | None = None,
+    standing: StandingFilter | None = None,
 ) -> None:
-    """Verify and store one page (within `quota`); InvalidMessage if it holds a receipt that was
-    never genuinely valid."""
+    """Verify and store one page (within `quota`, and within `standing`'s budgets for receipts of
+    signers without standing); InvalidMessage if it holds a receipt that was never genuinely valid."""
     if quota is not None:
         receipts = _within_quota(ledger, receipts, quota, result)
+    unvouched: list[bytes] = []
+    if standing is not None:
+        dropped_before = standing.dropped
+        receipts, unvouched = standing.admit(ledger, result.peer, receipts)
+        result.unvouched_dropped += standing.dropped - dropped_before
     outcome = ledger.add_many(receipts)
+    if standing is not None:
+        standing.stored(ledger, result.peer, unvouched)
     for position, reason in outcome.refused:
         try:
             # valid when issued: only its age (or our clock) keeps it out, so the server is honest
@@ -125,11 +140,13 @@ async def pull_receipts(
     page_size: int = MAX_RECEIPTS_PER_PAGE,
     timeout_s: float = 30.0,
     quota: SignerQuota | None = None,
+    standing: StandingFilter | None = None,
 ) -> PullResult:
     """Pull at most `max_receipts` of `peer`'s receipts stored after its position `after` into `ledger`.
 
     `quota`: new receipts of a signer past its quota are left unverified (`PullResult.capped`), and
-    the pull stops before their page so that the next one asks for it again.
+    the pull stops before their page so that the next one asks for it again. `standing`: receipts
+    of signers without standing are kept only within its budgets (`node.receipts.standing`).
     Never raises for what the peer does: the result says what was stored, where to resume, and why
     the pull stopped early (a banned peer is not contacted at all).
     """
@@ -144,7 +161,7 @@ async def pull_receipts(
         async with asyncio.timeout(timeout_s):
             _, reader, writer = await p2p.call_binary_stream_handler(peer, PROTO_RECEIPTS)
             try:
-                await _pull_pages(reader, writer, ledger, result, max_receipts, page_size, quota)
+                await _pull_pages(reader, writer, ledger, result, max_receipts, page_size, quota, standing)
             finally:
                 writer.close()
     except TimeoutError:
@@ -168,6 +185,7 @@ async def _pull_pages(
     max_receipts: int,
     page_size: int,
     quota: SignerQuota | None,
+    standing: StandingFilter | None = None,
 ) -> None:
     while result.received < max_receipts:
         limit = min(page_size, max_receipts - result.received)
@@ -187,7 +205,7 @@ async def _pull_pages(
         result.received += len(receipts)
         capped_before = result.capped
         if receipts:
-            await offload(_store_page, ledger, receipts, result, quota)
+            await offload(_store_page, ledger, receipts, result, quota, standing)
         if result.capped > capped_before:
             # the cursor stays before this page: its surplus is asked for again, not skipped for good
             result.failure = f"{result.capped - capped_before} receipts wait for their signers' quota"

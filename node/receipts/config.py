@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from node.config import check_base58_peer_ids
 from node.rollouts.config import StreamServiceConfig
 from protocol.limits import MAX_RECEIPTS_PER_PAGE
 
@@ -34,8 +35,8 @@ class ReceiptsConfig(StreamServiceConfig):
     pull_timeout_s: float = Field(default=30.0, gt=0)
     """Longest one pull (dial, every page, verification) may take."""
     max_ledger_receipts: int = Field(default=1_000_000, ge=1)
-    """Pull cycles are skipped while the ledger holds this many receipts (a bound on the disk that
-    peers can fill; the node's own receipts are still stored)."""
+    """A bound on the disk that peers can fill: at this many receipts a pull cycle first evicts the
+    unvouched ones, and is skipped if that leaves no room (the node's own receipts are still stored)."""
     max_cursors: int = Field(default=4096, ge=1)
     """Most peers whose cursor is remembered, in memory and in the ledger (the oldest is forgotten; a
     forgotten peer is re-read from the start, which only costs duplicates)."""
@@ -44,3 +45,17 @@ class ReceiptsConfig(StreamServiceConfig):
     together); the surplus waits for a later window (`node.receipts.quota.SignerQuota`)."""
     signer_window_s: float = Field(default=3600.0, gt=0)
     """The window of `max_pulled_per_signer`."""
+    trusted_signers: list[str] = Field(default_factory=list)
+    """Base58 PeerIDs the run names as signers (its trainers and validators): their receipts, and those
+    of the peers they credited, are kept in full; anyone else's within the budgets below
+    (`node.receipts.standing`)."""
+    max_unvouched_per_source: int = Field(default=512, ge=0)
+    """Most pulled receipts of signers without standing kept from one peer."""
+    max_unvouched: int = Field(default=4096, ge=0)
+    """Most pulled receipts of signers without standing kept in all (about 12 MiB); past it, and when
+    the ledger reaches `max_ledger_receipts`, the oldest of them are evicted first."""
+
+    @field_validator("trusted_signers")
+    @classmethod
+    def _peer_ids(cls, value: list[str]) -> list[str]:
+        return check_base58_peer_ids(value)

@@ -16,10 +16,13 @@ A runtime service (`name`, `async start()`, `async stop()`) that owns nothing bu
   `max_pulled_per_signer` new receipts of any one signer per `signer_window_s` over all pulls
   (`node.receipts.quota.SignerQuota`; the surplus is logged, counted in `capped` and asked for
   again in a later pull, which resumes at its page).
-  Peers that served bad data are banned and skipped. The cursors of at most `max_cursors` peers
-  are kept in the ledger too (`Ledger.save_pull_cursor`), so a restarted node resumes where it
-  was instead of re-reading every peer; no cycle runs while the ledger holds
-  `max_ledger_receipts` receipts or more.
+  Receipts of signers without standing in the run are kept only within small budgets, per peer
+  and in all, and evicted first (`node.receipts.standing`), so a flood of receipts signed by
+  fresh identities can neither fill the disk nor stop the pulls. Peers that served bad data are
+  banned and skipped. The cursors of at most `max_cursors` peers are kept in the ledger too
+  (`Ledger.save_pull_cursor`), so a restarted node resumes where it was instead of re-reading
+  every peer; at `max_ledger_receipts` receipts a cycle first evicts unvouched ones, and runs only
+  if that makes room.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
 
 import hivemind
-from hivemind.p2p import P2P
+from hivemind.p2p import P2P, PeerID
 
 from node.bans import BanList
 from node.broadcast.dialing import HolderDialer
@@ -44,6 +47,7 @@ from node.receipts.client import PullResult, pull_receipts
 from node.receipts.config import ReceiptsConfig
 from node.receipts.quota import SignerQuota
 from node.receipts.server import ReceiptServer
+from node.receipts.standing import StandingFilter
 from node.rollouts.peers import replicate_p2p
 from node.runtime import offload
 
@@ -106,6 +110,12 @@ class ReceiptExchange:
         self.recorded = 0
         """Receipts of this node's own stored through `record` or `store`."""
         self.quota = SignerQuota(self.config.max_pulled_per_signer, self.config.signer_window_s)
+        self.standing = StandingFilter(
+            (PeerID.from_base58(text).to_bytes() for text in self.config.trusted_signers),
+            own=identity.peer_id_bytes,
+            per_source=self.config.max_unvouched_per_source,
+            total=self.config.max_unvouched,
+        )
         self.capped = 0
         """Pulled receipts held back because their signer had used its quota (every pull so far)."""
 
@@ -237,6 +247,7 @@ class ReceiptExchange:
             page_size=self.config.page_size,
             timeout_s=max(1.0, self.config.pull_timeout_s - (time.monotonic() - started)),
             quota=self.quota,
+            standing=self.standing,
         )
         if self.on_pulled is not None:
             self.on_pulled(result)
@@ -276,9 +287,10 @@ class ReceiptExchange:
     async def pull_cycle(self) -> list[PullResult]:
         """Pull from the peers `choose_peers` picks among the live nodes, one after another."""
         results: list[PullResult] = []
-        if await offload(len, self.ledger) >= self.config.max_ledger_receipts:
+        await offload(self.standing.refresh, self.ledger)
+        if not await offload(self.standing.make_room, self.ledger, self.config.max_ledger_receipts):
             logger.warning(
-                "[%s] the ledger holds %d receipts or more: not pulling",
+                "[%s] the ledger holds %d receipts or more, none of them evictable: not pulling",
                 self.owner,
                 self.config.max_ledger_receipts,
             )
