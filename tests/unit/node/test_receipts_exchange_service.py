@@ -17,6 +17,7 @@ from node.membership import LiveNode
 from node.receipts import ReceiptExchange, ReceiptsConfig
 from node.receipts.exchange import own_record_addresses
 from protocol.node_record import Capabilities, NodeRecord, Role
+from protocol.receipts import receipt_id
 from tests.helpers import receipts as make
 from tests.helpers.receipts import RUN, new_peer
 from tests.helpers.waiting import async_wait_until
@@ -100,6 +101,27 @@ def test_no_pull_cycle_runs_while_the_ledger_is_at_its_bound(tmp_path: Path) -> 
             exchange = _exchange(ledger, new_peer()[0], max_ledger_receipts=2)
             exchange.find_peers = fail
             assert await exchange.pull_cycle() == []
+
+    asyncio.run(main())
+
+
+def test_a_ledger_at_its_bound_with_junk_evicts_it_and_pulls_again(tmp_path: Path) -> None:
+    """It used to stop pulling for good once junk from fresh identities had filled it."""
+    junk = [make.transfer(new_peer()[0], new_peer()[1]) for _ in range(3)]
+    looked: list[bool] = []
+
+    async def nobody() -> list[LiveNode]:
+        looked.append(True)
+        return []
+
+    async def main() -> None:
+        with Ledger(tmp_path / "junk.db", RUN) as ledger:
+            ledger.add_many(junk)
+            ledger.mark_unvouched([receipt_id(r) for r in junk], source=b"flooder")
+            exchange = _exchange(ledger, new_peer()[0], max_ledger_receipts=2)
+            exchange.find_peers = nobody
+            await exchange.pull_cycle()
+            assert looked and len(ledger) < 2 and exchange.standing.evicted == 2
 
     asyncio.run(main())
 
