@@ -208,6 +208,7 @@ def join(
     )
     config.trusted_signers = sorted(
         {
+            *config.trusted_signers,
             *publishers,
             *(rl_config.trusted_validators if rl_config else []),
             *(rl_config.admitted_trainers if rl_config else []),
