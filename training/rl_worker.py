@@ -256,7 +256,7 @@ class InferenceWorker(RoleThread):
         return []
 
     async def _request_tickets(self, validator: LiveNode, count: int, version: int) -> list[Ticket]:
-        await connect_member(self.broadcast.p2p, validator)
+        await connect_member(self.broadcast.dialer, validator)
         return await request_tickets(
             self.broadcast.p2p,
             validator.peer_id,
@@ -410,7 +410,7 @@ class InferenceWorker(RoleThread):
     ) -> list[list[Receipt] | BaseException]:
         """Dial `validator` at the addresses of its own signed record, then submit every group at once
         (a stream each): the receipts of each, or why it failed."""
-        await connect_member(self.broadcast.p2p, validator)
+        await connect_member(self.broadcast.dialer, validator)
         return await asyncio.gather(
             *(
                 submit_group_receipts(

@@ -261,7 +261,7 @@ class StandaloneValidator:
         trainers.sort(key=lambda t: hashlib.sha256(sealed_group[-64:] + t.peer_id.to_bytes()).digest())
         for trainer in trainers:
             try:
-                await connect_member(self.broadcast.p2p, trainer)
+                await connect_member(self.broadcast.dialer, trainer)
                 await forward_group(
                     self.broadcast.p2p,
                     trainer.peer_id,

@@ -7,8 +7,8 @@ finds the wrong key. So announced addresses are dialled sparingly (issue 12):
 - only when a fetch picks the holder as a source (`HolderDialer.dial`), never on discovery;
 - not at all while p2pd is already connected to the holder;
 - only plain `/ip4|ip6/<ip>/tcp|udp/...` addresses, at a public IP unless this node itself
-  listens only on loopback (a local test swarm), a few per holder, and never an address that
-  p2pd is connected to as another peer's;
+  listens only on loopback (a local test swarm), the first few dialable ones of a holder (never
+  the rest of a long list), and never an address that p2pd is connected to as another peer's;
 - each address at most once per `ADDRESS_REDIAL_S`, whichever holder names it, and after a
   failed dial not again for a period that doubles up to `ADDRESS_BACKOFF_MAX_S`: five
   throwaway identities naming one third-party address cost it one connection attempt, not five
@@ -107,7 +107,10 @@ class HolderDialer:
             canonical = dialable(address, allow_private=allow_private)
             if canonical is not None and canonical not in candidates:
                 candidates.append(canonical)
-        targets = [a for a in candidates if self._next_dial.get(a, 0.0) <= now][:MAX_ADDRESSES_PER_DIAL]
+        # the first few of a record only: the next dial must not walk on through the rest of a long
+        # list while the first ones back off
+        candidates = candidates[:MAX_ADDRESSES_PER_DIAL]
+        targets = [a for a in candidates if self._next_dial.get(a, 0.0) <= now]
         if not targets:
             return
         try:

@@ -48,19 +48,12 @@ from node.receipts.config import ReceiptsConfig
 from node.receipts.quota import SignerQuota
 from node.receipts.server import ReceiptServer
 from node.receipts.standing import StandingFilter
-from node.rollouts.peers import replicate_p2p
+from node.rollouts.peers import own_record_addresses, replicate_p2p
 from node.runtime import offload
 
 logger = logging.getLogger(__name__)
 
 FindPeers = Callable[[], Awaitable[list[LiveNode]]]
-
-
-def own_record_addresses(member: LiveNode) -> tuple[str, ...]:
-    """The addresses of `member`'s signed record, without the `/p2p/<its PeerID>` ending (an address
-    that names another peer is dropped)."""
-    own = f"/p2p/{member.peer_id.to_base58()}"
-    return tuple(a.removesuffix(own) for a in member.record.addresses if "/p2p/" not in a.removesuffix(own))
 
 
 class ReceiptExchange:

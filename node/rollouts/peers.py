@@ -2,20 +2,23 @@
 
 Workers, validators and trainers name each other by PeerID. The only addresses ever dialled are
 those a peer signed itself in its node record, found through membership (`node.membership`):
-never an address that arrived inside a submission or a forward.
+never an address that arrived inside a submission or a forward. Even those are dialled within the
+limits of `node.broadcast.dialing.HolderDialer`: a signed record may list anyone's addresses, so
+only a few of them are dialled, at public IPs unless the swarm is on loopback only, each rarely
+and with back-off, and not at all while the peer is connected.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-
 import hivemind
 from hivemind.p2p import P2P
-from multiaddr import Multiaddr
 
+from node.broadcast.dialing import HolderDialer
+from node.broadcast.records import HolderInfo
 from node.membership import LiveNode
 from node.runtime import in_dht
+
+__all__ = ["connect_member", "own_record_addresses", "replicate_p2p"]
 
 
 async def replicate_p2p(dht: hivemind.DHT) -> P2P:
@@ -24,16 +27,14 @@ async def replicate_p2p(dht: hivemind.DHT) -> P2P:
     return await P2P.replicate(await in_dht(dht, hivemind.DHT._get_p2p_daemon_listen_maddr))
 
 
-async def connect_member(p2p: P2P, member: LiveNode, timeout_s: float = 10.0) -> bool:
-    """Make the daemon reach `member` at the addresses of its own signed record; False if it could not."""
-    addresses = []
-    for address in member.record.addresses:
-        with contextlib.suppress(Exception):
-            addresses.append(Multiaddr(address))
-    if not addresses:
-        return False
-    try:
-        await asyncio.wait_for(p2p._client.connect(member.peer_id, addresses), timeout_s)
-    except Exception:
-        return False
-    return True
+def own_record_addresses(member: LiveNode) -> tuple[str, ...]:
+    """The addresses of `member`'s signed record, without the `/p2p/<its PeerID>` ending (an address
+    that names another peer is dropped)."""
+    own = f"/p2p/{member.peer_id.to_base58()}"
+    return tuple(a.removesuffix(own) for a in member.record.addresses if "/p2p/" not in a.removesuffix(own))
+
+
+async def connect_member(dialer: HolderDialer, member: LiveNode) -> None:
+    """Make the daemon able to reach `member` at the addresses of its own signed record, within the
+    dialler's limits (a failure shows in the exchange that follows)."""
+    await dialer.dial(HolderInfo(member.peer_id, 0, 0, own_record_addresses(member)))

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Union
 import torch
 from hivemind.p2p import P2P
 
+from node.broadcast.dialing import HolderDialer
 from node.broadcast.wire import encode_frame
 from node.config import NodeConfig
 from node.membership import LiveNode
@@ -211,13 +212,18 @@ class ScriptedWorker:
         self.config = config
         self.peer = node.identity.peer_id_bytes
         self.p2p: P2P = node.call(replicate_p2p(node.dht))
+        self.dialer = HolderDialer(self.p2p, node.identity.peer_id, self._own_addresses)
+
+    async def _own_addresses(self) -> tuple[str, ...]:
+        assert self.node.dht is not None
+        return tuple(str(m) for m in self.node.dht.get_visible_maddrs())
 
     def tickets(self, validator: LiveNode, version: int, count: int = 1) -> list[Ticket]:
         """This worker's open tickets at `validator`, topped up to `count` with tickets of `version`, over
         the ticket protocol."""
 
         async def go() -> list[Ticket]:
-            await connect_member(self.p2p, validator)
+            await connect_member(self.dialer, validator)
             return await request_tickets(
                 self.p2p,
                 validator.peer_id,
@@ -249,7 +255,7 @@ class ScriptedWorker:
 
     def submit(self, validator: LiveNode, sealed: bytes) -> list[RolloutVerdict]:
         async def go() -> list[RolloutVerdict]:
-            await connect_member(self.p2p, validator)
+            await connect_member(self.dialer, validator)
             return await submit_group(
                 self.p2p, validator.peer_id, sealed, run_id=self.config.run_id, timeout_s=SUBMIT_TIMEOUT_S
             )
@@ -260,7 +266,7 @@ class ScriptedWorker:
         """Start submitting `sealed`, then die: the frame's header and half its bytes, and the stream closes."""
 
         async def go() -> None:
-            await connect_member(self.p2p, validator)
+            await connect_member(self.dialer, validator)
             _, _, writer = await self.p2p.call_binary_stream_handler(validator.peer_id, PROTO_SUBMIT)
             frame = encode_frame(sealed)
             writer.write(frame[: len(frame) // 2])

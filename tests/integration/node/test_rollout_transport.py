@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from hivemind.p2p import P2P
 
+from node.broadcast.dialing import HolderDialer
 from node.broadcast.wire import read_frame, write_frame
 from node.identity import Identity
 from node.membership import LiveNode
@@ -411,8 +412,15 @@ def test_connect_member_dials_only_the_addresses_of_its_own_record(swarm: Swarm)
     async def main() -> None:
         own = f"/p2p/{validator.identity.peer_id.to_base58()}"
         addresses = tuple(str(m).removesuffix(own) for m in validator.dht.get_visible_maddrs())
+
+        async def loopback() -> tuple[str, ...]:
+            return tuple(str(m) for m in trainer.dht.get_visible_maddrs())
+
         async with client_of(trainer) as p2p:
-            assert await connect_member(p2p, member(addresses))
-            assert not await connect_member(p2p, member(()))
+            dialer = HolderDialer(p2p, trainer.identity.peer_id, loopback)
+            await connect_member(dialer, member(()))
+            assert dialer.attempts == 0  # nothing to dial
+            await connect_member(dialer, member(addresses))
+            assert any(info.peer_id == validator.identity.peer_id for info in await p2p.list_peers())
 
     asyncio.run(main())
