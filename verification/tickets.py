@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sqlite3
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from node.local_db import open_database
 from protocol.limits import MAX_OPEN_TICKETS, TICKET_NONCE_BYTES
 from protocol.rollout_messages import ABANDONED
 
@@ -108,10 +108,7 @@ class TicketBook:
         self.max_workers = max_workers
         self.grace_s = grace_s
         self._nonces = nonces
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(":memory:" if path is None else str(path), check_same_thread=False)
-        self._db.executescript(_SCHEMA)
+        self._db = open_database(path, _SCHEMA)
         stored = self._db.execute("SELECT value FROM meta WHERE key = 'run_id'").fetchone()
         if stored is None:
             self._db.execute("INSERT INTO meta VALUES ('run_id', ?)", (run_id,))

@@ -16,12 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from node.local_db import open_database
 from node.runtime import offload
 
 __all__ = ["ForwardQueue", "SendForward"]
@@ -80,10 +80,7 @@ class ForwardQueue:
         self.max_backoff_s = max_backoff_s
         self.clock = clock
         self.owner = owner
-        if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(":memory:" if path is None else str(path), check_same_thread=False)
-        self._db.executescript(_SCHEMA)
+        self._db = open_database(path, _SCHEMA)
         self._lock = threading.Lock()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
