@@ -24,10 +24,10 @@ from node.membership import LiveNode
 from node.metrics import NodeMetrics
 from node.receipts import ReceiptExchange, ReceiptsConfig, ReceiptServer, SignerQuota, parse_receipts_request
 from node.receipts.client import PullResult
-from protocol.node_record import Capabilities, NodeRecord, Role
 from protocol.receipts import receipt_id
 from tests.helpers import receipts as make
 from tests.helpers.broadcast import Swarm, SwarmNode, open_swarm
+from tests.helpers.members import live_member
 from tests.helpers.receipts import RUN, new_peer
 
 
@@ -79,19 +79,11 @@ async def puller(
 
 
 def _member(node: SwarmNode) -> LiveNode:
-    record = NodeRecord(
-        peer_id=node.identity.peer_id_bytes,
-        roles=(Role.VALIDATOR,),
-        public_name="",
+    return live_member(
+        node.identity.peer_id_bytes,
+        tuple(str(address) for address in node.dht.get_visible_maddrs()),
         run_id=RUN,
-        software_version="0.1.0",
-        protocol_version=1,
-        capabilities=Capabilities(cpu_count=1, memory_bytes=1 << 30, accelerator=""),
-        addresses=tuple(str(address) for address in node.dht.get_visible_maddrs()),
-        started_at=0.0,
-        instance_id=b"\x01" * 16,
     )
-    return LiveNode(record=record, expires_at=0.0, seq=1)
 
 
 def _receipts(count: int) -> list[bytes]:

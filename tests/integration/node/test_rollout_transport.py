@@ -39,9 +39,9 @@ from protocol import rollout_forward_pb2 as fpb
 from protocol import rollouts_pb2 as rpb
 from protocol.envelope import Envelope
 from protocol.errors import InvalidMessage
-from protocol.node_record import Capabilities, NodeRecord, Role
 from protocol.rollout_messages import Forwarded, open_verdict, rollout_hash, seal_group
 from tests.helpers.broadcast import Swarm, SwarmNode, open_swarm
+from tests.helpers.members import live_member
 from tests.helpers.rollouts import RUN, key, make_group, verdicts_for
 from tests.helpers.waiting import async_wait_until
 
@@ -395,19 +395,7 @@ def test_connect_member_dials_only_the_addresses_of_its_own_record(swarm: Swarm)
     _, validator, trainer = _ids(swarm)
 
     def member(addresses: tuple[str, ...]) -> LiveNode:
-        record = NodeRecord(
-            peer_id=validator.identity.peer_id_bytes,
-            roles=(Role.VALIDATOR,),
-            public_name="validator",
-            run_id=RUN,
-            software_version="0.1.0",
-            protocol_version=1,
-            capabilities=Capabilities(cpu_count=1, memory_bytes=1 << 30, accelerator=""),
-            addresses=addresses,
-            started_at=0.0,
-            instance_id=b"\x01" * 16,
-        )
-        return LiveNode(record=record, expires_at=0.0, seq=1)
+        return live_member(validator.identity.peer_id_bytes, addresses, run_id=RUN, name="validator")
 
     async def main() -> None:
         own = f"/p2p/{validator.identity.peer_id.to_base58()}"

@@ -11,9 +11,8 @@ from typing import Any
 from hivemind.p2p import PeerID
 
 from node.broadcast.dialing import MAX_ADDRESSES_PER_DIAL, HolderDialer
-from node.membership import LiveNode
 from node.rollouts.peers import connect_member
-from protocol.node_record import Capabilities, NodeRecord, Role
+from tests.helpers.members import live_member
 from tests.helpers.receipts import new_peer
 
 
@@ -30,23 +29,6 @@ class RecordingP2P:
         return []
 
 
-def _member(addresses: tuple[str, ...]) -> LiveNode:
-    peer = new_peer()[1]
-    record = NodeRecord(
-        peer_id=peer,
-        roles=(Role.VALIDATOR,),
-        public_name="fake validator",
-        run_id="run",
-        software_version="0.1.0",
-        protocol_version=1,
-        capabilities=Capabilities(cpu_count=1, memory_bytes=1 << 30, accelerator=""),
-        addresses=addresses,
-        started_at=0.0,
-        instance_id=b"\x01" * 16,
-    )
-    return LiveNode(record=record, expires_at=0.0, seq=1)
-
-
 def test_a_record_naming_many_ports_of_other_hosts_costs_them_a_few_public_dials_at_most() -> None:
     victim = tuple(f"/ip4/93.184.216.34/tcp/{port}" for port in range(9000, 9013))  # 16 addresses in all
     private = ("/ip4/10.0.0.5/tcp/22", "/ip4/127.0.0.1/tcp/6379", "/ip4/169.254.169.254/tcp/80")
@@ -56,7 +38,7 @@ def test_a_record_naming_many_ports_of_other_hosts_costs_them_a_few_public_dials
         return ("/ip4/198.51.100.7/tcp/31337",)
 
     dialer = HolderDialer(p2p, PeerID(new_peer()[1]), public_node)  # type: ignore[arg-type]
-    member = _member(private + victim)
+    member = live_member(new_peer()[1], private + victim, name="fake validator")
     for _ in range(5):  # a worker asks for tickets, submits, asks again...
         asyncio.run(connect_member(dialer, member))
     assert len(p2p.dialled) == MAX_ADDRESSES_PER_DIAL  # once, then the failed addresses back off

@@ -16,9 +16,9 @@ from node.ledger import Ledger
 from node.membership import LiveNode
 from node.receipts import ReceiptExchange, ReceiptsConfig
 from node.receipts.exchange import own_record_addresses
-from protocol.node_record import Capabilities, NodeRecord, Role
 from protocol.receipts import receipt_id
 from tests.helpers import receipts as make
+from tests.helpers.members import live_member
 from tests.helpers.receipts import RUN, new_peer
 from tests.helpers.waiting import async_wait_until
 
@@ -28,19 +28,7 @@ def _identity(private_key: Any) -> Identity:
 
 
 def _member(peer_id: bytes, addresses: tuple[str, ...] = ()) -> LiveNode:
-    record = NodeRecord(
-        peer_id=peer_id,
-        roles=(Role.VALIDATOR,),
-        public_name="",
-        run_id=RUN,
-        software_version="0.1.0",
-        protocol_version=1,
-        capabilities=Capabilities(cpu_count=1, memory_bytes=1 << 30, accelerator=""),
-        addresses=addresses,
-        started_at=0.0,
-        instance_id=b"\x01" * 16,
-    )
-    return LiveNode(record=record, expires_at=0.0, seq=1)
+    return live_member(peer_id, addresses, run_id=RUN)
 
 
 def _exchange(ledger: Ledger, key: Any, **config: Any) -> ReceiptExchange:
