@@ -13,9 +13,11 @@ pretrained policy:
    with no network, no proofs and no verification;
 5. a grinder (`training.rl_grinder`) beside an honest worker: it generates each ticket under every
    version it holds, submits the best and drops what scores below its median;
-   `grinder_reward_advantage` is the mean reward of its accepted rollouts over what the same
-   tickets would have earned honestly, minus 1 (target |x| <= 0.02), with its abandoned tickets
-   and bans;
+   `grinder_reward_advantage` is the reward credited for its accepted rollouts over what an honest
+   worker's rollouts of the same tickets earn, paired rollout by rollout, minus 1 (target
+   |x| <= 0.02), `grinder_selection_gain` what the choice of which tickets got credited (its
+   drops, its bans) changed (a mean over few tickets: noisy), and `grinder_accepted_vs_honest`
+   its accepted rollouts over the honest worker's beside it, with its abandoned tickets and bans;
 6. one judged group submitted again to a second validator, re-encoded, and after a restart
    (`bench/_rl_replay.py`): `replayed_groups_credited`, target 0;
 7. two credited workers signing verdicts and training receipts for each other and a sybil
@@ -128,24 +130,42 @@ def swarm_run(
     return simulate_rl(config, copy.deepcopy(policy), workers=workers, cheaters=cheaters)
 
 
+GRIND_STEPS = 30
+GRIND_GRACE_S = 15.0
+"""How long the grinder's run keeps a ticket whose version is too old open (the run's default, 120 s,
+is longer than the whole benchmark run)."""
+
+
 def grinder_figures(run: RLSimulation, name: str) -> dict[str, str]:
-    """The grinder's gain: the mean reward of its accepted rollouts over the mean an honest worker
-    would have earned on the same tickets (the ticket version's group of each), minus 1."""
-    records = run.grind_records.get(name, [])
-    accepted = run.accepted_rewards.get(name, [])
-    honest = statistics.fmean(r.honest_reward for r in records) if records else float("nan")
-    got = statistics.fmean(accepted) if accepted else float("nan")
+    """The grinder's gain, paired rollout by rollout: the reward credited for each of its accepted
+    rollouts against the reward of the rollout an honest worker would have submitted for the same
+    ticket and index (the ticket version's group), summed over its accepted rollouts, minus 1. Which
+    tickets got credited at all (it dropped some, it was banned) is the selection figure beside it."""
+    records = {r.counter: r for r in run.grind_records.get(name, [])}
+    accepted = run.accepted_rewards.get(name, {})
+    paired = [(got, records[c].honest_rewards[i]) for (c, i), got in accepted.items() if c in records]
+    credited, honest_same = sum(got for got, _ in paired), sum(honest for _, honest in paired)
+    advantage = credited / honest_same - 1 if paired and honest_same > 0 else float("nan")
+    everything = [value for r in records.values() for value in r.honest_rewards]
+    honest_all = statistics.fmean(everything) if everything else float("nan")
+    selection = honest_same / len(paired) / honest_all - 1 if paired and honest_all > 0 else float("nan")
     stats = run.validator_stats.workers.get(run.worker_peers[name]) if run.validator_stats else None
-    advantage = got / honest - 1 if accepted and honest > 0 else float("nan")
-    dropped = sum(r.submitted_version is None for r in records)
-    other_version = sum(r.submitted_version not in (None, r.ticket_version) for r in records)
-    print(f"grinder: {len(records)} tickets, {dropped} dropped, {other_version} submitted with another version "
-          f"than the ticket's; accepted {len(accepted)} rollouts, mean reward {got:.3f} vs {honest:.3f} honest on "
-          f"the same tickets; validator: {stats.describe() if stats else '-'}")  # fmt: skip
+    honest_accepted = sum(n for worker, n in run.accepted.items() if worker != name)
+    credited_frac = len(paired) / honest_accepted if honest_accepted else float("nan")
+    dropped = sum(r.submitted_version is None for r in records.values())
+    other = sum(r.submitted_version not in (None, r.ticket_version) for r in records.values())
+    print(f"grinder: {len(records)} tickets, {dropped} dropped, {other} submitted with another version than the "
+          f"ticket's; accepted {len(paired)} rollouts: reward {credited:.2f} credited vs {honest_same:.2f} for the "
+          f"same tickets' honest rollouts; their honest mean {honest_same / max(1, len(paired)):.3f} vs "
+          f"{honest_all:.3f} over all its tickets (selection, {len(everything)} rollouts); accepted "
+          f"{credited_frac:.2f}x the honest worker's rollouts; "
+          f"validator: {stats.describe() if stats else '-'}")  # fmt: skip
     return {
         "grinder_reward_advantage": f"{advantage:.3f}",
+        "grinder_selection_gain": f"{selection:.3f}",
+        "grinder_accepted_vs_honest": f"{credited_frac:.3f}",
         "grinder_tickets": str(len(records)),
-        "grinder_accepted_rollouts": str(len(accepted)),
+        "grinder_accepted_rollouts": str(len(paired)),
         "grinder_abandoned": str(stats.abandoned if stats else 0),
         "grinder_banned": str(stats.strikes if stats else 0),
     }
@@ -196,7 +216,11 @@ def main() -> None:
     cheat_steps = 2 if args.quick else max(2, steps // 2)
     cheat_config = config.model_copy(update={"max_trainer_steps": cheat_steps})
     cheating = swarm_run(cheat_config, policy, {1: CheatMode.PRECISION, 2: CheatMode.WEIGHTS}, workers=3)
-    grinding = swarm_run(config, policy, {1: CheatMode.GRINDER}, workers=2)
+    # long enough, and tickets expiring soon enough, that what the grinder drops is counted abandoned
+    grind_config = config.model_copy(
+        update={"max_trainer_steps": max(steps, GRIND_STEPS), "submit_timeout_s": GRIND_GRACE_S}
+    )
+    grinding = swarm_run(grind_config, policy, {1: CheatMode.GRINDER}, workers=2)
 
     generated = sum(len(g) * grpo.group_size for g in honest.groups.values())
     stale = honest.stale_dropped + honest.rejected_by_reason.get("stale", 0)

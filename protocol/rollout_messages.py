@@ -62,6 +62,7 @@ __all__ = [
     "ROLLOUT_DTYPES",
     "STALE",
     "UNKNOWN_VERSION",
+    "WRONG_VERSION",
     "Forwarded",
     "check_group",
     "check_verdict",
@@ -96,6 +97,9 @@ another --group-size than the run's)."""
 
 STALE = "stale"
 """The verdict reason of a rollout whose policy version is older than the validator accepts."""
+
+WRONG_VERSION = "wrong_version"
+"""The verdict reason of a group generated with another policy version than its ticket fixes."""
 
 ABANDONED = "abandoned"
 """The verdict reason of a ticket the worker let expire unused (its verdict names the ticket, not a

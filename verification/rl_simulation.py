@@ -100,8 +100,9 @@ class RLSimulation:
     """The trainer's policy at the end."""
     metrics: dict[str, MetricsFigures] = field(default_factory=dict)
     """Each node's metrics at the end, by node name."""
-    accepted_rewards: dict[str, list[float]] = field(default_factory=dict)
-    """The validator-recomputed reward of every accepted rollout, per worker name (from its receipts)."""
+    accepted_rewards: dict[str, dict[tuple[int, int], float]] = field(default_factory=dict)
+    """The validator-recomputed reward of every accepted rollout by (counter, index in its group), per
+    worker name (from its receipts)."""
     grind_records: dict[str, list[GrindRecord]] = field(default_factory=dict)
     """What each grinding worker did with each of its tickets (`training.rl_grinder`)."""
     trainers: dict[str, TrainerRecord] = field(default_factory=dict)
@@ -253,7 +254,11 @@ def simulate_rl(
             result.accepted[name] = sum(g.accepted for g in worker.reports)
             result.worker_cpu_seconds[name] = worker.cpu_seconds
             result.worker_decode_cpu_seconds[name] = worker.decode_cpu_seconds
-            result.accepted_rewards[name] = [r.verdict.reward for r in worker.receipts if r.verdict.accepted]
+            result.accepted_rewards[name] = {
+                (r.verdict.counter, r.verdict.index): r.verdict.reward
+                for r in worker.receipts
+                if r.verdict.accepted
+            }
             if worker.grinder is not None:
                 result.grind_records[name] = list(worker.grinder.records)
             for g in worker.reports:

@@ -31,7 +31,15 @@ from typing import Protocol
 from protocol import rollouts_pb2
 from protocol.assignment import Assignment
 from protocol.errors import InvalidMessage
-from protocol.rollout_messages import BANNED, GROUP_SIZE, STALE, UNKNOWN_VERSION, parse_rollout, rollout_hash
+from protocol.rollout_messages import (
+    BANNED,
+    GROUP_SIZE,
+    STALE,
+    UNKNOWN_VERSION,
+    WRONG_VERSION,
+    parse_rollout,
+    rollout_hash,
+)
 from training.sampling import SamplingParams
 from verification.rollout import RolloutClaim
 from verification.rollout_wire import SAMPLING_PARAMS, WireRejection, claim_from_rollout
@@ -57,7 +65,7 @@ class GroupReason(enum.StrEnum):
     """The ticket was judged already (or abandoned), or a rollout was accepted before."""
     NO_TICKET = "no_ticket"
     """This validator never issued the ticket the group names (ask it for tickets first)."""
-    WRONG_VERSION = "wrong_version"
+    WRONG_VERSION = WRONG_VERSION
     """The group was generated with another policy version than its ticket fixes."""
     UNKNOWN_VERSION = UNKNOWN_VERSION
     WRONG_TASK = "wrong_task"
