@@ -34,6 +34,7 @@ from multiaddr import Multiaddr
 
 from node import dht_guard
 from node.config import NodeConfig
+from node.dht_quota import QuotaLimits
 from node.identity import Identity, create_identity
 from node.process_locks import install_robust_mpfuture_locks
 from node.runtime import in_dht
@@ -105,11 +106,21 @@ class _IsolatedDHT(hivemind.DHT):
     process dies without a goodbye (e.g. SIGKILL), so nothing is orphaned.
 
     It keeps the private key of its PeerID (`signing_key`), so that what runs on it (the DiLoCo
-    averager's signed declarations) can sign as this peer.
+    averager's signed declarations) can sign as this peer, and the PeerIDs whose records its
+    storage quota ranks first (`trusted_owners`: itself and the run's signers it was given).
     """
 
-    def __init__(self, *args: Any, signing_key: Ed25519PrivateKey, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        signing_key: Ed25519PrivateKey,
+        trusted_owners: frozenset[bytes] = frozenset(),
+        quota_limits: QuotaLimits | None = None,
+        **kwargs: Any,
+    ) -> None:
         self.signing_key = signing_key
+        self.trusted_owners = trusted_owners
+        self.quota_limits = quota_limits
         super().__init__(*args, **kwargs)
 
     def run(self) -> None:
@@ -123,7 +134,7 @@ class _IsolatedDHT(hivemind.DHT):
             os.killpg(os.getpgrp(), signal.SIGKILL)
 
         threading.Thread(target=watchdog, name="parent-watchdog", daemon=True).start()
-        dht_guard.install()
+        dht_guard.install(self.trusted_owners, self.quota_limits)
         requests: Connection = self._inner_pipe  # type: ignore[has-type]
         self._inner_pipe = _RequestPipe(requests)
         try:
@@ -177,6 +188,9 @@ def check_port_free(host: str, port: int) -> None:
 def _start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool) -> hivemind.DHT:
     return _IsolatedDHT(
         signing_key=identity.private_key,
+        trusted_owners=frozenset(
+            [identity.peer_id.to_bytes(), *(PeerID.from_base58(p).to_bytes() for p in config.trusted_signers)]
+        ),
         # p2pd refuses to start if it cannot reach its bootstrap peers, so seeds are dialled by
         # `bootstrap` afterwards, where each failure is retried and reported by name
         initial_peers=None,
@@ -194,7 +208,11 @@ def _start_dht(config: NodeConfig, identity: Identity, *, client_mode: bool) -> 
 
 
 def start_loopback_dht(
-    initial_peers: list[str] | None = None, *, client_mode: bool = False, identity: Identity | None = None
+    initial_peers: list[str] | None = None,
+    *,
+    client_mode: bool = False,
+    identity: Identity | None = None,
+    quota_limits: QuotaLimits | None = None,
 ) -> hivemind.DHT:
     """A DHT on 127.0.0.1 with the production record validator, as `identity` (else an ephemeral one).
 
@@ -204,6 +222,7 @@ def start_loopback_dht(
     key too, whose file is deleted once the daemon has read it. It joins `initial_peers` the way a
     public node joins its seeds (`bootstrap`), after its daemon is up: p2pd dials the peers it is
     handed before it reports ready, so a peer stalled by load would make the daemon fail to start.
+    `quota_limits` replaces the defaults of its storage quota (`node.dht_quota`).
     """
     with tempfile.TemporaryDirectory(prefix="hivenet-ephemeral-") as scratch:
         key = identity if identity is not None else create_identity(Path(scratch) / "identity.key")
@@ -212,6 +231,7 @@ def start_loopback_dht(
             start=True,
             host_maddrs=["/ip4/127.0.0.1/tcp/0"],
             client_mode=client_mode,
+            quota_limits=quota_limits,
             record_validators=[SignedRecordValidator()],
             identity_path=str(key.path),
             check_if_identity_free=False,  # hivemind's check assumes RSA keys

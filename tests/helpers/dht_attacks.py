@@ -3,19 +3,23 @@
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.dht.routing import DHTID
+from hivemind.dht.storage import DictionaryDHTValue
 from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
 from hivemind.utils.serializer import MSGPackSerializer
 
 from protocol.averager_declaration import AVERAGER_DECLARATION_DOMAIN, declaration_payload
-from protocol.dht_keys import signed_subkey
+from protocol.dht_keys import node_records_key, signed_subkey
 from protocol.envelope import seal
+from protocol.node_record import NODE_RECORD_DOMAIN, Capabilities, NodeRecord, Role
 from protocol.peer_keys import peer_id_from_private_key
+from protocol.version import PROTOCOL_VERSION
 
 
 async def send_raw_store(_dht: Any, node: Any, target: PeerID, request: bytes) -> str:
@@ -61,3 +65,84 @@ def misaligned_store_request(key: str) -> bytes:
         expiration_time=[time.time() + 30],
         in_cache=[False],
     ).SerializeToString()
+
+
+SYBIL_ADDRESSES = tuple(f"/dns4/{'.'.join(['a' * 55] * 4)}.example/tcp/{port}" for port in range(1000, 1016))
+"""Sixteen long, valid addresses: they make a sybil's record over 4 KiB, as large as the flood that
+once broke lookups (1,100 of them outgrow a p2pd message)."""
+
+
+def sybil_node_records(run_id: str, count: int, ttl_s: float = 240.0) -> list[tuple[str, bytes, float]]:
+    """`count` valid node records of `run_id`, each signed by a fresh key and padded to about 4 KiB with
+    addresses: (subkey, value, expiry)."""
+    key = node_records_key(run_id)
+    expires = time.time() + ttl_s
+    made = []
+    for _ in range(count):
+        signer = Ed25519PrivateKey.generate()
+        peer = peer_id_from_private_key(signer)
+        record = NodeRecord(
+            peer_id=peer,
+            roles=(Role.VALIDATOR,),
+            public_name="sybil",
+            run_id=run_id,
+            software_version="0.1.0",
+            protocol_version=PROTOCOL_VERSION,
+            capabilities=Capabilities(cpu_count=2, memory_bytes=1 << 30),
+            addresses=SYBIL_ADDRESSES,
+            started_at=0.0,
+            instance_id=secrets.token_bytes(16),
+        )
+        envelope = seal(
+            signer,
+            domain=NODE_RECORD_DOMAIN,
+            run_id=run_id,
+            dht_key=key,
+            expires_at=expires,
+            seq=1,
+            payload=record.to_payload(),
+        )
+        made.append((signed_subkey(PeerID(peer).to_base58()), MSGPackSerializer.dumps(envelope), expires))
+    return made
+
+
+async def store_sybil_records(_dht: Any, node: Any, targets: list[PeerID], run_id: str, count: int) -> int:
+    """Store `count` sybil node records of `run_id` (`sybil_node_records`, made here: hivemind's pipe to a
+    DHT process breaks on requests over 64 KiB) at each of `targets`, a hundred per request; how many
+    stores succeeded."""
+    records = sybil_node_records(run_id, count)
+    stored = 0
+    key_id = DHTID.generate(source=node_records_key(run_id))
+    for target in targets:
+        for start in range(0, len(records), 100):
+            batch = records[start : start + 100]
+            result = await node.protocol.call_store(
+                target,
+                [key_id] * len(batch),
+                [value for _, value, _ in batch],
+                [expires for _, _, expires in batch],
+                subkeys=[subkey for subkey, _, _ in batch],
+            )
+            stored += sum(bool(ok) for ok in result or [])
+    return stored
+
+
+async def stored_under(_dht: Any, node: Any, key: str) -> int:
+    """How many subkeys this DHT node holds under `key` (storage and cache), in its DHT process."""
+    key_id = DHTID.generate(source=key)
+    held = 0
+    for local in (node.protocol.storage, node.protocol.cache):
+        found = local.get(key_id)
+        if found is not None and isinstance(found.value, DictionaryDHTValue):
+            held += len(found.value)
+    return held
+
+
+async def bans_issued(_dht: Any, node: Any) -> dict[str, int]:
+    """The bans this DHT node's guard issued, by reason (in its DHT process)."""
+    return dict(node.protocol.bans.reasons)
+
+
+async def standing_tier(_dht: Any, node: Any, owner: bytes) -> int:
+    """The tier this DHT node's storage quota gives `owner` now (`node.dht_quota.Standing`)."""
+    return int(node.protocol.quota.standing.rank(owner)[0])

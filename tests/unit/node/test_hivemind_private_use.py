@@ -15,6 +15,7 @@ import pytest
 from hivemind.averaging import averager as hivemind_averager
 from hivemind.averaging.partition import TensorPartContainer
 from hivemind.dht import node as hivemind_dht_node
+from hivemind.dht.protocol import DHTProtocol
 
 PRIVATE_USES = [
     # dialling a peer at given addresses: p2pd's connect, which P2P does not expose
@@ -48,6 +49,12 @@ PRIVATE_USES = [
     ),
     ("hivemind.averaging.allreduce.AllReduceRunner", "_communicate_with_peer", "node/averaging/runner.py"),
     ("hivemind.averaging.partition.TensorPartReducer", "accumulate_part", "node/averaging/runner.py"),
+    # the DHT guard's rpc_store hands hivemind's own handler one admitted record at a time, and
+    # evicts what its quota displaces from the protocol's storage and cache (node/dht_quota.py)
+    ("hivemind.dht.protocol.DHTProtocol", "rpc_store", "node/dht_guard.py"),
+    ("hivemind.dht.protocol.DHTProtocol", "IS_DICTIONARY", "node/dht_guard.py"),
+    ("hivemind.dht.storage.DictionaryDHTValue", "__delitem__", "node/dht_guard.py"),
+    ("hivemind.dht.storage.DHTLocalStorage", "__delitem__", "node/dht_guard.py"),
     ("hivemind.utils.mpfuture.MPFuture", "_update_lock", "node/process_locks.py"),
     ("hivemind.utils.mpfuture.MPFuture", "_initialization_lock", "node/process_locks.py"),
     ("hivemind.utils.mpfuture.SharedBytes", "_lock", "node/process_locks.py"),
@@ -73,6 +80,8 @@ def test_the_swapped_module_globals_are_still_looked_up_where_they_are_swapped()
     # DHT node module's DHTProtocol: both only work while hivemind looks them up there at run time
     assert "Matchmaking(" in inspect.getsource(hivemind_averager)
     assert "DHTProtocol.create(" in inspect.getsource(hivemind_dht_node)
+    # the guard reads the storage and cache that DHTProtocol.create makes (node/dht_guard.py)
+    assert "self.storage, self.cache =" in inspect.getsource(DHTProtocol)
     assert hasattr(
         TensorPartContainer, "__init__"
     )  # `_input_parts_by_peer` is set there (runner.py reads it)
