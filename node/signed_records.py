@@ -19,11 +19,13 @@ from typing import Any
 from hivemind.p2p import PeerID
 
 from node.identity import Identity
+from node.log_limit import LogOncePer
 from protocol.dht_keys import SIGNED_SUBKEY_PREFIX, signed_subkey
 from protocol.envelope import open_envelope, seal
 from protocol.errors import InvalidMessage
 
 logger = logging.getLogger(__name__)
+_IGNORED_LOG = LogOncePer(60.0, max_keys=256)
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,7 @@ def verified_values(
         return []
     now = time.time() if now is None else now
     values = []
+    ignored, latest = 0, ""
     for subkey, item in found.value.items():
         if not (isinstance(subkey, str) and subkey.startswith(SIGNED_SUBKEY_PREFIX)):
             continue
@@ -97,9 +100,17 @@ def verified_values(
                 now=now,
             )
         except (InvalidMessage, ValueError) as exc:
-            logger.info("ignoring invalid record under %s/%s: %s", key, subkey, exc)
+            ignored, latest = ignored + 1, f"{subkey}: {exc}"
             continue
         if envelope.expires_at < now:
             continue
         values.append(SignedValue(envelope.signer, envelope.payload, envelope.seq, envelope.expires_at))
+    if ignored and _IGNORED_LOG(key):  # a key may hold any number of strangers' records: one line per key
+        logger.info(
+            "ignoring %d invalid record(s) under %s (said once per %.0f s per key); latest %s",
+            ignored,
+            key,
+            _IGNORED_LOG.interval_s,
+            latest,
+        )
     return values

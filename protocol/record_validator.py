@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from time import monotonic
 
 from hivemind.dht.routing import DHTID
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
@@ -101,6 +102,28 @@ def check_signed_record(record: DHTRecord, now: float | None = None) -> None:
     rule.check_payload(envelope.payload, envelope.signer)
 
 
+class _DropLog:
+    """Dropped records are counted and logged in one line a minute: anyone can send any number."""
+
+    EVERY_S = 60.0
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.logged_at = -float("inf")
+
+    def note(self, why: str) -> None:
+        self.count += 1
+        now = monotonic()
+        if now - self.logged_at >= self.EVERY_S:
+            logger.info(
+                "dropped %d invalid DHT record(s) since the last such line; latest: %s", self.count, why
+            )
+            self.count, self.logged_at = 0, now
+
+
+_DROPS = _DropLog()
+
+
 class SignedRecordValidator(RecordValidatorBase):
     """hivemind record validator: `check_signed_record` on `hn:` subkeys; every other record is
     refused. Stateless and picklable."""
@@ -112,10 +135,10 @@ class SignedRecordValidator(RecordValidatorBase):
                 raise InvalidMessage("unsigned records are not accepted (subkeys must be hn:<PeerID>)")
             check_signed_record(record)
         except InvalidMessage as exc:
-            logger.info("dropped invalid DHT record: %s", exc)
+            _DROPS.note(f"invalid: {exc}")
             return False
         except Exception as exc:  # malformed msgpack and the like: never crash the DHT
-            logger.info("dropped malformed DHT record: %r", exc)
+            _DROPS.note(f"malformed: {exc!r}")
             return False
         return True
 
