@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable
@@ -213,7 +214,11 @@ class ReceiptExchange:
         return await discover(self.dht, self.ledger.run_id)
 
     def choose_peers(self, live: list[LiveNode]) -> list[LiveNode]:
-        """At most `peers_per_cycle` of `live`: not this node, not banned, never-pulled then least recently pulled."""
+        """At most `peers_per_cycle` of `live` (not this node, not banned): peers with standing in the run
+        first (its signers and credited contributors: they serve the receipts that count), keeping a
+        slot for the others, each group never-pulled then least recently pulled. Never-pulled peers
+        without standing come in random order: a node record is anyone's to write, so an order it sets
+        (an early `started_at`) would let fresh identities keep an honest peer from ever being pulled."""
         own = self.identity.peer_id_bytes
         candidates = {
             node.record.peer_id: node
@@ -221,8 +226,15 @@ class ReceiptExchange:
             if node.record.peer_id != own and not self.bans.is_banned(node.record.peer_id)
         }
         order = {peer: rank for rank, peer in enumerate(self.cursors)}
-        ranked = sorted(candidates, key=lambda peer: order.get(peer, -1))
-        return [candidates[peer] for peer in ranked[: self.config.peers_per_cycle]]
+        noise = {peer: random.random() for peer in candidates}
+        ranked = sorted(candidates, key=lambda peer: (order.get(peer, -1), noise[peer]))
+        vouched = [peer for peer in ranked if self.standing.has_standing(peer)]
+        others = [peer for peer in ranked if not self.standing.has_standing(peer)]
+        slots = self.config.peers_per_cycle
+        first = vouched[: max(0, slots - 1) if others else slots]
+        rest = others[: slots - len(first)]
+        extra = vouched[len(first) :][: slots - len(first) - len(rest)]
+        return [candidates[peer] for peer in first + rest + extra]
 
     async def pull_from(self, member: LiveNode) -> PullResult:
         """One bounded pull from `member`, dialled at the addresses of its own record, resuming at its cursor."""

@@ -5,6 +5,7 @@ addresses it dials (those of the member's own record) and the ledger bound that 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from pathlib import Path
 from typing import Any
@@ -75,6 +76,30 @@ def test_peers_are_chosen_least_recently_pulled_first_never_itself_or_a_banned_o
         assert chosen == [peers[2], peers[0]]  # never pulled, then the one pulled longest ago
         exchange._remember(peers[2], 1)
         assert [m.record.peer_id for m in exchange.choose_peers(live)] == [peers[0], peers[1]]
+
+
+def test_sybil_records_listed_first_do_not_keep_honest_peers_from_being_pulled(tmp_path: Path) -> None:
+    """Sybil node records with `started_at=0` come first in discovery; they used to fill every cycle."""
+    validator, honest = new_peer()[1], new_peer()[1]
+    sybils = [new_peer()[1] for _ in range(200)]
+    early = [_member(peer) for peer in sybils]
+    live = [
+        *(dataclasses.replace(m, record=m.record.model_copy(update={"started_at": 0.0})) for m in early),
+        _member(honest),
+        _member(validator),
+    ]
+    with Ledger(tmp_path / "starve.db", RUN) as ledger:
+        exchange = _exchange(
+            ledger, new_peer()[0], peers_per_cycle=4, trusted_signers=[PeerID(validator).to_base58()]
+        )
+        pulled: set[bytes] = set()
+        for _ in range(120):  # cycles; each pull is remembered, as `pull_from` does
+            chosen = [member.record.peer_id for member in exchange.choose_peers(live)]
+            assert validator in chosen  # the run's signer, in every cycle
+            for peer in chosen:
+                exchange._remember(peer, 0)
+            pulled.update(chosen)
+        assert honest in pulled
 
 
 def test_no_pull_cycle_runs_while_the_ledger_is_at_its_bound(tmp_path: Path) -> None:
