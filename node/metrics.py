@@ -142,6 +142,14 @@ class MetricsFigures(BaseModel):
     """Live nodes of the run by role."""
     receipts_pulled: dict[str, int] = Field(default_factory=dict)
     """Receipts pulled from peers, by outcome (stored, duplicate, expired, deferred)."""
+    rl_steps: int = 0
+    """GRPO steps taken by this node's RL trainer."""
+    policy_version: int | None = None
+    """The policy version its RL trainer last published; None on a node that trains no policy."""
+    rl_reward: float | None = None
+    """Mean reward of the verified rollouts its last GRPO step learnt from."""
+    rl_staleness: float | None = None
+    """Mean staleness (trainer version minus rollout version) of that step's rollouts."""
 
 
 class NodeMetrics:
@@ -156,6 +164,7 @@ class NodeMetrics:
         self._train_loss: Gauge | None = (
             None  # registered with the first loss: a node that does not train has none
         )
+        self._rl: tuple[Counter, Gauge, Gauge, Gauge] | None = None  # registered with the first GRPO step
         self._tokens = Counter(
             "hivenet_tokens", "Tokens processed, by role (trainer: trained, inference: generated).",
             ["role"], registry=registry,
@@ -213,6 +222,27 @@ class NodeMetrics:
         self._train_loss.set(train_loss)
         self.tokens_processed("trainer", tokens_trained)
         self.bytes_sent("averaging", averaging_bytes_sent)
+
+    def rl_step_done(
+        self, *, version: int, mean_reward: float, mean_staleness: float, tokens_trained: int
+    ) -> None:
+        """One GRPO step of this node's RL trainer, which produced policy `version`."""
+        if self._rl is None:
+            registry = self.registry
+            self._rl = (
+                Counter("hivenet_rl_steps", "GRPO steps taken by this node's RL trainer.", registry=registry),
+                Gauge("hivenet_policy_version", "The policy version this node last published.", registry=registry),
+                Gauge("hivenet_rl_reward", "Mean reward of the rollouts the last GRPO step learnt from.",
+                      registry=registry),
+                Gauge("hivenet_rl_staleness", "Mean staleness (versions) of the last GRPO step's rollouts.",
+                      registry=registry),
+            )  # fmt: skip
+        steps, version_gauge, reward, staleness = self._rl
+        steps.inc()
+        version_gauge.set(version)
+        reward.set(mean_reward)
+        staleness.set(mean_staleness)
+        self.tokens_processed("trainer", tokens_trained)
 
     def tokens_processed(self, role: str, count: int) -> None:
         if count > 0:
@@ -326,6 +356,14 @@ class NodeMetrics:
                     figures.live_peers[labels["role"]] = int(value)
                 elif name == "hivenet_receipts_pulled_total":
                     figures.receipts_pulled[labels["outcome"]] = int(value)
+                elif name == "hivenet_rl_steps_total":
+                    figures.rl_steps = int(value)
+                elif name == "hivenet_policy_version":
+                    figures.policy_version = int(value)
+                elif name == "hivenet_rl_reward":
+                    figures.rl_reward = value
+                elif name == "hivenet_rl_staleness":
+                    figures.rl_staleness = value
         return figures
 
 

@@ -278,6 +278,7 @@ def add_policy_follower(node: HivenetNode, config: RLRunConfig) -> WeightBroadca
                 follow_poll_s=0.5,
             ),
             on_receipts=node.receipt_sink,
+            metrics=node.metrics,
         )
     )
 

@@ -246,6 +246,7 @@ class RLTrainer(RoleThread):
                     keep_versions=config.grpo.async_level + 2,
                 ),
                 on_receipts=node.receipt_sink,
+                metrics=node.metrics,
             )
         )
         self.judging: CallBatcher[tuple[bytes, RolloutGroup], tuple[list[bytes], list[ScoredRollout]]] = (
@@ -441,6 +442,12 @@ class RLTrainer(RoleThread):
         batch = [groups.pop(g) for g in complete[: grpo.groups_per_step]]
         report = self._step(step, batch)
         self.reports.append(report)
+        self.node.metrics.rl_step_done(
+            version=report.version,
+            mean_reward=report.mean_reward,
+            mean_staleness=report.mean_staleness,
+            tokens_trained=sum(len(r.completion_ids) for group in batch for r in group),
+        )
         if self.on_step is not None:
             try:
                 self.on_step(report)

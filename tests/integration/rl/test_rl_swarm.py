@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
 from training.rl_run import RLRunConfig
@@ -50,3 +52,10 @@ def test_the_trainer_learns_only_from_verified_rollouts(tmp_path: Path) -> None:
     assert trainer.rollouts["accepted"] == stats.accepted
     assert trainer.rollouts["rejected"] == sum(trainer.rejections.values()) == sum(stats.rejected.values())
     assert result.metrics["worker0"].rollouts["generated"] >= 8
+    # an RL trainer exports its GRPO steps, its policy version, reward and staleness, and the policy's
+    # weight chunks count on both ends of the broadcast
+    assert trainer.rl_steps == 2 and trainer.policy_version == result.steps[-1].version
+    assert trainer.rl_reward == pytest.approx(result.steps[-1].mean_reward)
+    assert trainer.rl_staleness == pytest.approx(result.steps[-1].mean_staleness)
+    assert trainer.chunks_served > 0 and trainer.bytes_sent["broadcast"] > 0
+    assert result.metrics["worker0"].chunks_fetched > 0 and result.metrics["worker0"].policy_version is None
