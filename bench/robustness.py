@@ -32,6 +32,11 @@ Part 3, a flood of genuine receipts from fresh identities through a node's pull 
 the run's signers known (`junk_receipts_stored_mib`, target <= 16) and without
 (`junk_receipts_unfiltered_mib`), and whether honest receipts still get in after it.
 
+Part 4, floods of valid DHT records from fresh identities (`bench/_dht_flood.py`): the growth of
+a DHT node's memory under 100,000 records (20,000 with `--quick`; `dht_flood_rss_growth_mib`,
+target <= 64), and whether a newcomer still lists a run's honest nodes with 1,100 and 10,000 sybil
+records stored under the run's key (`subkey_flood_nodes_listed_frac`, target 1).
+
     python bench/robustness.py --quick   # 10 outer steps of H=20 + part 2 (under 2 minutes on 2 cores)
     python bench/robustness.py           # 30 outer steps of H=50 (~15 minutes on 2 cores) + part 2
 
@@ -55,6 +60,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from bench._dht_flood import run_dht_floods  # noqa: E402
 from bench._receipt_flood import run_receipt_flood  # noqa: E402
 from bench._robustness_attacks import run_attacks  # noqa: E402
 from node.averaging.robust import DEFAULT_RULE, AggregationRule, aggregate  # noqa: E402
@@ -274,6 +280,7 @@ def main() -> None:
             fields[f"loss_ratio_{attack}_mean"] = f"{ratios['mean']:.4f}"
     fields.update(run_attacks())
     fields.update(run_receipt_flood(quick=args.quick))
+    fields.update(run_dht_floods(quick=args.quick))
     fields.update(rule=args.rule, H=str(args.inner_steps), outer_steps=str(args.outer_steps),
                   wall_s=f"{time.perf_counter() - start:.0f}")  # fmt: skip
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))

@@ -40,11 +40,11 @@ __all__ = ["Admission", "QuotaLimits", "Slot", "Standing", "StoreQuota"]
 class QuotaLimits:
     """The caps of a `StoreQuota` (see the module docstring)."""
 
-    max_per_key: int = 256
+    max_per_key: int = 1024
     max_key_bytes: int = 2 * 2**20
     max_per_owner: int = 128
     max_records: int = 8192
-    max_bytes: int = 32 * 2**20
+    max_bytes: int = 16 * 2**20
     established_s: float = 300.0
     remembered_newcomers: int = 32768
     remembered_established: int = 8192

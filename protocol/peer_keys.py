@@ -88,13 +88,14 @@ def _checked(peer_id: object) -> bytes:
 
 
 # Cached (bounded; a failure is not cached): ledgers and record validators check signatures of the
-# same few thousand peers over and over, and decoding the key costs a sixth of a verify.
-@functools.lru_cache(maxsize=65536)
+# same few thousand peers over and over, and decoding the key costs a sixth of a verify. Sized for
+# that, not for a flood of fresh identities, which would only fill memory with keys never seen again.
+@functools.lru_cache(maxsize=8192)
 def _verify_key(peer_id: bytes) -> VerifyKey:
     return VerifyKey(_raw_public_key(peer_id))
 
 
-@functools.lru_cache(maxsize=65536)
+@functools.lru_cache(maxsize=8192)
 def _raw_public_key(peer_id: bytes) -> bytes:
     if len(peer_id) < 2 or peer_id[0] != _IDENTITY_MULTIHASH or peer_id[1] != len(peer_id) - 2:
         raise InvalidMessage("peer id does not inline its public key (only Ed25519 peer ids are accepted)")

@@ -110,21 +110,34 @@ async def store_sybil_records(_dht: Any, node: Any, targets: list[PeerID], run_i
     """Store `count` sybil node records of `run_id` (`sybil_node_records`, made here: hivemind's pipe to a
     DHT process breaks on requests over 64 KiB) at each of `targets`, a hundred per request; how many
     stores succeeded."""
-    records = sybil_node_records(run_id, count)
     stored = 0
-    key_id = DHTID.generate(source=node_records_key(run_id))
-    for target in targets:
-        for start in range(0, len(records), 100):
-            batch = records[start : start + 100]
-            result = await node.protocol.call_store(
-                target,
-                [key_id] * len(batch),
-                [value for _, value, _ in batch],
-                [expires for _, _, expires in batch],
-                subkeys=[subkey for subkey, _, _ in batch],
-            )
-            stored += sum(bool(ok) for ok in result or [])
+    for start in range(0, count, 100):
+        batch = sybil_node_records(run_id, min(100, count - start))
+        for target in targets:
+            stored += await _store_batch(node, target, node_records_key(run_id), batch)
     return stored
+
+
+async def flood_many_runs(_dht: Any, node: Any, target: PeerID, runs: int, per_run: int, prefix: str) -> int:
+    """Store `per_run` sybil node records under the node-records key of each of `runs` runs at `target`
+    (made a hundred at a time, here); how many stores succeeded."""
+    stored = 0
+    for run in range(runs):
+        for start in range(0, per_run, 100):
+            batch = sybil_node_records(f"{prefix}-{run}", min(100, per_run - start))
+            stored += await _store_batch(node, target, node_records_key(f"{prefix}-{run}"), batch)
+    return stored
+
+
+async def _store_batch(node: Any, target: PeerID, key: str, batch: list[tuple[str, bytes, float]]) -> int:
+    result = await node.protocol.call_store(
+        target,
+        [DHTID.generate(source=key)] * len(batch),
+        [value for _, value, _ in batch],
+        [expires for _, _, expires in batch],
+        subkeys=[subkey for subkey, _, _ in batch],
+    )
+    return sum(bool(ok) for ok in result or [])
 
 
 async def stored_under(_dht: Any, node: Any, key: str) -> int:

@@ -159,3 +159,8 @@ def test_no_sequence_of_stores_breaks_a_cap(operations: list[tuple[int, int, int
             assert sum(e.nbytes for e in in_key) <= SMALL.max_key_bytes
         assert len(quota) <= SMALL.max_records and quota.total_bytes <= SMALL.max_bytes
         assert quota.total_bytes == sum(e.nbytes for e in quota._entries.values())
+
+
+def test_a_full_key_answers_within_a_p2pd_message() -> None:
+    p2pd_message_limit = 4 * 2**20  # what a find response may carry
+    assert QuotaLimits().max_key_bytes <= p2pd_message_limit // 2  # the node's own records come on top
