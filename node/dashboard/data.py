@@ -128,18 +128,33 @@ class DashboardData:
     # --- panels ---
 
     def swarm(self) -> Json:
-        """The live nodes (by role, with their online time), or `connected: false` without discovery."""
+        """The live nodes (by role, with their online time, when each last published its record and its
+        recent credit per day from the last ledger snapshot, null before the first), or `connected:
+        false` without discovery. A node without a public name is labelled by its first role and
+        short PeerID (`label`)."""
         now = self.clock()
         nodes = self._live or []
+        latest = self.view.latest()  # the swarm is polled often: it never waits for a snapshot
+        contributors = latest.report.contributors if latest is not None else None
         by_role: dict[str, int] = {}
         rows = []
         for node in nodes:
             record = node.record
             for role in record.roles:
                 by_role[role.value] = by_role.get(role.value, 0) + 1
+            peer = self._peer(record.peer_id)
+            credit = contributors.get(record.peer_id) if contributors is not None else None
             rows.append(
                 {
-                    **self._peer(record.peer_id),
+                    **peer,
+                    "label": peer["name"] or f"{record.roles[0].value} {peer['peer_id'][-8:]}",
+                    # a record's sequence number is the time it was signed (`node.signed_records`)
+                    "last_seen_s": max(0.0, now - node.seq / 1e9),
+                    "credit_recent": None
+                    if contributors is None
+                    else credit.recent
+                    if credit is not None
+                    else 0.0,
                     "roles": [role.value for role in record.roles],
                     "software_version": record.software_version,
                     "online_s": max(0.0, now - record.started_at),

@@ -72,6 +72,10 @@ class LedgerView:
             self._counted, self._counted_at = len(self.ledger), now
         return self._counted
 
+    def latest(self) -> LedgerSnapshot | None:
+        """The last snapshot computed, however old, without counting the ledger (None before the first)."""
+        return self._snapshot
+
     def snapshot(self, *, fresh: bool = False) -> LedgerSnapshot:
         """The current snapshot: recomputed at once if the ledger grew (in the background if that
         takes long), in the background if it aged (`fresh`: the ledger is counted now, not at most

@@ -213,6 +213,19 @@ def test_the_dashboard_command_on_a_local_swarm(browser: Any, tmp_path: Path) ->
             check_page(browser, url, ledger, run, worker, tmp_path)
             assert browser.find_element(By.ID, "node-name").text == "node1"
             assert "live as relay" in browser.find_element(By.ID, "node-status").text
+            browser.get(url)
+            WebDriverWait(browser, 30).until(lambda d: len(table_rows(d, "#swarm-table tbody tr")) == 3)
+            rows = {cells[2]: cells for cells in table_rows(browser, "#swarm-table tbody tr")}
+            seed = next(n for n in fetch(url + "api/swarm")["list"] if n["roles"] == ["seed"])
+            assert rows["seed"][0] == seed["label"] != ""  # a seed without a name shows a label
+            assert rows["relay"][0] == "node1"
+            assert all(cells[4].endswith(" ago") for cells in rows.values())  # when each record was signed
+            recent = next(
+                r["recent"] for r in fetch(url + "api/leaderboard")["rows"] if r["peer_id"] == worker
+            )
+            assert (
+                abs(float(rows["relay"][5].replace(",", "")) - recent) <= 0.5
+            )  # as the leaderboard shows it
         finally:
             dashboard.terminate()
             dashboard.wait(timeout=30)

@@ -152,7 +152,7 @@ async function drawSwarm() {
   $("run").textContent = "run " + swarm.run_id;
   $("node-count").textContent = swarm.nodes;
   $("by-role").replaceChildren(...Object.entries(swarm.by_role).map(([role, n]) => el("span", `${role} ${n}`, { class: "role", "data-role": role })));
-  fillRows("swarm-table", swarm.list.map((n) => [n.name, peerLink(n.peer_id), n.roles.join(", "), duration(n.online_s), n.software_version]));
+  fillRows("swarm-table", swarm.list.map((n) => [n.label, peerLink(n.peer_id), n.roles.join(", "), duration(n.online_s), duration(n.last_seen_s) + " ago", n.credit_recent === null ? "" : fmt(n.credit_recent, 0), n.software_version]));
   $("swarm-note").textContent = swarm.connected ? "" : "not connected to a swarm (no --initial-peers): showing the ledger only";
 }
 

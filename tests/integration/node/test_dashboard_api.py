@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import time
@@ -24,7 +25,7 @@ from protocol.rollout_messages import seal_verdict
 from tests.helpers import receipts
 from tests.helpers.dashboard import DashboardRun, build_run
 from tests.helpers.dashboard_training import training_round
-from tests.helpers.receipts import RUN
+from tests.helpers.receipts import RUN, new_peer
 from tests.helpers.rollouts import key
 
 
@@ -60,13 +61,36 @@ def row_of(board: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def test_swarm_counts_live_nodes_by_role(served: Any) -> None:
-    run, _, server = served
+    run, data, server = served
+    assert all(n["credit_recent"] is None for n in get(server, "/api/swarm")[1]["list"])  # no snapshot yet
+    get(server, "/api/leaderboard")
     status, swarm = get(server, "/api/swarm")
     assert status == 200
     assert swarm["connected"] is True and swarm["nodes"] == len(run.peers)
     assert swarm["by_role"] == {"inference": 3, "trainer": 2, "validator": 2}
     assert {n["name"] for n in swarm["list"]} == set(run.peers)
     assert all(n["online_s"] >= 600 for n in swarm["list"])
+    assert all(n["label"] == n["name"] for n in swarm["list"])
+    assert all(5 <= n["last_seen_s"] < 600 for n in swarm["list"])  # from when each record was signed
+    credit = data.view.read(lambda ledger: ledger.credit(trusted=run.trusted).contributors)
+    for row in swarm["list"]:
+        peer = run.peers[row["name"]].peer_id
+        assert row["credit_recent"] == pytest.approx(credit[peer].recent if peer in credit else 0.0, rel=1e-3)
+    assert any(row["credit_recent"] > 0 for row in swarm["list"])
+
+
+def test_a_node_without_a_public_name_is_labelled_by_its_role(served: Any) -> None:
+    """The seed used to show with an empty name."""
+    run, data, server = served
+    nodes = run.live_nodes()
+    seed = new_peer()[1]
+    nameless = dataclasses.replace(
+        nodes[0], record=nodes[0].record.model_copy(update={"public_name": "", "peer_id": seed})
+    )
+    data.set_live_nodes([nameless, *nodes])
+    row = next(n for n in get(server, "/api/swarm")[1]["list"] if n["peer_id"] == peer_text(seed))
+    assert row["name"] == ""
+    assert row["label"] == f"{nameless.record.roles[0].value} {row['peer_id'][-8:]}"
 
 
 def test_leaderboard_credit_matches_the_receipts(served: Any) -> None:
