@@ -1,7 +1,7 @@
 """What a contributor sees in the terminal: what this node gave, and the credit its receipts earned.
 
 `hivenet join` prints `contribution_line` at most once a minute and once at exit. Work is read
-from the node's own metrics (tokens trained and generated, chunks served, outer steps); credit
+from the node's own metrics (tokens trained and generated, chunks served, outer and GRPO steps); credit
 only from receipts other peers signed for this node (an inference worker's verdicts), counted by
 the ledger's rules with the run's trainers and validators as the signers of their kinds, so the figure is the one a
 ledger would compute, never this node's own say-so.
@@ -44,6 +44,8 @@ def contribution_line(
     parts = []
     if figures.outer_steps:
         parts.append(f"{figures.outer_steps} outer steps")
+    if figures.rl_steps:
+        parts.append(f"{figures.rl_steps} GRPO steps (policy v{figures.policy_version})")
     if figures.tokens.get("trainer"):
         parts.append(f"{figures.tokens['trainer']:,} tokens trained")
     generated = figures.rollouts.get("generated", 0)

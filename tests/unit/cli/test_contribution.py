@@ -34,3 +34,12 @@ def test_a_node_without_receipts_says_so() -> None:
     metrics.chunk_served(1024)
     line = contribution_line(metrics.figures(), me=b"me", run_id=RUN)
     assert line == "contributed: 1 weight chunks served | credit: no receipts yet"
+
+
+def test_an_rl_trainer_sees_its_grpo_steps_and_tokens_trained() -> None:
+    """It used to say "contributed: nothing yet" after a hundred steps."""
+    metrics = NodeMetrics()
+    for version in (1, 2, 3):
+        metrics.rl_step_done(version=version, mean_reward=0.5, mean_staleness=1.0, tokens_trained=100)
+    line = contribution_line(metrics.figures(), me=b"me", run_id=RUN)
+    assert line.startswith("contributed: 3 GRPO steps (policy v3), 300 tokens trained |")
