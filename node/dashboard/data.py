@@ -26,12 +26,22 @@ from node.dashboard.bans_view import bans_json
 from node.dashboard.ledger_view import LedgerView
 from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, time_edges
 from node.dashboard.training_view import panel_json
-from node.ledger import DEFAULT_HALF_LIFE_S, Ledger, RunSigners, Standing
+from node.ledger import DEFAULT_HALF_LIFE_S, CreditRates, Ledger, RunSigners, Standing
 from node.membership import LiveNode
 from protocol import rollouts_pb2
 from protocol.receipts import ROLES, Receipt, ReceiptKind, stored_payload
 
 MAX_LIST = 500
+WEIGHTS_PAGE = 20
+"""Weights versions the panel lists (the newest; the API takes up to `MAX_LIST`)."""
+_RATES = CreditRates()
+_POINTS = {
+    "inference": f"{_RATES.per_token_generated:g} per accepted rollout token",
+    "trainer": f"{_RATES.per_token_trained:g} per token trained",
+    "broadcast": f"{_RATES.per_mib_delivered:g} per MiB of weights delivered",
+    "seed": f"{_RATES.per_seed_service:g} per seed service",
+}
+"""What one point of credit is, per role (the ledger's default rates, which the dashboard counts with)."""
 """Most receipts or leaderboard rows one answer lists."""
 MAX_DETAILS = 50
 """Rejected rollouts of one node whose validator's detail is decoded from the signed verdict."""
@@ -203,12 +213,15 @@ class DashboardData:
             "history": self._history(snap),
         }
 
-    def weights(self) -> Json:
-        """Weights versions known from transfer receipts: bytes delivered, sources and how fast they spread."""
-        return self._memo(("weights",), self._weights)
+    def weights(self, limit: int = WEIGHTS_PAGE) -> Json:
+        """The newest `limit` weights versions known from transfer receipts (bytes delivered, sources and
+        how fast they spread), and how many there are in all."""
+        return self._memo(("weights", limit), lambda snap: self._weights(snap, limit))
 
-    def _weights(self, snap: LedgerSnapshot) -> Json:
+    def _weights(self, snap: LedgerSnapshot, limit: int) -> Json:
+        newest = sorted(snap.versions.values(), key=lambda s: -s.version)[:limit]
         return {
+            "total": len(snap.versions),
             "versions": [
                 {
                     "version": spread.version,
@@ -222,8 +235,8 @@ class DashboardData:
                     "spread_s": spread.last_at - spread.first_at,
                     "receipts_url": receipts_url(version=spread.version),
                 }
-                for spread in sorted(snap.versions.values(), key=lambda s: -s.version)
-            ]
+                for spread in newest
+            ],
         }
 
     def leaderboard(self, limit: int = 100) -> Json:
@@ -252,6 +265,7 @@ class DashboardData:
             "run_id": self.run_id,
             "at": snap.report.now,
             "half_life_s": snap.report.half_life_s,
+            "points": _POINTS,
             "contributors": len(board),
             "receipts": snap.count,
             "rows": rows,

@@ -4,7 +4,7 @@ Standard library only (`node.http_server.BoundedHTTPServer`, a capped `Threading
 
 - `/` and `/node/<PeerID>`: the page (one HTML file; `app.js` draws the panels from the API);
 - `/static/<name>`: the assets shipped in this package (no CDN: it works offline);
-- `/api/swarm`, `/api/verification`, `/api/weights`, `/api/leaderboard?limit=`, `/api/credit`,
+- `/api/swarm`, `/api/verification`, `/api/weights?limit=`, `/api/leaderboard?limit=`, `/api/credit`,
   `/api/history`, `/api/training`, `/api/node/<PeerID>`,
   `/api/receipts?contributor=&kind=&reason=&standing=&version=&step=&limit=`,
   `/api/receipt/<id hex>` (with the signed envelope), `/api/version`;
@@ -28,7 +28,7 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from node.dashboard.data import DashboardData, parse_peer
+from node.dashboard.data import MAX_LIST, WEIGHTS_PAGE, DashboardData, parse_peer
 from node.http_server import BoundedHTTPServer
 
 logger = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ class DashboardServer:
         self._routes: dict[str, Callable[[dict[str, str]], Any]] = {
             "swarm": lambda q: data.swarm(),
             "verification": lambda q: data.verification(),
-            "weights": lambda q: data.weights(),
+            "weights": lambda q: data.weights(_int(q, "limit", WEIGHTS_PAGE, 1, MAX_LIST) or WEIGHTS_PAGE),
             "leaderboard": lambda q: data.leaderboard(_int(q, "limit", 100, 1, 500) or 100),
             "credit": lambda q: data.credit_rules(),
             "history": lambda q: data.history(),

@@ -148,6 +148,12 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
     link = driver.find_element(By.CSS_SELECTOR, "#banned tbody tr td a[href^='/api/receipts']")
     assert link.get_attribute("href").endswith(banned["reasons"][0]["receipts_url"])
     assert driver.find_element(By.CSS_SELECTOR, "#history-plot svg rect") is not None
+    for chart in ("history-plot", "loss-plot"):  # axes, gridlines and their values
+        assert len(driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg line.grid")) == 3
+        assert len(driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg line.axis")) == 2
+        assert all(t.text for t in driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg text.tick"))
+    note = driver.find_element(By.ID, "leaderboard-note").text  # what a point of credit is
+    assert "inference 1 per accepted rollout token" in note and "trainer 1 per token trained" in note
     check_training(driver, url)
 
     # a new receipt lands in the ledger: the page redraws by itself (server-sent events)

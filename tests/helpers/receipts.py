@@ -79,12 +79,13 @@ def transfer(
     byte_count: int = 1 << 20,
     issued_at: float | None = None,
     run_id: str = RUN,
+    version: int = 2,
 ) -> bytes:
     return seal_transfer_receipt(
         signer,
         run_id=run_id,
         contributor=contributor,
-        version=2,
+        version=version,
         manifest_hash=os.urandom(32),
         chunks=4,
         byte_count=byte_count,

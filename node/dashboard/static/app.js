@@ -92,11 +92,24 @@ function scaleY(value, low, high) {
   return PLOT.height - PLOT.pad - ((value - low) / span) * (PLOT.height - 2 * PLOT.pad);
 }
 
+// Axes and three horizontal gridlines (low, middle, high of the y scale), each labelled at the left.
+function grid(svg, low, high, digits) {
+  const { width, height, pad } = PLOT;
+  for (const value of [low, (low + high) / 2, high]) {
+    const y = scaleY(value, low, high);
+    svg.appendChild(svgNode("line", { x1: pad, x2: width - pad, y1: y, y2: y, stroke: "#d0d5dd", "stroke-width": "1", class: "grid" }));
+    svg.appendChild(svgNode("text", { x: 2, y: y + 4, "font-size": "9", fill: "#5b6475", class: "tick" }, fmt(value, digits)));
+  }
+  svg.appendChild(svgNode("line", { x1: pad, x2: pad, y1: pad, y2: height - pad, stroke: "#5b6475", class: "axis" }));
+  svg.appendChild(svgNode("line", { x1: pad, x2: width - pad, y1: height - pad, y2: height - pad, stroke: "#5b6475", class: "axis" }));
+}
+
 // A bar plot of `bars` with an optional line of `line` on its own scale, under `edges` in time.
 function plot(container, edges, bars, barLabel, line, lineLabel) {
   const { width, height, pad } = PLOT;
   const svg = plotFrame();
   const maxBar = Math.max(1e-9, ...bars);
+  grid(svg, 0, maxBar, 0);
   const step = (width - 2 * pad) / Math.max(1, bars.length);
   bars.forEach((value, i) => {
     const h = (value / maxBar) * (height - 2 * pad);
@@ -130,6 +143,7 @@ function curve(container, points, label, xLabel) {
   const [lowY, highY] = [Math.min(...ys), Math.max(...ys)];
   const bottom = lowY === highY ? lowY - 1 : lowY, top = lowY === highY ? highY + 1 : highY;
   const at = (p) => [highX === lowX ? width / 2 : pad + ((p.x - lowX) / (highX - lowX)) * (width - 2 * pad), scaleY(p.y, bottom, top)];
+  grid(svg, bottom, top, 3);
   svg.appendChild(svgNode("polyline", { points: points.map((p) => at(p).join(",")).join(" "), fill: "none", stroke: "#3b6fd4", "stroke-width": "2" }));
   for (const p of points) {
     const [x, y] = at(p);
@@ -158,7 +172,8 @@ async function drawSwarm() {
 
 async function drawLeaderboard() {
   const board = await api("/api/leaderboard?limit=100");
-  $("leaderboard-note").textContent = `${board.contributors} contributors, ${board.receipts} receipts; recent average with a half-life of ${duration(board.half_life_s)}`;
+  const points = Object.entries(board.points).map(([role, what]) => `${role} ${what}`).join(", ");
+  $("leaderboard-note").textContent = `${board.contributors} contributors, ${board.receipts} receipts. Credit is in points: ${points}; recent average per day, with a half-life of ${duration(board.half_life_s)}`;
   fillRows("leaderboard", board.rows.map((r) => [
     r.rank, r.name, peerLink(r.peer_id),
     fmt(r.roles.inference), fmt(r.roles.trainer), fmt(r.roles.broadcast), fmt(r.roles.seed),
@@ -192,6 +207,7 @@ async function drawVerification() {
 async function drawWeights() {
   const w = await api("/api/weights");
   fillRows("weights", w.versions.map((v) => [v.version, link(v.receipts, v.receipts_url), bytes(v.bytes), v.sources, v.fetchers, duration(v.spread_s)]));
+  $("weights-note").textContent = w.total > w.versions.length ? `the newest ${w.versions.length} of ${w.total} versions` : "";
 }
 
 async function drawCredit() {

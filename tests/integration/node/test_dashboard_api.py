@@ -420,3 +420,15 @@ def test_a_node_page_credits_receipts_stored_since_the_last_snapshot(tmp_path: P
     page = data.node(newcomer)
     assert page is not None and page["credit"]["total"] == 77
     ledger.close()
+
+
+def test_the_weights_panel_lists_the_newest_versions_and_says_how_many_there_are(served: Any) -> None:
+    run, data, server = served
+    sources = [run.peers["trainer-a"], run.peers["trainer-b"]]
+    data.view.ledger.add_many(
+        [receipts.transfer(sources[v % 2].key, run.peers["alice"].peer_id, version=v) for v in range(1, 31)]
+    )
+    _, weights = get(server, "/api/weights?limit=5")
+    assert weights["total"] >= 30 and [v["version"] for v in weights["versions"]] == [30, 29, 28, 27, 26]
+    assert len(get(server, "/api/weights")[1]["versions"]) == 20  # the panel's page
+    assert get(server, "/api/weights?limit=0")[0] == 400
