@@ -1,46 +1,22 @@
 """What a contributor sees in the terminal: what this node gave, and the credit its receipts earned.
 
 `hivenet join` prints `contribution_line` at most once a minute and once at exit. Work is read
-from the node's own metrics (tokens trained and generated, chunks served, outer and GRPO steps); credit
-only from receipts other peers signed for this node (an inference worker's verdicts), counted by
-the ledger's rules with the run's trainers and validators as the signers of their kinds, so the figure is the one a
-ledger would compute, never this node's own say-so.
+from the node's own metrics (tokens trained and generated, chunks served, outer and GRPO steps);
+credit is the node's `own_credit` (`node.own_credit`): counted from its ledger with the run's
+signers, as a dashboard over that ledger counts it, so the terminal, /status, /metrics and the
+dashboard show one figure, never this node's own say-so.
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Iterable
-
-from node.ledger.credit import compute_credit
-from node.ledger.signers import RunSigners
 from node.metrics import MetricsFigures
-from protocol.errors import InvalidMessage
-from protocol.receipts import Receipt, open_receipt
+from node.own_credit import CreditFigures
 
 __all__ = ["contribution_line"]
 
 
-def _opened(envelopes: Iterable[bytes], run_id: str) -> list[Receipt]:
-    receipts = []
-    for envelope in envelopes:
-        try:
-            receipts.append(open_receipt(envelope, run_id=run_id, audit=True))
-        except InvalidMessage:
-            continue  # already checked when received; an expired one simply no longer counts
-    return receipts
-
-
-def contribution_line(
-    figures: MetricsFigures,
-    *,
-    me: bytes,
-    run_id: str,
-    receipts: Iterable[bytes] = (),
-    trusted: Iterable[bytes] | RunSigners = (),
-    now: float | None = None,
-) -> str:
-    """One line: this node's work so far and the credit its receipts earned."""
+def contribution_line(figures: MetricsFigures, credit: CreditFigures | None) -> str:
+    """One line: this node's work so far (`figures`) and the credit its ledger counts (`credit`)."""
     parts = []
     if figures.outer_steps:
         parts.append(f"{figures.outer_steps} outer steps")
@@ -57,16 +33,12 @@ def contribution_line(
     if figures.chunks_served:
         parts.append(f"{figures.chunks_served:,} weight chunks served")
     work = ", ".join(parts) or "nothing yet"
-    opened = _opened(receipts, run_id)
-    if not opened:
+    if credit is None:
+        return f"contributed: {work} | credit: no ledger"
+    if not credit.receipts:
         return f"contributed: {work} | credit: no receipts yet"
-    report = compute_credit(opened, trusted=trusted, now=time.time() if now is None else now)
-    mine = report.contributors.get(me)
-    accepted = sum(1 for r in opened if r.contributor == me and r.accepted)
-    if mine is None:
-        return f"contributed: {work} | receipts {len(opened)} ({accepted} accepted), credit 0"
-    pending = f", {mine.untrusted:,.0f} from untrusted signers" if mine.untrusted else ""
+    pending = f", {credit.untrusted:,.0f} from untrusted signers" if credit.untrusted else ""
     return (
-        f"contributed: {work} | receipts {len(opened)} ({accepted} accepted) | credit {mine.total:,.0f} "
-        f"(recent {mine.recent:,.0f}/day{pending})"
+        f"contributed: {work} | receipts {credit.receipts} | credit {credit.total:,.0f} "
+        f"(recent {credit.recent:,.0f}/day{pending})"
     )

@@ -133,28 +133,18 @@ def _check_reachability_in_background(node: HivenetNode, console: Any) -> None:
 
 
 def _contribution(node: HivenetNode, rl: Any) -> str:
-    """This node's contribution line (see `cli.contribution`)."""
+    """This node's contribution line (see `cli.contribution`), counted now."""
     from hivemind.p2p import PeerID
 
     from cli.contribution import contribution_line
     from node.ledger import RunSigners
 
-    receipts: list[bytes] = []
-    trusted = RunSigners()
     if rl is not None:
-        if rl.worker is not None:
-            receipts = [receipt.envelope for receipt in rl.worker.receipts]
         trainers = frozenset(PeerID.from_base58(p).to_bytes() for p in rl.config.authorized_publishers)
         validators = frozenset(PeerID.from_base58(p).to_bytes() for p in rl.config.trusted_validators)
         # each trainer runs a validator of its own
-        trusted = RunSigners(validators=trainers | validators, trainers=trainers)
-    return contribution_line(
-        node.metrics.figures(),
-        me=node.identity.peer_id_bytes,
-        run_id=node.config.run_id,
-        receipts=receipts,
-        trusted=trusted,
-    )
+        node.own_credit.signers = RunSigners(validators=trainers | validators, trainers=trainers)
+    return contribution_line(node.metrics.figures(), node.own_credit.figures(fresh=True))
 
 
 def _wait_for_trainers(node: HivenetNode, count: int, stop: Any, console: Any) -> bool:

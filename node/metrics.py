@@ -150,6 +150,8 @@ class MetricsFigures(BaseModel):
     """Mean reward of the verified rollouts its last GRPO step learnt from."""
     rl_staleness: float | None = None
     """Mean staleness (trainer version minus rollout version) of that step's rollouts."""
+    credit: dict[str, float] = Field(default_factory=dict)
+    """This node's credit from its ledger, in points: total, recent (per day) and untrusted."""
 
 
 class NodeMetrics:
@@ -165,6 +167,7 @@ class NodeMetrics:
             None  # registered with the first loss: a node that does not train has none
         )
         self._rl: tuple[Counter, Gauge, Gauge, Gauge] | None = None  # registered with the first GRPO step
+        self._credit: Gauge | None = None  # registered once the node has a ledger to count from
         self._tokens = Counter(
             "hivenet_tokens", "Tokens processed, by role (trainer: trained, inference: generated).",
             ["role"], registry=registry,
@@ -243,6 +246,18 @@ class NodeMetrics:
         reward.set(mean_reward)
         staleness.set(mean_staleness)
         self.tokens_processed("trainer", tokens_trained)
+
+    def set_credit(self, *, total: float, recent: float, untrusted: float) -> None:
+        """This node's credit as its ledger counts it (`node.own_credit`)."""
+        if self._credit is None:
+            self._credit = Gauge(
+                "hivenet_credit_points",
+                "This node's credit from its ledger, in points: total, recent (per day), untrusted (counts zero).",
+                ["kind"],
+                registry=self.registry,
+            )
+        for kind, value in (("total", total), ("recent", recent), ("untrusted", untrusted)):
+            self._credit.labels(kind=kind).set(value)
 
     def tokens_processed(self, role: str, count: int) -> None:
         if count > 0:
@@ -364,6 +379,8 @@ class NodeMetrics:
                     figures.rl_reward = value
                 elif name == "hivenet_rl_staleness":
                     figures.rl_staleness = value
+                elif name == "hivenet_credit_points":
+                    figures.credit[labels["kind"]] = value
         return figures
 
 

@@ -32,6 +32,7 @@ from node.ledger import Ledger
 from node.logs import set_log_peer
 from node.membership import LiveNode, Membership, discover
 from node.metrics import NodeMetrics
+from node.own_credit import OwnCredit
 from node.reachability import DialBackOutcome, request_dial_back, serve_dial_back
 from node.receipts import ReceiptExchange, ReceiptsConfig
 from node.receipts.client import PullResult
@@ -97,6 +98,8 @@ class HivenetNode:
         self.ledger: Ledger | None = None
         self.receipts: ReceiptExchange | None = None
         """The receipts exchange, on an announced node whose config names a ledger (`ledger_path`)."""
+        self.own_credit = OwnCredit(lambda: self.ledger, self.identity.peer_id_bytes)
+        """This node's credit from its ledger: what its contribution line, /status and /metrics show."""
 
     @property
     def short_id(self) -> str:
@@ -268,6 +271,9 @@ class HivenetNode:
             return 0
 
     def snapshot(self) -> NodeStatusSnapshot:
+        credit = self.own_credit.figures()
+        if credit is not None:
+            self.metrics.set_credit(total=credit.total, recent=credit.recent, untrusted=credit.untrusted)
         return NodeStatusSnapshot(
             peer_id=self.identity.peer_id.to_base58(),
             public_name=self.membership.record.public_name if self.membership else self.config.public_name,
@@ -281,6 +287,7 @@ class HivenetNode:
             record_published=bool(self.membership and self.membership.last_publish_ok),
             state=self.state,
             metrics=self.metrics.figures(),
+            credit=credit,
         )
 
     def _write_status(self) -> None:

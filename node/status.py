@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from node.http_server import BoundedHTTPServer
 from node.metrics import METRICS_CONTENT_TYPE, MetricsFigures, NodeMetrics
+from node.own_credit import CreditFigures
 from node.runtime import offload
 from protocol.errors import ConfigError
 
@@ -54,6 +55,8 @@ class NodeStatusSnapshot(BaseModel):
     """'starting', 'running' or 'leaving'."""
     metrics: MetricsFigures = Field(default_factory=MetricsFigures)
     """The node's metrics (the figures /metrics exports)."""
+    credit: CreditFigures | None = None
+    """This node's credit from its ledger (`node.own_credit`); None on a node without a ledger."""
 
 
 def write_status_file(path: Path, snapshot: NodeStatusSnapshot) -> None:

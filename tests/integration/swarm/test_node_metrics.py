@@ -16,12 +16,17 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from cli.contribution import contribution_line
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
 from node.config import load_config
+from node.dashboard import DashboardData, peer_text
+from node.ledger import RunSigners
 from node.node import HivenetNode
 from node.swarm import wait_until
+from tests.helpers import receipts
 from tests.helpers.broadcast import TEST_CHUNK_BYTES, make_state_dict
+from tests.helpers.receipts import new_peer
 
 RUN = "metrics-run"
 
@@ -55,6 +60,7 @@ def two_nodes(tmp_path: Path) -> Iterator[tuple[HivenetNode, HivenetNode]]:
             config = load_config(
                 identity_path=tmp_path / f"{name}.key",
                 weights_dir=tmp_path / f"{name}-weights",
+                ledger_path=tmp_path / f"{name}.ledger.db",
                 host="127.0.0.1",
                 run_id=RUN,
                 roles=[role],
@@ -122,3 +128,42 @@ def test_each_node_serves_its_own_metrics_and_they_follow_the_events(
     figures = _status(fetch_port)["metrics"]
     assert figures["chunks_fetched"] == manifest.num_chunks
     assert figures["live_peers"] == {"trainer": 1, "validator": 1}
+
+
+def test_the_contribution_line_status_metrics_and_dashboard_show_one_credit(
+    two_nodes: tuple[HivenetNode, HivenetNode],
+) -> None:
+    """The terminal, /status and /metrics each counted credit their own way and contradicted the
+    dashboard (issue 28); now they show the one figure a dashboard over the node's ledger shows."""
+    publisher, _ = two_nodes
+    assert publisher.ledger is not None and publisher.config.status_port is not None
+    validator_key, validator = new_peer()
+    sybil_key, _ = new_peer()
+    me = publisher.identity.peer_id_bytes
+    publisher.ledger.add_many(
+        [
+            *(receipts.verdict(validator_key, me, tokens=30, run_id=RUN) for _ in range(3)),
+            receipts.verdict(
+                validator_key, me, tokens=30, accepted=False, reason="toploc_mantissa", run_id=RUN
+            ),
+            receipts.verdict(sybil_key, me, tokens=50, run_id=RUN),
+        ]
+    )
+    signers = RunSigners(validators=frozenset({validator}))
+    publisher.own_credit.signers = signers
+    publisher.own_credit.max_age_s = 0.0  # counted afresh on every status write
+    publisher.refresh_view()
+
+    credit = publisher.own_credit.figures()
+    assert credit is not None and credit.total == 90 and credit.untrusted == 50
+    line = contribution_line(publisher.metrics.figures(), credit)
+    status = _status(publisher.config.status_port)
+    scraped = _scrape(publisher.config.status_port)
+    board = DashboardData(publisher.ledger, trusted=signers).leaderboard()
+    [row] = [r for r in board["rows"] if r["peer_id"] == peer_text(me)]
+    assert f"credit {row['total']:,.0f} " in line and "50 from untrusted signers" in line
+    assert (
+        status["credit"]["total"] == row["total"] == scraped[("hivenet_credit_points", (("kind", "total"),))]
+    )
+    assert status["credit"]["untrusted"] == row["untrusted"] == status["metrics"]["credit"]["untrusted"]
+    assert status["credit"]["recent"] == pytest.approx(row["recent"], rel=1e-3)
