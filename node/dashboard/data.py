@@ -24,12 +24,12 @@ from hivemind.p2p import PeerID
 
 from node.dashboard.bans_view import bans_json
 from node.dashboard.ledger_view import LedgerView
+from node.dashboard.receipt_json import receipt_json
 from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, time_edges
 from node.dashboard.training_view import panel_json
 from node.ledger import DEFAULT_HALF_LIFE_S, CreditRates, Ledger, RunSigners, Standing
 from node.membership import LiveNode
-from protocol import rollouts_pb2
-from protocol.receipts import ROLES, Receipt, ReceiptKind, stored_payload
+from protocol.receipts import ROLES, Receipt, ReceiptKind
 
 MAX_LIST = 500
 WEIGHTS_PAGE = 20
@@ -442,37 +442,6 @@ class DashboardData:
         }
 
     def _receipt_json(self, receipt: Receipt, snap: LedgerSnapshot, *, detail: bool = False) -> Json:
-        standing = snap.report.standing.get(receipt.receipt_id)
-        item: Json = {
-            "id": receipt.receipt_id.hex(),
-            "kind": receipt.kind.value,
-            "role": receipt.role,
-            "signer": self._text(receipt.signer),
-            "signer_name": self._names.get(receipt.signer, ""),
-            "contributor": self._text(receipt.contributor),
-            "contributor_name": self._names.get(receipt.contributor, ""),
-            "issued_at": receipt.issued_at,
-            "step": receipt.step,
-            "tokens": receipt.tokens,
-            "bytes": receipt.byte_count,
-            "chunks": receipt.chunks,
-            "count": receipt.count,
-            "accepted": receipt.accepted,
-            "reason": receipt.reason,
-            "evidence": receipt.evidence.hex(),
-            "standing": standing.value if standing else "new",
-            "counted": round(snap.report.counted.get(receipt.receipt_id, 0.0), 3),
-            "url": f"/api/receipt/{receipt.receipt_id.hex()}",
-        }
-        if detail and receipt.kind is ReceiptKind.ROLLOUT and not receipt.accepted and receipt.envelope:
-            item["detail"] = _verdict_detail(receipt)
-        return item
-
-
-def _verdict_detail(receipt: Receipt) -> str:
-    """The validator's human-readable figures behind a rejection, decoded from the stored verdict.
-
-    The ledger verified the envelope's signature when it stored it, so it is only decoded here.
-    """
-    verdict = stored_payload(receipt.envelope, rollouts_pb2.RolloutVerdict)
-    return "" if verdict is None else str(verdict.detail)
+        return receipt_json(
+            receipt, snap, text=self._text, name=lambda peer: self._names.get(peer, ""), detail=detail
+        )
