@@ -30,9 +30,8 @@ from node.dht_quota import QuotaLimits, Standing
 from node.identity import create_identity
 from node.membership import Membership, fetch_run_records
 from node.swarm import wait_until
-from protocol.node_record import Role
-from protocol.version import PROTOCOL_VERSION
 from tests.helpers.dht_attacks import flood_many_runs, standing_tier, store_sybil_records
+from tests.helpers.members import validator_membership
 
 MIB = 2**20
 BENCH_LIMITS = QuotaLimits(established_s=2.0)
@@ -71,19 +70,7 @@ def _members(seed: hivemind.DHT, root: Path, run_id: str, nodes: list[hivemind.D
         member = start_loopback_dht(peers, identity=identity, quota_limits=BENCH_LIMITS)
         nodes.append(member)
         memberships.append(
-            Membership(
-                member,
-                identity,
-                run_id=run_id,
-                roles=[Role.VALIDATOR],
-                public_name="honest",
-                addresses=[],
-                record_ttl_s=240.0,
-                refresh_interval_s=60.0,
-                software_version="bench",
-                protocol_version=PROTOCOL_VERSION,
-                check_identity=False,
-            )
+            validator_membership(member, identity, run_id, public_name="honest", record_ttl_s=240.0)
         )
     return memberships
 

@@ -1,9 +1,33 @@
-"""A live member of a run as membership would list it, for tests that dial or pull from one."""
+"""Members of a run for tests: a live member as membership would list it (for tests that dial or
+pull from one), and a validator's membership that publishes a real record."""
 
 from __future__ import annotations
 
-from node.membership import LiveNode
+from typing import Any
+
+from node.identity import Identity
+from node.membership import LiveNode, Membership
 from protocol.node_record import Capabilities, NodeRecord, Role
+from protocol.version import PROTOCOL_VERSION
+
+
+def validator_membership(
+    dht: Any, identity: Identity, run_id: str, *, public_name: str = "", record_ttl_s: float = 60.0
+) -> Membership:
+    """The membership of a validator of `run_id` on `dht`, published by hand (`publish`)."""
+    return Membership(
+        dht,
+        identity,
+        run_id=run_id,
+        roles=[Role.VALIDATOR],
+        public_name=public_name,
+        addresses=[],
+        record_ttl_s=record_ttl_s,
+        refresh_interval_s=record_ttl_s / 3,
+        software_version="test",
+        protocol_version=PROTOCOL_VERSION,
+        check_identity=False,
+    )
 
 
 def live_member(

@@ -32,8 +32,7 @@ from hivemind.utils import get_dht_time
 from hivemind.utils.serializer import MSGPackSerializer
 
 from node.broadcast.broadcaster import WeightBroadcast
-from node.identity import Identity
-from node.membership import Membership, discover
+from node.membership import discover
 from node.swarm import wait_until
 from protocol.dht_keys import (
     all_averagers_key,
@@ -45,14 +44,13 @@ from protocol.dht_keys import (
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_WEIGHTS_POINTER_TTL_S
 from protocol.manifest import WEIGHTS_POINTER_DOMAIN, WeightsPointer
-from protocol.node_record import Role
-from protocol.version import PROTOCOL_VERSION
 from tests.helpers.broadcast import (
     SwarmNode,
     assert_state_dicts_equal,
     make_state_dict,
     start_broadcast,
 )
+from tests.helpers.members import validator_membership
 from tests.helpers.squat_swarm import (
     AVERAGER_SHAPES,
     LARGE_VALUE_BYTES,
@@ -161,22 +159,6 @@ async def attack_weights_holders(swarm: SquatSwarm) -> SquatOutcome:
     )
 
 
-def _membership(node: SwarmNode, identity: Identity, run_id: str) -> Membership:
-    return Membership(
-        node.dht,
-        identity,
-        run_id=run_id,
-        roles=[Role.VALIDATOR],
-        public_name="",
-        addresses=[],
-        record_ttl_s=60.0,
-        refresh_interval_s=20.0,
-        software_version="test",
-        protocol_version=PROTOCOL_VERSION,
-        check_identity=False,
-    )
-
-
 async def _record_seqs(dht: DHT, run_id: str) -> dict[bytes, int]:
     """The sequence number of each live node record of `run_id` that `dht` discovers."""
     return {node.record.peer_id: node.seq for node in await discover(dht, run_id)}
@@ -192,7 +174,7 @@ async def attack_node_records(swarm: SquatSwarm) -> SquatOutcome:
     run_id = swarm.fresh_name("nodes")
     key = node_records_key(run_id)
     nodes = (swarm.publisher, swarm.follower)
-    members = [_membership(node, node.identity, run_id) for node in nodes]
+    members = [validator_membership(node.dht, node.identity, run_id) for node in nodes]
     for member in members:
         await member.publish()
     with swarm.attacker() as attacker:

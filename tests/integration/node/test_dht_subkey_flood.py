@@ -22,31 +22,14 @@ import pytest
 from node.dht_node import start_loopback_dht
 from node.dht_quota import QuotaLimits, Standing
 from node.identity import Identity, create_identity
-from node.membership import Membership, fetch_run_records
+from node.membership import fetch_run_records
 from node.swarm import wait_until
 from protocol.dht_keys import node_records_key
-from protocol.node_record import Role
-from protocol.version import PROTOCOL_VERSION
 from tests.helpers.dht_attacks import bans_issued, standing_tier, store_sybil_records, stored_under
+from tests.helpers.members import validator_membership
 
 RUN = "flooded-run"
 LIMITS = QuotaLimits(established_s=1.0)
-
-
-def _membership(dht: hivemind.DHT, identity: Identity) -> Membership:
-    return Membership(
-        dht,
-        identity,
-        run_id=RUN,
-        roles=[Role.VALIDATOR],
-        public_name="honest",
-        addresses=[],
-        record_ttl_s=240.0,
-        refresh_interval_s=60.0,
-        software_version="test",
-        protocol_version=PROTOCOL_VERSION,
-        check_identity=False,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +56,10 @@ def test_a_subkey_flood_hides_no_established_honest_node(
 ) -> None:
     nodes, identities = swarm
     seed, members = nodes[0], nodes[1:]
-    memberships = [_membership(dht, identity) for dht, identity in zip(members, identities, strict=True)]
+    memberships = [
+        validator_membership(dht, identity, RUN, public_name="honest", record_ttl_s=240.0)
+        for dht, identity in zip(members, identities, strict=True)
+    ]
     owners = [identity.peer_id.to_bytes() for identity in identities]
 
     def established() -> bool:  # each refresh is a sighting; the seed promotes after established_s
