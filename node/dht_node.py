@@ -213,6 +213,7 @@ def start_loopback_dht(
     client_mode: bool = False,
     identity: Identity | None = None,
     quota_limits: QuotaLimits | None = None,
+    trusted_owners: frozenset[bytes] = frozenset(),
 ) -> hivemind.DHT:
     """A DHT on 127.0.0.1 with the production record validator, as `identity` (else an ephemeral one).
 
@@ -222,7 +223,8 @@ def start_loopback_dht(
     key too, whose file is deleted once the daemon has read it. It joins `initial_peers` the way a
     public node joins its seeds (`bootstrap`), after its daemon is up: p2pd dials the peers it is
     handed before it reports ready, so a peer stalled by load would make the daemon fail to start.
-    `quota_limits` replaces the defaults of its storage quota (`node.dht_quota`).
+    `quota_limits` replaces the defaults of its storage quota (`node.dht_quota`), whose records of
+    `trusted_owners` (with its own) outrank everyone's, as the run's signers do on a public node.
     """
     with tempfile.TemporaryDirectory(prefix="hivenet-ephemeral-") as scratch:
         key = identity if identity is not None else create_identity(Path(scratch) / "identity.key")
@@ -232,6 +234,7 @@ def start_loopback_dht(
             host_maddrs=["/ip4/127.0.0.1/tcp/0"],
             client_mode=client_mode,
             quota_limits=quota_limits,
+            trusted_owners=trusted_owners | {key.peer_id.to_bytes()},
             record_validators=[SignedRecordValidator()],
             identity_path=str(key.path),
             check_if_identity_free=False,  # hivemind's check assumes RSA keys

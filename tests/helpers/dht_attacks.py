@@ -15,8 +15,9 @@ from hivemind.proto import dht_pb2
 from hivemind.utils.serializer import MSGPackSerializer
 
 from protocol.averager_declaration import AVERAGER_DECLARATION_DOMAIN, declaration_payload
-from protocol.dht_keys import node_records_key, signed_subkey
+from protocol.dht_keys import node_records_key, signed_subkey, weights_pointer_key
 from protocol.envelope import seal
+from protocol.manifest import WEIGHTS_POINTER_DOMAIN, WeightsPointer
 from protocol.node_record import NODE_RECORD_DOMAIN, Capabilities, NodeRecord, Role
 from protocol.peer_keys import peer_id_from_private_key
 from protocol.version import PROTOCOL_VERSION
@@ -159,3 +160,45 @@ async def bans_issued(_dht: Any, node: Any) -> dict[str, int]:
 async def standing_tier(_dht: Any, node: Any, owner: bytes) -> int:
     """The tier this DHT node's storage quota gives `owner` now (`node.dht_quota.Standing`)."""
     return int(node.protocol.quota.standing.rank(owner)[0])
+
+
+def sybil_pointers(run_id: str, count: int, ttl_s: float = 600.0) -> list[tuple[str, bytes, float]]:
+    """`count` valid weights pointers of `run_id` (`latest`), each signed by a fresh key naming itself
+    the publisher of a version far ahead: (subkey, value, expiry)."""
+    key = weights_pointer_key(run_id)
+    expires = time.time() + ttl_s
+    made = []
+    for n in range(count):
+        signer = Ed25519PrivateKey.generate()
+        peer = peer_id_from_private_key(signer)
+        pointer = WeightsPointer(
+            run_id=run_id,
+            version=1000 + n,
+            content_id=secrets.token_bytes(32),
+            manifest_bytes=4096,
+            num_chunks=1,
+            total_bytes=1024,
+            publisher=peer,
+        )
+        envelope = seal(
+            signer,
+            domain=WEIGHTS_POINTER_DOMAIN,
+            run_id=run_id,
+            dht_key=key,
+            expires_at=expires,
+            seq=1,
+            payload=pointer.to_payload(),
+        )
+        made.append((signed_subkey(PeerID(peer).to_base58()), MSGPackSerializer.dumps(envelope), expires))
+    return made
+
+
+async def store_sybil_pointers(_dht: Any, node: Any, targets: list[PeerID], run_id: str, count: int) -> int:
+    """Store `count` sybil pointers (`sybil_pointers`, made here) under `run_id`'s `latest` at each of
+    `targets`, a hundred per request; how many stores succeeded."""
+    stored = 0
+    for start in range(0, count, 100):
+        batch = sybil_pointers(run_id, min(100, count - start))
+        for target in targets:
+            stored += await _store_batch(node, target, weights_pointer_key(run_id), batch)
+    return stored
