@@ -12,13 +12,16 @@ per-key cap, and no honest node banned another for relaying what it found.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
 import hivemind
 import pytest
+from click.testing import CliRunner
 
+from cli.main import cli
 from node.dht_node import start_loopback_dht
 from node.dht_quota import QuotaLimits, Standing
 from node.identity import Identity, create_identity
@@ -88,6 +91,12 @@ def test_a_subkey_flood_hides_no_established_honest_node(
     finally:
         newcomer.shutdown()
     assert set(owners) <= set(listed), f"{len(set(owners) & set(listed))} of 2 honest members listed"
+    # and so does `hivenet peers`, as an operator runs it
+    seed_address = str(seed.get_visible_maddrs()[0])
+    result = CliRunner().invoke(cli, ["peers", "--initial-peers", seed_address, "--run", RUN, "--json"])
+    assert result.exit_code == 0, result.output
+    shown = {row["peer_id"] for row in json.loads(result.output[result.output.index("[") :])}
+    assert {identity.peer_id.to_base58() for identity in identities} <= shown
     for dht in nodes:
         held = dht.run_coroutine(partial(stored_under, key=key), return_future=True).result(timeout=30)
         assert held <= 2 * (LIMITS.max_per_key + 1), f"a node holds {held} records under the flooded key"
