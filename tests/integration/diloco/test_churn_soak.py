@@ -235,7 +235,7 @@ def _history(w: _Watched) -> str:
     return f"{w.name} ({peer}): reports {reports}, downloads {w.fetched}, groups {w.groups}"
 
 
-def _check_trainer(w: _Watched, killed_after: int | None) -> None:
+def _check_trainer(w: _Watched, killed_after: int | None, last_step: int = LAST_STEP) -> None:
     """One report per round it lived through, in order, each averaged with others (no lost step);
     every state it took after joining was a resync it reported, within the same outer step."""
     if killed_after is not None:
@@ -252,12 +252,14 @@ def _check_trainer(w: _Watched, killed_after: int | None) -> None:
     else:
         assert w.fetched, f"{w.name} did not take the run's state (it started from its own)"
         joined_at, resyncs = w.fetched[0][0], w.fetched[1:]
-        if steps[0] != joined_at + 1:
+        if steps[0] != joined_at + 1 or reports[0].resynced:
             # It missed the group of its first round (the run moved on without it): it must have
-            # taken the run's state again at once instead of keeping its lone outer step.
+            # taken the run's state again at once instead of keeping its lone outer step. Its first
+            # report then is that resync, whether it joined at the step before the round or, the
+            # run having moved on while it downloaded, at a later one.
             assert reports[0].resynced, f"{w.name} joined at outer step {joined_at}, then {reports[0]}"
             averaged = reports[1:]
-    last = killed_after - 1 if killed_after is not None else LAST_STEP  # a victim dies before reporting
+    last = killed_after - 1 if killed_after is not None else last_step  # a victim dies before reporting
     assert steps == list(range(steps[0], last + 1)), f"{w.name} reported outer steps {steps}"
     assert all(r.num_peers >= 2 for r in averaged), f"{w.name} averaged alone: {averaged}"
     # A member that a round left out of sync (a reducer failed it, or its group's majority held
@@ -266,3 +268,33 @@ def _check_trainer(w: _Watched, killed_after: int | None) -> None:
     reported = [r.outer_step for r in reports if r.resynced]
     died_resynced = [killed_after] if killed_after is not None and killed_after in dict(resyncs) else []
     assert [s for s, _ in resyncs] == reported + died_resynced, f"{w.name} took states {resyncs}"
+
+
+def _report(step: int, num_peers: int, resynced: bool) -> OuterStepReport:
+    return OuterStepReport(
+        peer="r45",
+        outer_step=step,
+        train_loss=1.0,
+        eval_loss=None,
+        num_peers=num_peers,
+        bytes_sent=0,
+        tokens=0,
+        outer_hash=f"h{step}",
+        inner_time_s=0.0,
+        wall_time_s=0.0,
+        resynced=resynced,
+    )
+
+
+def test_a_replacement_that_joined_late_and_missed_its_first_group_passes_if_it_resynced_at_once() -> None:
+    # Seen in CI: r45 downloaded outer step 46 (the run had moved on while it joined), missed the
+    # group of round 46, stepped alone and took the run's step 47 in the same outer step. That is
+    # the recovery the soak asks for; the check used to count the lone step as averaged alone.
+    trainer: Any = type("FakeTrainer", (), {})()
+    trainer.name, trainer.error = "r45", None
+    trainer.reports = [_report(47, 1, True), _report(48, 4, False), _report(49, 4, False)]
+    watched = _Watched(trainer, fetched=[(46, "h46"), (47, "h47")])
+    _check_trainer(watched, killed_after=None, last_step=49)
+    trainer.reports[1] = _report(48, 1, False)
+    with pytest.raises(AssertionError, match="averaged alone"):
+        _check_trainer(watched, killed_after=None, last_step=49)
