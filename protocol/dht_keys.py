@@ -68,6 +68,17 @@ def averaging_prefix(run_id: str) -> str:
     return "hivenet_diloco_" + validate_run_id(run_id).replace(".", "_")
 
 
+def averaging_round_key(prefix: str) -> str:
+    """Where every trainer under `prefix` declares the outer step it will average for next, and
+    whether it serves its state (one subkey per PeerID; read by `node.collective`)."""
+    return f"{prefix}.rounds"
+
+
+def round_channel_key(prefix: str, step: int) -> str:
+    """What a contribution or commit for outer step `step` is signed for: it cannot be replayed in another round."""
+    return f"{prefix}.round.{int(step)}"
+
+
 def all_averagers_key(prefix: str) -> str:
     """Where every averager under `prefix` declares itself as a state source (one subkey per PeerID).
 

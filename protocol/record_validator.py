@@ -30,6 +30,11 @@ from protocol.averager_declaration import (
     MAX_AVERAGER_DECLARATION_TTL_S,
     check_declaration_payload,
 )
+from protocol.averaging_round import (
+    ROUND_DECLARATION_DOMAIN,
+    ROUND_DECLARATION_TTL_S,
+    check_round_declaration,
+)
 from protocol.dht_keys import SIGNED_SUBKEY_PREFIX
 from protocol.envelope import open_envelope, peek_domain
 from protocol.errors import InvalidMessage
@@ -62,6 +67,9 @@ DOMAIN_RULES: dict[str, DomainRule] = {
     NODE_RECORD_DOMAIN: DomainRule(max_ttl_s=MAX_NODE_RECORD_TTL_S, check_payload=_check_node_record),
     AVERAGER_DECLARATION_DOMAIN: DomainRule(
         max_ttl_s=MAX_AVERAGER_DECLARATION_TTL_S, check_payload=check_declaration_payload
+    ),
+    ROUND_DECLARATION_DOMAIN: DomainRule(
+        max_ttl_s=ROUND_DECLARATION_TTL_S, check_payload=check_round_declaration
     ),
 }
 """Every domain that may be stored in the DHT. Other packages register theirs with `register_domain`."""
