@@ -1,0 +1,240 @@
+"""`GatherAverager`: the averaging service as a trainer's synchronous averager and state source.
+
+The training loop (`training.diloco`) runs in a thread of its own and sees the network through
+two small interfaces, `RoundAverager` and `StateSource`. This class implements both on top of
+the node's event loop (`node.runtime.NodeRuntime`): it hosts an `AveragingService` (the
+rounds) and a `StateService` (outer-state serving and downloads) on one replicated P2P client
+of the node's own daemon, and bridges each call with `runtime.submit` / `runtime.call`. There is
+no averager process: a trainer is its node's process and that node's p2pd.
+
+Who counts as a witness for a downloaded state: a trainer that has averaged in sync with us
+(`AveragingService.standing`) or that the run names. A trainer with such evidence never takes a
+state that only identities without it agree on; a newcomer with none falls back to two agreeing
+sources, or an authorised publisher, as before.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import logging
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import hivemind
+import torch
+from hivemind.p2p import PeerID
+
+from node.averaging.outer_state import OuterState
+from node.averaging.rounds import DoneAverage, PendingAverage, RoundOutcome
+from node.bans import BanList
+from node.collective.codecs import PseudoGradCodec
+from node.collective.config import AveragingConfig
+from node.collective.service import AveragingService
+from node.collective.state_service import StateService, StateServiceConfig
+from node.dht_node import signing_key_of
+from node.rollouts.peers import replicate_p2p
+from node.runtime import NodeRuntime
+from protocol.averaging_round import RoundDeclaration
+
+__all__ = ["GatherAverager"]
+
+logger = logging.getLogger(__name__)
+
+_DECLARATIONS_CACHE_S = 5.0
+_PEER_POLL_S = 0.5
+
+
+class _Pending:
+    """A round in flight on the event loop; `result` never raises (a failed round is averaged alone)."""
+
+    def __init__(self, future: concurrent.futures.Future[RoundOutcome], label: str) -> None:
+        self.future = future
+        self.label = label
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self) -> RoundOutcome:
+        try:
+            return self.future.result()
+        except Exception as exc:
+            logger.warning("%s: averaging round failed (%r); stepping alone", self.label, exc)
+            return RoundOutcome(None, 1)
+
+
+class GatherAverager:
+    """A trainer's averager on the node's event loop (see module docstring)."""
+
+    def __init__(
+        self,
+        shapes: Sequence[torch.Size],
+        dht: hivemind.DHT,
+        *,
+        prefix: str,
+        codec: PseudoGradCodec,
+        config: AveragingConfig,
+        state_config: StateServiceConfig | None = None,
+        trusted_state_sources: Sequence[PeerID] = (),
+        admitted_trainers: Sequence[PeerID] = (),
+        name: str = "trainer",
+        runtime: NodeRuntime | None = None,
+    ) -> None:
+        key = signing_key_of(dht)
+        if key is None:
+            raise ValueError(
+                "the averaging service signs with its DHT's key: start the DHT with hivenet's start_dht"
+            )
+        self.label = name
+        self.shapes = [torch.Size(s) for s in shapes]
+        self.config = config
+        self._own_runtime = runtime is None
+        self.runtime = runtime if runtime is not None else NodeRuntime(f"{name}-averaging").start()
+        self.admitted = frozenset(p.to_bytes() for p in admitted_trainers) or None
+        self.trusted = frozenset(p.to_bytes() for p in trusted_state_sources)
+        self.bans = BanList(config.ban_base_s, config.ban_max_s, owner=name)
+        self.p2p = self.runtime.call(replicate_p2p(dht))
+        self.rounds = AveragingService(
+            dht=dht,
+            signing_key=key,
+            prefix=prefix,
+            codec=codec,
+            config=config,
+            admitted=self.admitted,
+            p2p=self.p2p,
+            bans=self.bans,
+            label=name,
+        )
+        self.states = StateService(
+            self.p2p,
+            proto=f"/hivenet/outer-state/1/{prefix}",
+            shapes=[tuple(s) for s in self.shapes],
+            config=state_config or StateServiceConfig(),
+            bans=self.bans,
+            label=name,
+        )
+        self.runtime.add_service(self.rounds)
+        self.runtime.add_service(self.states)
+        self._provider: Callable[[], OuterState] | None = None
+        self._doubtful = False
+        self._declared: dict[bytes, RoundDeclaration] = {}
+        self._declared_at = -float("inf")
+        self._closed = False
+
+    # ---- RoundAverager -----------------------------------------------------------------------
+
+    def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str) -> None:
+        gather_at = time.time() + max(0.0, expected_duration_s)
+        self.runtime.submit(self.rounds.declare(step, outer_hash, gather_at, serves_state=not self._doubtful))
+
+    def start_average(
+        self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str
+    ) -> PendingAverage:
+        if self._closed:
+            return DoneAverage(RoundOutcome(None, 1))
+        future = self.runtime.submit(self._average(step, list(pseudo_grads), outer_hash))
+        return _Pending(future, self.label)
+
+    async def _average(self, step: int, tensors: list[torch.Tensor], outer_hash: str) -> RoundOutcome:
+        if self.rounds.declared_step != step:  # a round not prepared is declared now
+            await self.rounds.declare(step, outer_hash, time.time(), serves_state=not self._doubtful)
+        outcome = await self.rounds.average(step, tensors, outer_hash)
+        if not outcome.in_sync:
+            self._doubtful = True
+            self.states.set_state(None)
+        return outcome
+
+    def bytes_sent(self) -> int:
+        return self.rounds.bytes_sent + self.states.bytes_sent
+
+    # ---- steps and state -----------------------------------------------------------------------
+
+    def _declarations(self) -> dict[bytes, RoundDeclaration]:
+        now = time.monotonic()
+        if now - self._declared_at > _DECLARATIONS_CACHE_S:
+            self._declared = self.runtime.call(self.rounds.declarations(), timeout_s=60.0)
+            self._declared_at = now
+        return self._declared
+
+    def peer_steps(self) -> dict[bytes, float]:
+        """Outer steps live trainers of the run declare (self excluded; self-reported, untrusted)."""
+        self._declared_at = -float("inf")
+        return {p: float(d.step) for p, d in self._declarations().items()}
+
+    def has_peers(self) -> bool:
+        return bool(self._declarations())
+
+    def set_state_provider(self, provider: Callable[[], OuterState]) -> None:
+        self._provider = provider
+
+    def publish_step(self, step: int) -> None:
+        """Serve our state as of outer step `step` (unless our last round left us out of sync)."""
+        if self._provider is not None and not self._doubtful:
+            self.states.set_state(self._provider())
+
+    def witness(self, peer: bytes) -> bool:
+        """Whether `peer`'s agreement on a state counts (see module docstring)."""
+        if peer in self.trusted or (self.admitted is not None and peer in self.admitted):
+            return True
+        return not self.rounds.standing or peer in self.rounds.standing
+
+    def fetch_state(
+        self, *, newer_than: int, timeout_s: float = 60.0, wait_s: float | None = None
+    ) -> OuterState | None:
+        """A state past outer step `newer_than` that the run vouches for, or None after `wait_s`."""
+        deadline = time.monotonic() + (self.config.averaging_timeout_s if wait_s is None else wait_s)
+        while True:
+            self._declared_at = -float("inf")
+            candidates = self._state_sources(newer_than)
+            if candidates:
+                result = self.runtime.call(
+                    self.states.fetch(
+                        [PeerID(p) for p in candidates],
+                        newer_than=newer_than,
+                        trusted=self.trusted,
+                        counts_as_witness=self.witness,
+                        timeout_s=timeout_s,
+                    ),
+                )
+                if result.state is not None:
+                    self._doubtful = False
+                    self.states.set_state(result.state)
+                    return result.state
+            if time.monotonic() >= deadline:
+                logger.warning(
+                    "%s: no state past outer step %d that the run vouches for; keeping our own",
+                    self.label,
+                    newer_than,
+                )
+                return None
+            time.sleep(_PEER_POLL_S)
+
+    def _state_sources(self, newer_than: int) -> list[bytes]:
+        """Trainers serving a later state, best first: those with standing, then nearest the median step."""
+        offers = {
+            p: d.step for p, d in self._declarations().items() if d.serves_state and d.step > newer_than
+        }
+        if not offers:
+            return []
+        median = statistics.median_low(offers.values())
+        return sorted(offers, key=lambda p: (p not in self.rounds.standing, abs(offers[p] - median)))
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+
+    def cancel_round(self) -> None:
+        """Nothing to cancel: a round in flight ends by its own deadlines."""
+
+    def is_alive(self) -> bool:
+        return not self._closed
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.runtime.stop_service(self.states)
+        self.runtime.stop_service(self.rounds)
+        with contextlib.suppress(Exception):
+            self.runtime.call(self.p2p.shutdown(), timeout_s=10.0)
+        if self._own_runtime:
+            self.runtime.close()

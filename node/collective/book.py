@@ -1,0 +1,96 @@
+"""One round's ledger: the contributions and commits of an outer step's round as they arrive.
+
+A member's round has two phases. While it **gathers**, it keeps at most one contribution per
+peer (a second, different one from the same peer is equivocation: both stay out and the peer is
+reported). When the gather ends it **commits** to what it holds, and from then on only commits
+are taken. The set every member aggregates is `final_set`: the contributions held, with the same
+payload hash, by every member whose commit it received (its own included). Members that received
+the same commits therefore aggregate the same set, whatever each of them gathered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from protocol import collective_pb2 as pb
+from protocol.averaging_round import ContributionHeader
+
+__all__ = ["Received", "RoundBook"]
+
+
+@dataclass(frozen=True)
+class Received:
+    header: ContributionHeader
+    payload: bytes
+
+
+@dataclass
+class RoundBook:
+    step: int
+    max_members: int
+    contributions: dict[bytes, Received] = field(default_factory=dict)
+    commits: dict[bytes, dict[bytes, bytes]] = field(default_factory=dict)
+    own_contribution: pb.Contribution | None = None
+    own_commit: bytes | None = None
+    equivocators: set[bytes] = field(default_factory=set)
+    given_contribution: set[bytes] = field(default_factory=set)
+    """Peers that got our contribution in an answer (no need to send it to them again)."""
+    given_commit: set[bytes] = field(default_factory=set)
+    """Peers that got our commit in an answer."""
+    gathering: bool = True
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def add_contribution(self, peer: bytes, received: Received) -> str | None:
+        """Keep `peer`'s contribution; the reason it is not kept, or None."""
+        if not self.gathering:
+            return "this round's gather is over"
+        if peer in self.equivocators:
+            return "this peer sent two different contributions to this round"
+        held = self.contributions.get(peer)
+        if held is not None:
+            if held.header.payload_sha256 != received.header.payload_sha256:
+                self.equivocators.add(peer)
+                del self.contributions[peer]
+                self.changed.set()
+                return "a second, different contribution to the same round"
+            return None
+        if len(self.contributions) >= self.max_members:
+            return "this round's group is full"
+        self.contributions[peer] = received
+        self.changed.set()
+        return None
+
+    def add_commit(self, peer: bytes, held: dict[bytes, bytes]) -> None:
+        if peer not in self.commits:
+            self.commits[peer] = held
+            self.changed.set()
+
+    def held(self) -> dict[bytes, bytes]:
+        """{peer: payload hash} of the contributions held now."""
+        return {p: r.header.payload_sha256 for p, r in self.contributions.items()}
+
+    def close_gather(self) -> dict[bytes, bytes]:
+        """End the gather and return what this member commits to."""
+        self.gathering = False
+        return self.held()
+
+    def missing_commits(self, me: bytes) -> set[bytes]:
+        return {p for p in self.contributions if p != me and p not in self.commits}
+
+    def final_set(self, me: bytes) -> dict[bytes, bytes]:
+        """{peer: payload hash} of the contributions every committer holds, with the same hash."""
+        mine = self.held()
+        committers = [held for p, held in self.commits.items() if p in mine and p != me]
+        return {
+            p: digest
+            for p, digest in mine.items()
+            if p not in self.equivocators and all(held.get(p) == digest for held in committers)
+        }
+
+    async def wait_changed(self, timeout_s: float) -> None:
+        """Wait until something arrives or `timeout_s` passes."""
+        self.changed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.changed.wait(), max(0.0, timeout_s))

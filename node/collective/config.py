@@ -1,0 +1,34 @@
+"""Settings of the averaging service (`node.collective.service.AveragingService`)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from node.averaging.robust import DEFAULT_RULE, AggregationRule
+from node.rollouts.config import StreamServiceConfig
+
+__all__ = ["AveragingConfig"]
+
+
+class AveragingConfig(StreamServiceConfig):
+    """How a trainer forms its rounds and how its averaging streams are limited."""
+
+    max_group_size: int = Field(default=32, ge=2, le=256)
+    """Most members of one round (this trainer included); peers beyond are not contacted."""
+    gather_timeout_s: float = Field(default=30.0, gt=0)
+    """How long past the latest gather time its members declared a round waits for their contributions."""
+    commit_timeout_s: float = Field(default=10.0, gt=0)
+    """How long past the gather a round waits for the members' commits."""
+    averaging_timeout_s: float = Field(default=120.0, gt=0)
+    """Longest a round may take from its start, whatever its members declared."""
+    request_timeout_s: float = Field(default=30.0, gt=0)
+    """Longest one exchange with one peer (dial, send, answer) may take."""
+    declaration_ttl_s: float = Field(default=120.0, ge=10)
+    """How long a round declaration stays valid; it is renewed every third of this while the trainer lives."""
+    max_norm_ratio: float | None = Field(default=None, gt=1)
+    """Refuse a contribution whose norm exceeds this multiple of the median norm (None: no cap)."""
+    aggregation: AggregationRule = DEFAULT_RULE
+    """How every member combines the round's contributions (`node.collective.aggregate`)."""
+    max_streams: int = Field(default=64, ge=1)
+    max_streams_per_peer: int = Field(default=4, ge=1)
+    frame_timeout_s: float = Field(default=30.0, gt=0)

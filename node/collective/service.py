@@ -1,0 +1,436 @@
+"""The averaging service: one DiLoCo round per outer step, on the node's event loop.
+
+A trainer **declares** the outer step it holds and will average for next (a signed record under
+`dht_keys.averaging_round_key`, renewed while it lives), with the time it expects to send. When
+its inner steps end it encodes its pseudo-gradient with the run's codec, signs a header binding
+the payload's hash to the round, and **gathers**: it sends its contribution to every member
+declared for the same step (at most `max_group_size`, chosen the same way by every member) and
+collects theirs. An answer carries the answerer's own contribution once it has one, so a member
+that sends late still gets what it missed. The gather ends when every candidate has contributed
+or at the latest declared gather time plus `gather_timeout_s`. Each member then **commits**:
+it signs the list of contributions it holds and sends it to their senders. Every member
+aggregates the contributions held, with the same hash, by every member whose commit it received
+(`node.collective.book`), in PeerID order, with deterministic robust arithmetic
+(`node.collective.aggregate`), so members that saw the same commits hold bit-identical results.
+A round whose members' states disagree, or that most live trainers have moved past, is reported
+out of sync and the trainer takes the run's state instead.
+
+Streams are `node.rollouts.streams.FramedService` streams: frames capped before buffering (the
+codec's exact payload size plus a small header), per-peer and total stream caps, timeouts, and a
+ban for a malformed or badly signed message. A contribution must be signed by the stream's own
+peer for this run and step, and its payload must match the signed hash and the codec's size; a
+run that names its trainers (`admitted`) takes contributions from them only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import statistics
+import time
+from collections.abc import Coroutine, Sequence
+from typing import Any
+
+import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from hivemind.p2p import P2P, PeerID
+
+from node.averaging.rounds import RoundOutcome
+from node.bans import BanList
+from node.collective.aggregate import aggregate_contributions
+from node.collective.book import Received, RoundBook
+from node.collective.codecs import PseudoGradCodec
+from node.collective.config import AveragingConfig
+from node.identity import Identity
+from node.rollouts.errors import RolloutTransportError
+from node.rollouts.streams import FramedService, exchange
+from node.runtime import offload
+from node.signed_records import SignedRecords
+from protocol import collective_pb2 as pb
+from protocol.averaging_round import (
+    COMMIT_DOMAIN,
+    CONTRIBUTION_DOMAIN,
+    ROUND_DECLARATION_DOMAIN,
+    ROUND_DECLARATION_TTL_S,
+    ContributionHeader,
+    RoundDeclaration,
+    commit_payload,
+    parse_commit,
+    parse_contribution_header,
+    parse_round_declaration,
+)
+from protocol.dht_keys import averaging_round_key, round_channel_key
+from protocol.envelope import open_envelope, seal
+from protocol.errors import InvalidMessage
+from protocol.untrusted import parse_untrusted
+
+__all__ = ["AveragingService"]
+
+logger = logging.getLogger(__name__)
+
+_FRAME_SLACK_BYTES = 64 * 1024
+"""Room in a frame for a contribution's signed header, or for a whole commit."""
+_MAX_COMMIT_ENVELOPE_BYTES = 48 * 1024
+_RUN_ID = ""
+"""Messages are bound to their run by the key they are signed for (it holds the run's prefix)."""
+
+
+class AveragingService(FramedService):
+    """A trainer's side of the run's averaging rounds (see module docstring)."""
+
+    name = "averaging"
+    what = "averaging message"
+
+    def __init__(
+        self,
+        *,
+        dht: object,
+        signing_key: Ed25519PrivateKey,
+        prefix: str,
+        codec: PseudoGradCodec,
+        config: AveragingConfig,
+        admitted: frozenset[bytes] | None = None,
+        p2p: P2P | None = None,
+        bans: BanList | None = None,
+        label: str = "",
+    ) -> None:
+        super().__init__(
+            dht=dht,  # type: ignore[arg-type]
+            config=config,
+            max_frame_bytes=codec.max_payload_bytes() + _FRAME_SLACK_BYTES,
+            p2p=p2p,
+            bans=bans,
+            owner=label,
+        )
+        self.proto = f"/hivenet/averaging/1/{prefix}"
+        self.averaging = config
+        self.prefix = prefix
+        self.codec = codec
+        self.admitted = admitted
+        self.label = label
+        self._key = signing_key
+        self._records = SignedRecords(dht, Identity(private_key=signing_key, path=None))  # type: ignore[arg-type]
+        self.me = self._records.identity.peer_id_bytes
+        self._books: dict[int, RoundBook] = {}
+        self._low_step = 0
+        self._declaration: RoundDeclaration | None = None
+        self._renewer: asyncio.Task[None] | None = None
+        self._sending: set[asyncio.Task[None]] = set()
+        self.bytes_sent = 0
+        self.standing: set[bytes] = set()
+        """Peers that averaged with us in a round where we both held the group's state: evidence
+        that cannot be minted with a fresh identity."""
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await super().start()
+        self._renewer = asyncio.create_task(self._renew_declaration())
+
+    async def stop(self) -> None:
+        tasks = [*self._sending, *([self._renewer] if self._renewer is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await super().stop()
+
+    # ---- declarations ----------------------------------------------------------------------
+
+    @property
+    def declared_step(self) -> int:
+        """The outer step we last declared (the round we take messages for, with the next)."""
+        return self._low_step
+
+    @property
+    def round_key(self) -> str:
+        return averaging_round_key(self.prefix)
+
+    async def declare(self, step: int, outer_hash: str, gather_at: float, *, serves_state: bool) -> None:
+        """Say which outer step we hold and average for next (and drop the books of earlier rounds)."""
+        declaration = RoundDeclaration(step, outer_hash, self.codec.name, gather_at, serves_state)
+        self._declaration = declaration
+        self._low_step = step
+        for old in [s for s in self._books if s < step]:
+            del self._books[old]
+        await self._store(declaration)
+
+    async def _store(self, declaration: RoundDeclaration) -> None:
+        try:
+            await self._records.store(
+                self.round_key,
+                domain=ROUND_DECLARATION_DOMAIN,
+                run_id=_RUN_ID,
+                payload=declaration.payload(),
+                ttl_s=self.averaging.declaration_ttl_s,
+            )
+        except Exception as exc:  # the renewal tries again
+            logger.debug("%s: round declaration failed: %r", self.label, exc)
+
+    async def _renew_declaration(self) -> None:
+        while True:
+            await asyncio.sleep(self.averaging.declaration_ttl_s / 3)
+            if self._declaration is not None:
+                await self._store(self._declaration)
+
+    async def declarations(self) -> dict[bytes, RoundDeclaration]:
+        """Every live trainer's verified declaration (ours excluded; only admitted trainers in a closed run)."""
+        values = await self._records.get(
+            self.round_key, domain=ROUND_DECLARATION_DOMAIN, run_id=_RUN_ID, max_ttl_s=ROUND_DECLARATION_TTL_S
+        )
+        found: dict[bytes, RoundDeclaration] = {}
+        for value in values:
+            if value.signer == self.me or not self.admits(value.signer):
+                continue
+            try:
+                found[value.signer] = parse_round_declaration(value.payload)
+            except InvalidMessage:
+                continue
+        return found
+
+    def admits(self, peer: bytes) -> bool:
+        return self.admitted is None or peer in self.admitted
+
+    # ---- serving ---------------------------------------------------------------------------
+
+    def error_response(self, error: str) -> bytes:
+        return pb.RoundReply(error=error).SerializeToString()
+
+    def refusal(self, peer: PeerID) -> str | None:
+        if not self.admits(peer.to_bytes()):
+            return "refused: this run names its trainers, and this peer is not one of them"
+        return None
+
+    async def answer(self, peer: PeerID, frame: bytes) -> bytes:
+        message = parse_untrusted(pb.RoundMessage, frame, "averaging message")
+        kind = message.WhichOneof("body")
+        if kind == "contribution":
+            reply = self._take_contribution(peer.to_bytes(), message.contribution)
+        elif kind == "commit":
+            reply = self._take_commit(peer.to_bytes(), message.commit)
+        else:
+            raise InvalidMessage("averaging message holds neither a contribution nor a commit")
+        data = reply.SerializeToString()
+        self.bytes_sent += len(data) + 4
+        return data
+
+    def _open(self, sealed: bytes, domain: str, peer: bytes, max_bytes: int) -> tuple[int, bytes]:
+        """(step, payload) of an envelope `peer` signed for one of this run's rounds."""
+        envelope = open_envelope(sealed, domain=domain, run_id=_RUN_ID, signer=peer, max_bytes=max_bytes)
+        prefix = round_channel_key(self.prefix, 0)[:-1]
+        if not envelope.dht_key.startswith(prefix):
+            raise InvalidMessage(f"{domain} is signed for another run or key")
+        suffix = envelope.dht_key[len(prefix) :]
+        if not suffix.isdigit() or len(suffix) > 16:
+            raise InvalidMessage(f"{domain} is signed for a malformed round key")
+        return int(suffix), envelope.payload
+
+    def _book_for(self, step: int) -> RoundBook | None:
+        """The round of `step`, if it is one we take messages for (ours now, or the next)."""
+        if not self._low_step <= step <= self._low_step + 1:
+            return None
+        book = self._books.get(step)
+        if book is None:
+            book = self._books[step] = RoundBook(step, self.averaging.max_group_size)
+        return book
+
+    def _take_contribution(self, peer: bytes, contribution: pb.Contribution) -> pb.RoundReply:
+        step, header_bytes = self._open(contribution.header, CONTRIBUTION_DOMAIN, peer, 8 * 1024)
+        header = parse_contribution_header(header_bytes)
+        if header.step != step:
+            raise InvalidMessage("contribution header names another step than the round it is signed for")
+        if header.codec != self.codec.name:
+            return pb.RoundReply(error=f"this trainer averages with the {self.codec.name!r} codec")
+        payload = contribution.payload
+        if len(payload) != header.payload_bytes or len(payload) > self.codec.max_payload_bytes():
+            raise InvalidMessage(f"contribution payload of {len(payload)} bytes does not match its header")
+        if hashlib.sha256(payload).digest() != header.payload_sha256:
+            raise InvalidMessage("contribution payload does not match the hash its sender signed")
+        book = self._book_for(step)
+        if book is None:
+            return pb.RoundReply(error=f"not averaging for outer step {step} (at {self._low_step})")
+        problem = book.add_contribution(peer, Received(header, bytes(payload)))
+        if problem is not None and peer in book.equivocators:
+            self.bans.ban(PeerID(peer), f"averaging: {problem}")
+        reply = pb.RoundReply(error=problem or "")
+        if book.own_contribution is not None:
+            reply.contribution.CopyFrom(book.own_contribution)
+            book.given_contribution.add(peer)
+        return reply
+
+    def _take_commit(self, peer: bytes, sealed: bytes) -> pb.RoundReply:
+        step, payload = self._open(sealed, COMMIT_DOMAIN, peer, _MAX_COMMIT_ENVELOPE_BYTES)
+        commit_step, held = parse_commit(payload)
+        if commit_step != step:
+            raise InvalidMessage("commit names another step than the round it is signed for")
+        book = self._book_for(step)
+        if book is None:
+            return pb.RoundReply(error=f"not averaging for outer step {step} (at {self._low_step})")
+        book.add_commit(peer, held)
+        if book.own_commit is None:
+            return pb.RoundReply()
+        book.given_commit.add(peer)
+        return pb.RoundReply(commit=book.own_commit)
+
+    # ---- one round -------------------------------------------------------------------------
+
+    async def average(self, step: int, tensors: Sequence[torch.Tensor], outer_hash: str) -> RoundOutcome:
+        """Average our pseudo-gradient for outer step `step` with the round's members."""
+        started = time.monotonic()
+        book = self._book_for(step)
+        if book is None:
+            raise ValueError(f"average({step}) called after declaring outer step {self._low_step}")
+        payload = await offload(self.codec.encode, list(tensors))
+        header = ContributionHeader(
+            step, outer_hash, self.codec.name, hashlib.sha256(payload).digest(), len(payload)
+        )
+        own = pb.Contribution(header=self._seal(step, CONTRIBUTION_DOMAIN, header.payload()), payload=payload)
+        book.own_contribution = own
+        book.add_contribution(self.me, Received(header, payload))
+
+        declared = await self.declarations()
+        if self._left_behind(declared, step):
+            logger.info("%s: most trainers of the run are past outer step %d: resyncing", self.label, step)
+            return RoundOutcome(None, 1, in_sync=False)
+        candidates = self._candidates(declared, step)
+        latest = max([d.gather_at for p, d in declared.items() if p in candidates] + [time.time()])
+        deadline = started + min(
+            self.averaging.averaging_timeout_s, latest - time.time() + self.averaging.gather_timeout_s
+        )
+        message = pb.RoundMessage(contribution=own)
+        for peer in {*candidates, *book.contributions} - {self.me, *book.given_contribution}:
+            self._spawn(self._send(peer, message, book))
+        while time.monotonic() < deadline and not self._gathered(book, candidates):
+            await book.wait_changed(deadline - time.monotonic())
+        held = book.close_gather()
+        logger.debug(
+            "%s: gather of outer step %d ended with %d of %d candidates (+%d others)",
+            self.label, step, sum(p in held for p in candidates), len(candidates),
+            len(set(held) - set(candidates) - {self.me}),
+        )  # fmt: skip
+        if len(held) > 1:
+            await self._commit(book, step, held, deadline)
+        return await self._outcome(book, step, outer_hash)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run a send in the background: it ends by its own timeout, even after the round (a peer still
+        gathering or committing needs what it carries); `stop` cancels what is left."""
+        task = asyncio.create_task(coro)
+        self._sending.add(task)
+        task.add_done_callback(self._sending.discard)
+
+    def _gathered(self, book: RoundBook, candidates: Sequence[bytes]) -> bool:
+        return all(
+            p in book.contributions or p in book.equivocators or self.bans.is_banned(p) for p in candidates
+        )
+
+    def _left_behind(self, declared: dict[bytes, RoundDeclaration], step: int) -> bool:
+        steps = [d.step for d in declared.values()]
+        return bool(steps) and statistics.median_low([*steps, step]) > step
+
+    def _candidates(self, declared: dict[bytes, RoundDeclaration], step: int) -> list[bytes]:
+        """The members every trainer of the round picks alike: peers with standing first, then the rest
+        in an order fixed by the step, up to the group size."""
+        eligible = [
+            p
+            for p, d in declared.items()
+            if d.step == step and d.codec == self.codec.name and not self.bans.is_banned(p)
+        ]
+        eligible.sort(
+            key=lambda p: (p not in self.standing, hashlib.sha256(step.to_bytes(8, "big") + p).digest())
+        )
+        return eligible[: self.averaging.max_group_size - 1]
+
+    def _seal(self, step: int, domain: str, payload: bytes) -> bytes:
+        return seal(
+            self._key,
+            domain=domain,
+            run_id=_RUN_ID,
+            dht_key=round_channel_key(self.prefix, step),
+            expires_at=time.time() + self.averaging.averaging_timeout_s + 60.0,
+            seq=self._records.next_seq(),
+            payload=payload,
+            max_bytes=_MAX_COMMIT_ENVELOPE_BYTES,
+        )
+
+    async def _send(self, peer: bytes, message: pb.RoundMessage, book: RoundBook) -> None:
+        """Send `message` to `peer` and take the contribution or commit its answer carries."""
+        request = message.SerializeToString()
+        self.bytes_sent += len(request) + 4
+        try:
+            data = await exchange(
+                self.p2p,
+                PeerID(peer),
+                self.proto,
+                request,
+                max_response_bytes=self.max_frame_bytes,
+                timeout_s=self.averaging.request_timeout_s,
+            )
+            reply = parse_untrusted(pb.RoundReply, data, "averaging reply")
+            if reply.HasField("contribution") and book.gathering:
+                self._take_contribution(peer, reply.contribution)
+            if reply.commit:
+                self._take_commit(peer, reply.commit)
+        except InvalidMessage as exc:
+            self.bans.ban(PeerID(peer), f"bad averaging reply: {exc}")
+        except (RolloutTransportError, OSError) as exc:
+            logger.info("%s: averaging exchange with %s failed: %s", self.label, PeerID(peer), exc)
+
+    async def _commit(
+        self, book: RoundBook, step: int, held: dict[bytes, bytes], gather_deadline: float
+    ) -> None:
+        book.own_commit = self._seal(step, COMMIT_DOMAIN, commit_payload(step, held))
+        message = pb.RoundMessage(commit=book.own_commit)
+        for peer in set(held) - {self.me, *book.given_commit}:
+            self._spawn(self._send(peer, message, book))
+        deadline = max(gather_deadline, time.monotonic()) + self.averaging.commit_timeout_s
+        while time.monotonic() < deadline and book.missing_commits(self.me):
+            await book.wait_changed(deadline - time.monotonic())
+
+    async def _outcome(self, book: RoundBook, step: int, outer_hash: str) -> RoundOutcome:
+        final = book.final_set(self.me)
+        if set(final) <= {self.me}:
+            return RoundOutcome(None, 1, in_sync=True)
+        members = sorted(final)
+        payloads = [book.contributions[p].payload for p in members]
+        decoded, refused = await offload(self._decode_all, members, payloads)
+        kept = [p for p in members if p not in refused]
+        aggregate = await offload(
+            aggregate_contributions,
+            [decoded[p] for p in kept],
+            rule=self.averaging.aggregation,
+            max_norm_ratio=self.averaging.max_norm_ratio,
+        )
+        refused |= {kept[i] for i in aggregate.refused}
+        hashes = [book.contributions[p].header.outer_hash for p in members]
+        majority = max(sorted(set(hashes)), key=hashes.count)
+        in_sync = outer_hash == majority
+        if in_sync:
+            self.standing.update(
+                p for p in members if book.contributions[p].header.outer_hash == majority and p != self.me
+            )
+        round_id = hashlib.sha256(
+            round_channel_key(self.prefix, step).encode() + b"".join(p + final[p] for p in members)
+        ).digest()[:20]
+        return RoundOutcome(
+            averaged=aggregate.tensors,
+            num_peers=len(kept),
+            in_sync=in_sync,
+            refused_peers=len(refused),
+            round_id=round_id,
+            received_bytes={p: len(book.contributions[p].payload) for p in kept if p != self.me},
+        )
+
+    def _decode_all(
+        self, members: list[bytes], payloads: list[bytes]
+    ) -> tuple[dict[bytes, list[torch.Tensor]], set[bytes]]:
+        decoded: dict[bytes, list[torch.Tensor]] = {}
+        refused: set[bytes] = set()
+        for peer, payload in zip(members, payloads, strict=True):
+            try:
+                decoded[peer] = self.codec.decode(payload)
+            except InvalidMessage as exc:
+                refused.add(peer)
+                if peer != self.me:
+                    self.bans.ban(PeerID(peer), f"averaging: contribution does not decode: {exc}")
+        return decoded, refused
