@@ -28,16 +28,15 @@ from typing import Literal
 
 import torch
 from hivemind import DHT
-from hivemind.p2p import PeerID
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from node.averaging.averager import DiLoCoAverager
 from node.averaging.outer_state import OuterState
 from node.averaging.robust import DEFAULT_RULE, AggregationRule
 from node.config import check_base58_peer_ids
 from node.identity import Identity
-from protocol.dht_keys import averaging_prefix, validate_run_id
+from protocol.dht_keys import validate_run_id
 from protocol.errors import HivenetError
+from training.averagers import make_averager
 from training.causal_lm import CausalLM
 from training.checkpoint import (
     CheckpointError,
@@ -81,8 +80,20 @@ class TrainerConfig(BaseModel):
     seed: int = 0
     """Seed of the model's initial weights (the same on every trainer, so step 0 agrees)."""
 
-    compression: Literal["fp32", "fp16", "int8"] = "int8"
-    """Encoding of pseudo-gradients on the wire."""
+    averager: Literal["allreduce", "gather"] = "allreduce"
+    """How rounds run: "allreduce" (hivemind's all-reduce in an averager process of its own) or
+    "gather" (the node's averaging service, `node.collective`: every member gathers the others'
+    compressed pseudo-gradients and aggregates them itself; no averager process)."""
+
+    compression: Literal["fp32", "fp16", "int8", "sparse"] = "int8"
+    """Encoding of pseudo-gradients on the wire: fp32, fp16 or int8 with "allreduce"; int8 or
+    "sparse" (SparseLoCo: per-chunk top-k, 2-bit values, error feedback) with "gather"."""
+
+    sparse_density: float = Field(default=0.015, gt=0.0, le=0.5)
+    """Fraction of each chunk's values the sparse codec sends."""
+
+    sparse_chunk_values: int = Field(default=4096, ge=64, le=65536)
+    """Chunk size of the sparse codec (a power of two)."""
 
     shard_index: int | None = Field(default=None, ge=0)
     """This trainer's data shard; None derives it from the PeerID."""
@@ -159,6 +170,18 @@ class TrainerConfig(BaseModel):
     only with them and takes steps and state only from them, so identities minted by anyone
     cannot crowd its matchmaking or outvote the run's step. Empty: an open run, anyone trains."""
 
+    @model_validator(mode="after")
+    def _codec_fits_averager(self) -> TrainerConfig:
+        allowed = ("int8", "sparse") if self.averager == "gather" else ("fp32", "fp16", "int8")
+        if self.compression not in allowed:
+            raise ValueError(
+                f"compression {self.compression!r} does not work with averager {self.averager!r}; "
+                f"choose one of {', '.join(allowed)}"
+            )
+        if self.sparse_chunk_values & (self.sparse_chunk_values - 1):
+            raise ValueError(f"sparse_chunk_values must be a power of two, not {self.sparse_chunk_values}")
+        return self
+
     @field_validator("authorized_publishers", "admitted_trainers")
     @classmethod
     def _peer_ids(cls, value: list[str]) -> list[str]:
@@ -228,25 +251,7 @@ class TrainerRuntime:
         )
         self.sampler = corpus.sampler(shard, config.num_shards, seed_offset=offset)
         self.eval_batches = corpus.eval_batches(config.eval_batches) if config.eval_batches else []
-        self.averager = DiLoCoAverager(
-            [p.shape for p in self.model.parameters()],
-            dht,
-            prefix=averaging_prefix(config.run_id),
-            compression=config.compression,
-            max_norm_ratio=config.max_norm_ratio,
-            ban_base_s=config.ban_base_s,
-            matchmaking_time_s=config.matchmaking_time_s,
-            request_timeout_s=config.request_timeout_s,
-            averaging_timeout_s=config.averaging_timeout_s,
-            sender_timeout_s=config.sender_timeout_s,
-            reducer_timeout_s=config.reducer_timeout_s,
-            target_group_size=config.target_group_size,
-            name=name,
-            aggregation=config.aggregation,
-            audit_reducers=config.audit_reducers,
-            trusted_state_sources=[PeerID.from_base58(p) for p in config.authorized_publishers],
-            admitted_trainers=[PeerID.from_base58(p) for p in config.admitted_trainers],
-        )
+        self.averager = make_averager(config, dht, name, [p.shape for p in self.model.parameters()])
         logger.info(
             "%s: trainer ready (run %s, shard %d of %d)", name, config.run_id, shard, config.num_shards
         )

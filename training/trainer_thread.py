@@ -154,7 +154,9 @@ class TrainerThread:
         """Die without a goodbye: SIGKILL this trainer's averager, DHT and p2pd processes."""
         self.request_stop()
         procs = []
-        for pid in (self.runtime.averager.pid, self.runtime.dht.pid):
+        # The gather averager has no process of its own: it dies with the DHT's p2pd.
+        averager_pid = getattr(self.runtime.averager, "pid", None)
+        for pid in (p for p in (averager_pid, self.runtime.dht.pid) if p is not None):
             with contextlib.suppress(psutil.NoSuchProcess):
                 proc = psutil.Process(pid)
                 procs.extend([proc, *proc.children(recursive=True)])
