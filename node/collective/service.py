@@ -325,8 +325,10 @@ class AveragingService(FramedService):
         )
 
     def _left_behind(self, declared: dict[bytes, RoundDeclaration], step: int) -> bool:
-        steps = [d.step for d in declared.values()]
-        return bool(steps) and statistics.median_low([*steps, step]) > step
+        """Whether most live trainers are past `step`. Once we have averaged in sync with others, only
+        their declarations count: a step is what its trainer says, and identities cost nothing."""
+        counted = [d.step for p, d in declared.items() if not self.standing or p in self.standing]
+        return bool(counted) and statistics.median_low([*counted, step]) > step
 
     def _candidates(self, declared: dict[bytes, RoundDeclaration], step: int) -> list[bytes]:
         """The members every trainer of the round picks alike: peers with standing first, then the rest

@@ -1,0 +1,74 @@
+"""Loopback swarms of the averaging service's `GatherAverager`s, and one round run on all of them at once."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from node.averaging.rounds import RoundOutcome
+from node.collective.averager import GatherAverager
+from node.collective.codecs import codec_for
+from node.collective.config import AveragingConfig
+from node.dht_node import start_loopback_dht
+from node.swarm import wait_until
+
+SHAPES = [torch.Size([64, 33]), torch.Size([7])]
+PREFIX = "hivenet_diloco_gather_test"
+
+
+@contextlib.contextmanager
+def gather_swarm(n: int, codec: str = "int8", **overrides: Any) -> Iterator[list[GatherAverager]]:
+    first = start_loopback_dht()
+    dhts = [first] + [start_loopback_dht([str(a) for a in first.get_visible_maddrs()]) for _ in range(n - 1)]
+    settings = AveragingConfig(
+        gather_timeout_s=20.0, commit_timeout_s=5.0, averaging_timeout_s=40.0, request_timeout_s=5.0
+    ).model_copy(update=overrides)
+    averagers: list[GatherAverager] = []
+    try:
+        for i, dht in enumerate(dhts):
+            averagers.append(
+                GatherAverager(
+                    SHAPES,
+                    dht,
+                    prefix=PREFIX,
+                    codec=codec_for(codec, SHAPES, density=0.1, chunk_values=64),
+                    config=settings,
+                    name=f"g{i}",
+                )
+            )
+        yield averagers
+    finally:
+        for averager in averagers:
+            averager.shutdown()
+        for dht in dhts:
+            dht.shutdown()
+
+
+def run_round(
+    averagers: list[GatherAverager], step: int, grads: list[list[torch.Tensor]], hashes: list[str]
+) -> list[RoundOutcome]:
+    for averager, digest in zip(averagers, hashes, strict=True):
+        averager.prepare_round(step, 0.5, digest)
+    # A trainer declares its round an outer step's inner steps ahead; here, wait until all see each other.
+    assert wait_until(
+        lambda: all(
+            sorted(a.peer_steps().values()) == [float(step)] * (len(averagers) - 1) for a in averagers
+        ),
+        timeout_s=60,
+    )
+    outcomes: list[RoundOutcome | None] = [None] * len(averagers)
+
+    def one(i: int) -> None:
+        outcomes[i] = averagers[i].start_average(grads[i], step=step, outer_hash=hashes[i]).result()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(averagers))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert all(o is not None for o in outcomes)
+    return outcomes  # type: ignore[return-value]
