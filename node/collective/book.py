@@ -3,15 +3,20 @@
 A member's round has two phases. While it **gathers**, it keeps at most one contribution per
 peer (a second, different one from the same peer is equivocation: both stay out and the peer is
 reported). When the gather ends it **commits** to what it holds, and from then on only commits
-are taken. The set every member aggregates is `final_set`: the contributions held, with the same
-payload hash, by every member whose commit it received (its own included). Members that received
-the same commits therefore aggregate the same set, whatever each of them gathered.
+are taken. The set every member aggregates is `final_set`: the contributions it holds that every
+member whose commit it received, and whose contribution it holds, holds too, with the same payload
+hash. Members that gathered the same contributions and received the same commits aggregate the
+same set. Commits of peers whose contribution a member lacks do not count, so that a stranger's
+commit cannot veto the round; the price is that members that gathered different contributions
+can aggregate different sets (a peer that reached only some members). They then hold different
+states, which the next round's majority check of state hashes finds and resyncs.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from dataclasses import dataclass, field
 
 from protocol import collective_pb2 as pb
@@ -39,6 +44,9 @@ class RoundBook:
     """Peers that got our contribution in an answer (no need to send it to them again)."""
     given_commit: set[bytes] = field(default_factory=set)
     """Peers that got our commit in an answer."""
+    preferred: list[bytes] = field(default_factory=list)
+    """This member and the round's candidates, in the order the service picks members: they always
+    have a place; anyone else shares at most `max_members` places, and is kept only if room is left."""
     gathering: bool = True
     changed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -56,7 +64,10 @@ class RoundBook:
                 self.changed.set()
                 return "a second, different contribution to the same round"
             return None
-        if len(self.contributions) >= self.max_members:
+        if (
+            peer not in self.preferred
+            and len(set(self.contributions) - set(self.preferred)) >= self.max_members
+        ):
             return "this round's group is full"
         self.contributions[peer] = received
         self.changed.set()
@@ -71,9 +82,22 @@ class RoundBook:
         """{peer: payload hash} of the contributions held now."""
         return {p: r.header.payload_sha256 for p, r in self.contributions.items()}
 
+    def prefer(self, peers: list[bytes]) -> None:
+        """Give `peers` (this member first, then the candidates in the service's order) a place."""
+        self.preferred = list(dict.fromkeys(peers))
+
     def close_gather(self) -> dict[bytes, bytes]:
-        """End the gather and return what this member commits to."""
+        """End the gather and return what this member commits to: the preferred peers' contributions,
+        then strangers' in an order they cannot choose, up to `max_members`."""
         self.gathering = False
+        rank = {p: i for i, p in enumerate(self.preferred)}
+        strangers = sorted(
+            (p for p in self.contributions if p not in rank),
+            key=lambda p: hashlib.sha256(self.step.to_bytes(8, "big") + p).digest(),
+        )
+        kept = [p for p in self.preferred if p in self.contributions] + strangers
+        for dropped in kept[self.max_members :]:
+            del self.contributions[dropped]
         return self.held()
 
     def missing_commits(self, me: bytes) -> set[bytes]:
