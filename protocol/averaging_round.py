@@ -97,9 +97,9 @@ class ContributionHeader:
 def _check_common(step: int, outer_hash: str, codec: str, what: str) -> None:
     if step > MAX_ROUND_STEP:
         raise InvalidMessage(f"{what}: outer step {step} is out of range")
-    if not _HASH_PATTERN.match(outer_hash):
+    if not _HASH_PATTERN.fullmatch(outer_hash):
         raise InvalidMessage(f"{what}: outer hash is not 16 hex digits")
-    if not CODEC_NAME_PATTERN.match(codec):
+    if not CODEC_NAME_PATTERN.fullmatch(codec):
         raise InvalidMessage(f"{what}: codec name is not 1-16 of [a-z0-9_]")
 
 
