@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import re
 import statistics
 import time
 from collections.abc import Coroutine, Sequence
@@ -221,7 +222,7 @@ class AveragingService(FramedService):
         if not envelope.dht_key.startswith(prefix):
             raise InvalidMessage(f"{domain} is signed for another run or key")
         suffix = envelope.dht_key[len(prefix) :]
-        if not suffix.isdigit() or len(suffix) > 16:
+        if not re.fullmatch(r"[1-9][0-9]{0,15}|0", suffix):
             raise InvalidMessage(f"{domain} is signed for a malformed round key")
         return int(suffix), envelope.payload
 
@@ -242,8 +243,12 @@ class AveragingService(FramedService):
         if header.codec != self.codec.name:
             return pb.RoundReply(error=f"this trainer averages with the {self.codec.name!r} codec")
         payload = contribution.payload
-        if len(payload) != header.payload_bytes or len(payload) > self.codec.max_payload_bytes():
+        if len(payload) != header.payload_bytes:
             raise InvalidMessage(f"contribution payload of {len(payload)} bytes does not match its header")
+        if len(payload) != self.codec.max_payload_bytes():
+            raise InvalidMessage(
+                f"contribution payload of {len(payload)} bytes is not the codec's {self.codec.max_payload_bytes()}"
+            )
         if hashlib.sha256(payload).digest() != header.payload_sha256:
             raise InvalidMessage("contribution payload does not match the hash its sender signed")
         book = self._book_for(step)
@@ -286,6 +291,7 @@ class AveragingService(FramedService):
         )
         own = pb.Contribution(header=self._seal(step, CONTRIBUTION_DOMAIN, header.payload()), payload=payload)
         book.own_contribution = own
+        book.prefer([self.me])
         book.add_contribution(self.me, Received(header, payload))
 
         declared = await self.declarations()
@@ -293,6 +299,7 @@ class AveragingService(FramedService):
             logger.info("%s: most trainers of the run are past outer step %d: resyncing", self.label, step)
             return RoundOutcome(None, 1, in_sync=False)
         candidates = self._candidates(declared, step)
+        book.prefer([self.me, *candidates])
         latest = max([d.gather_at for p, d in declared.items() if p in candidates] + [time.time()])
         deadline = started + min(
             self.averaging.averaging_timeout_s, latest - time.time() + self.averaging.gather_timeout_s
