@@ -38,6 +38,7 @@ def make_averager(config: TrainerConfig, dht: DHT, name: str, shapes: Sequence[t
             config.compression, shapes, density=config.sparse_density, chunk_values=config.sparse_chunk_values
         )
         settings = AveragingConfig(
+            min_gather_s=config.matchmaking_time_s,
             gather_timeout_s=config.averaging_timeout_s,
             averaging_timeout_s=config.averaging_timeout_s + config.sender_timeout_s,
             commit_timeout_s=config.sender_timeout_s,

@@ -114,7 +114,8 @@ class TrainerConfig(BaseModel):
     """Older checkpoints are deleted."""
 
     matchmaking_time_s: float = Field(default=2.0, gt=0.0)
-    """Minimum time matchmaking waits for peers before an all-reduce."""
+    """Minimum time matchmaking waits for peers before an all-reduce (allreduce), or a gather stays
+    open for trainers that declared the round late (gather)."""
 
     request_timeout_s: float = Field(default=1.0, gt=0.0)
     """Timeout of one matchmaking request (must be below matchmaking_time_s)."""

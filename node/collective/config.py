@@ -15,6 +15,9 @@ class AveragingConfig(StreamServiceConfig):
 
     max_group_size: int = Field(default=32, ge=2, le=256)
     """Most members of one round (this trainer included); peers beyond are not contacted."""
+    min_gather_s: float = Field(default=2.0, ge=0)
+    """A gather stays open at least this long, so that trainers that declared the round late (joiners)
+    are found and included; with overlapping rounds it costs a trainer no compute."""
     gather_timeout_s: float = Field(default=30.0, gt=0)
     """How long past the latest gather time its members declared a round waits for their contributions."""
     commit_timeout_s: float = Field(default=10.0, gt=0)

@@ -30,7 +30,7 @@ import logging
 import re
 import statistics
 import time
-from collections.abc import Coroutine, Sequence
+from collections.abc import Collection, Coroutine, Sequence
 from typing import Any
 
 import torch
@@ -73,6 +73,8 @@ logger = logging.getLogger(__name__)
 _FRAME_SLACK_BYTES = 64 * 1024
 """Room in a frame for a contribution's signed header, or for a whole commit."""
 _MAX_COMMIT_ENVELOPE_BYTES = 48 * 1024
+_REDISCOVER_S = 1.0
+"""While a gather waits, how often it looks for members that declared the round since it started."""
 _RUN_ID = ""
 """Messages are bound to their run by the key they are signed for (it holds the run's prefix)."""
 
@@ -118,6 +120,7 @@ class AveragingService(FramedService):
         self._declaration: RoundDeclaration | None = None
         self._renewer: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()
+        self._last_members: set[bytes] = set()
         self.bytes_sent = 0
         self.standing: set[bytes] = set()
         """Peers that averaged with us in a round where we both held the group's state: evidence
@@ -297,23 +300,41 @@ class AveragingService(FramedService):
         declared = await self.declarations()
         if self._left_behind(declared, step):
             logger.info("%s: most trainers of the run are past outer step %d: resyncing", self.label, step)
+            self._last_members = set()
             return RoundOutcome(None, 1, in_sync=False)
-        candidates = self._candidates(declared, step)
-        book.prefer([self.me, *candidates])
-        latest = max([d.gather_at for p, d in declared.items() if p in candidates] + [time.time()])
+        # Last round's members are expected too: their declaration of this round may not have
+        # reached the DHT yet (a loaded machine). One that died costs this round its deadline, once.
+        expected = self._candidates(declared, step, also=self._last_members)
+        book.prefer([self.me, *expected])
+        latest = max([d.gather_at for p, d in declared.items() if p in expected] + [time.time()])
         deadline = started + min(
             self.averaging.averaging_timeout_s, latest - time.time() + self.averaging.gather_timeout_s
         )
         message = pb.RoundMessage(contribution=own)
-        for peer in {*candidates, *book.contributions} - {self.me, *book.given_contribution}:
-            self._spawn(self._send(peer, message, book))
-        while time.monotonic() < deadline and not self._gathered(book, candidates):
-            await book.wait_changed(deadline - time.monotonic())
+        sent: set[bytes] = {self.me}
+        # However fast the expected members answer, the gather stays open `min_gather_s`, so that a
+        # trainer that has just declared (a joiner) is found and waited for.
+        min_end = started + self.averaging.min_gather_s
+        discovered = time.monotonic()
+        while True:
+            for peer in {*expected, *book.contributions} - sent - book.given_contribution:
+                self._spawn(self._send(peer, message, book))
+            sent |= {*expected, *book.contributions}
+            now = time.monotonic()
+            gathered = self._gathered(book, expected)
+            if now >= deadline or (gathered and now >= min_end):
+                break
+            wake = min_end if gathered else deadline
+            await book.wait_changed(min(wake, discovered + _REDISCOVER_S) - now)
+            if time.monotonic() >= discovered + _REDISCOVER_S:  # who else declared this round meanwhile
+                expected = self._candidates(await self.declarations(), step, also=expected)
+                book.prefer([self.me, *expected])
+                discovered = time.monotonic()
         held = book.close_gather()
         logger.debug(
             "%s: gather of outer step %d ended with %d of %d candidates (+%d others)",
-            self.label, step, sum(p in held for p in candidates), len(candidates),
-            len(set(held) - set(candidates) - {self.me}),
+            self.label, step, sum(p in held for p in expected), len(expected),
+            len(set(held) - set(expected) - {self.me}),
         )  # fmt: skip
         if len(held) > 1:
             await self._commit(book, step, held, deadline)
@@ -337,14 +358,17 @@ class AveragingService(FramedService):
         counted = [d.step for p, d in declared.items() if not self.standing or p in self.standing]
         return bool(counted) and statistics.median_low([*counted, step]) > step
 
-    def _candidates(self, declared: dict[bytes, RoundDeclaration], step: int) -> list[bytes]:
-        """The members every trainer of the round picks alike: peers with standing first, then the rest
-        in an order fixed by the step, up to the group size."""
+    def _candidates(
+        self, declared: dict[bytes, RoundDeclaration], step: int, also: Collection[bytes] = ()
+    ) -> list[bytes]:
+        """The members every trainer of the round picks alike (those declared for `step`, and `also`):
+        peers with standing first, then the rest in an order fixed by the step, up to the group size."""
         eligible = [
             p
             for p, d in declared.items()
             if d.step == step and d.codec == self.codec.name and not self.bans.is_banned(p)
         ]
+        eligible += [p for p in also if p not in eligible and p != self.me and not self.bans.is_banned(p)]
         eligible.sort(
             key=lambda p: (p not in self.standing, hashlib.sha256(step.to_bytes(8, "big") + p).digest())
         )
@@ -398,7 +422,12 @@ class AveragingService(FramedService):
 
     async def _outcome(self, book: RoundBook, step: int, outer_hash: str) -> RoundOutcome:
         final = book.final_set(self.me)
+        logger.debug(
+            "%s: round of outer step %d: held %s, commits from %s, aggregating %s",
+            self.label, step, _short(book.contributions), _short(book.commits), _short(final),
+        )  # fmt: skip
         if set(final) <= {self.me}:
+            self._last_members = set()
             return RoundOutcome(None, 1, in_sync=True)
         members = sorted(final)
         payloads = [book.contributions[p].payload for p in members]
@@ -414,6 +443,7 @@ class AveragingService(FramedService):
         hashes = [book.contributions[p].header.outer_hash for p in members]
         majority = max(sorted(set(hashes)), key=hashes.count)
         in_sync = outer_hash == majority
+        self._last_members = set(kept) - {self.me} if in_sync else set()
         if in_sync:
             self.standing.update(
                 p for p in members if book.contributions[p].header.outer_hash == majority and p != self.me
@@ -443,3 +473,7 @@ class AveragingService(FramedService):
                 if peer != self.me:
                     self.bans.ban(PeerID(peer), f"averaging: contribution does not decode: {exc}")
         return decoded, refused
+
+
+def _short(peers: object) -> str:
+    return ",".join(sorted(str(PeerID(p))[-4:] for p in peers))  # type: ignore[attr-defined]

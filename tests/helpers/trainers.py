@@ -215,9 +215,11 @@ def assert_a_late_joiner_catches_up(config: TrainerConfig, *, join_after: int) -
     assert steps is not None and steps > join_after
     with harness() as h:
         a, b = h.start_many(config, ["early0", "early1"])
+        # Built (DHT, model, corpus) while the run starts, so that joining costs it only the join.
+        late = h.prepare(config, "late")
         assert wait_until(lambda: a.steps() >= join_after and b.steps() >= join_after, timeout_s=180)
         joined_at = max(a.steps(), b.steps())
-        late = h.start(config, "late")
+        late.start()
         for trainer in (a, b, late):
             assert wait_until(finished(trainer, steps), timeout_s=240)
         assert [t.error for t in (a, b, late)] == [None, None, None]

@@ -249,7 +249,11 @@ async def make_service(
     *, admitted: frozenset[bytes] | None = None, p2p: StandInP2P | None = None, **config: Any
 ) -> Service:
     settings: dict[str, Any] = dict(
-        refusal_linger_s=0.0, gather_timeout_s=10.0, commit_timeout_s=10.0, aggregation="mean"
+        refusal_linger_s=0.0,
+        min_gather_s=0.0,
+        gather_timeout_s=10.0,
+        commit_timeout_s=10.0,
+        aggregation="mean",
     )
     settings.update(config)
     service = Service(
