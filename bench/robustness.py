@@ -37,6 +37,12 @@ a DHT node's memory under 100,000 records (20,000 with `--quick`; `dht_flood_rss
 target <= 64), and whether a newcomer still lists a run's honest nodes with 1,100 and 10,000 sybil
 records stored under the run's key (`subkey_flood_nodes_listed_frac`, target 1).
 
+Part 5, a flood of outer-state downloads (`bench/_state_flood.py`): two gather trainers train while
+4 fresh identities with 4 download streams each ask one of them for its state without pause, in
+phases alternating with clean ones. Reported: the victim's median inner-step time flooded over
+clean (`flood_step_slowdown`, target <= 0.05), the state bytes it uploaded per second of flood
+(`flood_upload_mb_per_s`) and the requests it refused (`flood_refusals`). About 30 s with `--quick`.
+
     python bench/robustness.py --quick   # 10 outer steps of H=20 + part 2 (under 2 minutes on 2 cores)
     python bench/robustness.py           # 30 outer steps of H=50 (~15 minutes on 2 cores) + part 2
 
@@ -63,6 +69,7 @@ import torch  # noqa: E402
 from bench._dht_flood import run_dht_floods  # noqa: E402
 from bench._receipt_flood import run_receipt_flood  # noqa: E402
 from bench._robustness_attacks import run_attacks  # noqa: E402
+from bench._state_flood import run_state_flood  # noqa: E402
 from node.averaging.robust import DEFAULT_RULE, AggregationRule, aggregate  # noqa: E402
 from node.averaging.rounds import RoundOutcome  # noqa: E402
 from node.averaging.runner import global_norm, norm_bound  # noqa: E402
@@ -281,6 +288,7 @@ def main() -> None:
     fields.update(run_attacks())
     fields.update(run_receipt_flood(quick=args.quick))
     fields.update(run_dht_floods(quick=args.quick))
+    fields.update(run_state_flood(quick=args.quick))
     fields.update(rule=args.rule, H=str(args.inner_steps), outer_steps=str(args.outer_steps),
                   wall_s=f"{time.perf_counter() - start:.0f}")  # fmt: skip
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
