@@ -113,6 +113,10 @@ class _PeerBudget:
             self._prune_above = max(_MAX_TRACKED_PEERS, 2 * len(self._buckets))
         return 0.0
 
+    def exhausted(self, peer: bytes) -> bool:
+        """Whether `peer` has no token left now."""
+        return self._tokens(peer, self.clock()) < 1.0
+
     def refund(self, peer: bytes) -> None:
         now = self.clock()
         self._buckets[peer] = (min(float(self.capacity), self._tokens(peer, now) + 1.0), now)
@@ -179,6 +183,8 @@ class StateService:
         """Downloads being served."""
         self._pending = StreamSlots(config.max_request_streams, config.max_request_streams_per_peer)
         self._requests = _PeerBudget(config.offers_per_peer_per_window, config.window_s, clock)
+        self._told: dict[bytes, None] = {}
+        """Peers told their request budget is spent (insertion order: the oldest is forgotten first)."""
         self._downloads = _PeerBudget(config.downloads_per_peer_per_window, config.window_s, clock)
         self._state: OuterState | None = None
         self._cache: tuple[OuterState, asyncio.Future[wire.SerializedState | None]] | None = None
@@ -216,6 +222,9 @@ class StateService:
         try:
             if self.bans.is_banned(peer):
                 raise _Refused("banned", "refused: this peer is banned for sending malformed data")
+            if self._shunned(peer.to_bytes()):
+                self.refusals["shunned"] += 1
+                return  # told once that its budget is spent: its streams now cost a close, nothing more
             request = await self._read_request(peer, reader)
             if request is not None:
                 await self._answer(peer, request, writer)
@@ -237,6 +246,15 @@ class StateService:
         finally:
             with contextlib.suppress(Exception):
                 writer.close()
+
+    def _shunned(self, peer: bytes) -> bool:
+        """A peer told that its request budget is spent, whose budget is still spent."""
+        if peer not in self._told:
+            return False
+        if self._requests.exhausted(peer):
+            return True
+        del self._told[peer]
+        return False
 
     async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, error: str) -> None:
         """Answer `error`, then drain what the peer still sends (bounded): closing a stream with unread
@@ -271,6 +289,9 @@ class StateService:
     async def _answer(self, peer: PeerID, request: wire.Request, writer: asyncio.StreamWriter) -> None:
         key = peer.to_bytes()
         if wait := self._requests.take(key):
+            self._told[key] = None
+            if len(self._told) > _MAX_TRACKED_PEERS:
+                del self._told[next(iter(self._told))]
             raise _Refused(
                 "request_budget", f"busy: state request budget spent; try again in {math.ceil(wait)} s"
             )
