@@ -60,7 +60,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import statistics
 import sys
@@ -101,6 +100,8 @@ def make_config(args: argparse.Namespace, hf_model: HFModelRef | None) -> Traine
             eval_every_outer_steps=args.outer_steps,
         ),
         compression="int8",
+        sparse_density=args.density,
+        sparse_chunk_values=args.chunk_values,
         eval_batches=args.eval_batches,
         target_group_size=NUM_TRAINERS,
         matchmaking_time_s=1.0,
@@ -114,18 +115,58 @@ def make_config(args: argparse.Namespace, hf_model: HFModelRef | None) -> Traine
 
 
 # ---------------------------------------------------------------------------------------------
-# (a) DiLoCo
+# (a) DiLoCo, one run per averaging mode
 # ---------------------------------------------------------------------------------------------
 
+MODES: dict[str, dict[str, object]] = {
+    "allreduce-int8": {"averager": "allreduce", "compression": "int8"},
+    "gather-int8": {"averager": "gather", "compression": "int8"},
+    "gather-sparse": {"averager": "gather", "compression": "sparse"},
+    "gather-sparse-ef": {"averager": "gather", "compression": "sparse", "outer_momentum": 0.0},
+}
+"""DiLoCo runs side by side: hivemind's all-reduce with int8 parts; the node's averaging service
+with int8, with the sparse codec and outer Nesterov momentum, and with the sparse codec whose error
+feedback replaces the outer momentum (SparseLoCo's choice: momentum 0)."""
 
-def run_diloco(config: TrainerConfig) -> dict[str, float]:
+
+def mode_config(config: TrainerConfig, mode: str) -> TrainerConfig:
+    settings = dict(MODES[mode])
+    momentum = settings.pop("outer_momentum", None)
+    update: dict[str, object] = dict(settings)
+    if momentum is not None:
+        update["diloco"] = config.diloco.model_copy(update={"outer_momentum": momentum})
+    return config.model_copy(update=update)
+
+
+def processes_per_trainer(config: TrainerConfig) -> int:
+    """Processes one trainer runs: this one, its DHT's (and p2pd), and an averager's, if any."""
+    import psutil
+
+    from node.dht_node import start_loopback_dht
+    from training.trainer import TrainerRuntime
+
+    dht = start_loopback_dht()
+    runtime = TrainerRuntime(config, dht, "count")
+    try:
+        pids = {os.getpid()}
+        for pid in (dht.pid, getattr(runtime.averager, "pid", None)):
+            if pid is not None:
+                proc = psutil.Process(pid)
+                pids |= {proc.pid, *(c.pid for c in proc.children(recursive=True))}
+        return len(pids)
+    finally:
+        runtime.close()
+        dht.shutdown()
+
+
+def run_diloco(config: TrainerConfig, mode: str) -> dict[str, float]:
     reports: list[OuterStepReport] = []
     start = time.perf_counter()
 
     def progress(r: OuterStepReport) -> None:
         if r.peer == "trainer0" and (r.outer_step % 10 == 0 or r.outer_step == 1):
             print(
-                f"  diloco outer step {r.outer_step:4d}  train loss {r.train_loss:.3f}  peers {r.num_peers}",
+                f"  {mode} outer step {r.outer_step:4d}  train loss {r.train_loss:.3f}  peers {r.num_peers}",
                 flush=True,
             )
 
@@ -154,6 +195,7 @@ def run_diloco(config: TrainerConfig) -> dict[str, float]:
             r.extra.get("steps_until_average", 0.0) for r in reports if r.outer_step < last_step
         ),
         "wall_s": wall,
+        "processes_per_trainer": float(processes_per_trainer(config)),
     }
 
 
@@ -229,7 +271,18 @@ def main() -> None:
         action="store_true",
         help="DiLoCo without the reducer audit (one all-reduce per round instead of two)",
     )
+    parser.add_argument(
+        "--modes",
+        default=",".join(MODES),
+        help=f"DiLoCo modes to run, comma-separated (default all: {', '.join(MODES)})",
+    )
+    parser.add_argument("--density", type=float, default=0.015, help="sparse codec: kept fraction per chunk")
+    parser.add_argument("--chunk-values", type=int, default=4096, help="sparse codec: chunk size")
     args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        parser.error(f"unknown mode(s) {unknown}; choose from {', '.join(MODES)}")
     args.inner_steps = args.inner_steps or (50 if args.quick else 125)
     # a Hugging Face model's steps cost more than TinyGPT's: fewer quick rounds keep it under 3 minutes
     args.outer_steps = args.outer_steps or (100 if not args.quick else 12 if args.model == "tiny" else 6)
@@ -246,9 +299,11 @@ def main() -> None:
     print(f"model {args.model}, {params} parameters; {NUM_TRAINERS} trainers; H={args.inner_steps}, {args.outer_steps} outer steps, "
           f"{inner_total} inner steps per trainer, batch {args.batch_size}x{args.seq_len} tokens")  # fmt: skip
 
-    print("(a) DiLoCo", flush=True)
-    diloco = run_diloco(config)
-    print(f"  -> {diloco}", flush=True)
+    results: dict[str, dict[str, float]] = {}
+    for mode in modes:
+        print(f"(a) DiLoCo, {mode}", flush=True)
+        results[mode] = run_diloco(mode_config(config, mode), mode)
+        print(f"  -> {results[mode]}", flush=True)
     dp: dict[str, float] | None = None
     if not args.skip_dp:
         print("(b) data-parallel", flush=True)
@@ -261,43 +316,62 @@ def main() -> None:
     single = run_single(config, NUM_TRAINERS * inner_total)
     print(f"  -> {single}", flush=True)
 
-    rows = [("diloco", diloco), *([("data-parallel", dp)] if dp else []), ("single", single)]
-    print(f"\n{'mode':<14}{'held-out loss':>14}{'bytes/token':>14}{'utilisation':>13}{'wall s':>9}")
+    rows = [*results.items(), *([("data-parallel", dp)] if dp else []), ("single", single)]
+    print(f"\n{'mode':<18}{'held-out loss':>14}{'vs dp':>8}{'bytes/token':>13}{'reduction':>11}"
+          f"{'utilisation':>13}{'identical':>10}{'procs':>7}{'wall s':>8}")  # fmt: skip
     for name, r in rows:
-        print(
-            f"{name:<14}{r['loss']:>14.4f}{r['bytes_per_token']:>14.3f}{r['utilisation']:>13.3f}{r['wall_s']:>9.1f}"
+        ratio = f"{r['loss'] / dp['loss']:.4f}" if dp else "-"
+        reduction = (
+            f"{dp['bytes_per_token'] / r['bytes_per_token']:.0f}x" if dp and r["bytes_per_token"] else "-"
         )
-    print(f"diloco: final parameters identical on all trainers: {bool(diloco['identical_final'])}; "
-          f"steps with all hashes equal: {diloco['agreeing_steps_frac']:.2f}; "
-          f"rounds with all {NUM_TRAINERS} peers: {diloco['full_rounds_frac']:.2f}; "
-          f"median inner steps overlapped before an average arrived: {diloco['steps_until_average']:.0f}")  # fmt: skip
-    if dp is not None:
-        reduction = dp["bytes_per_token"] / diloco["bytes_per_token"]
-        print(f"bytes per token: {reduction:.0f}x fewer than data-parallel; they fall as 1/H, so 1000x takes "
-              f"H of about {math.ceil(args.inner_steps * 1000 / reduction)} with int8, "
-              f"{math.ceil(args.inner_steps * 500 / reduction)} with a 4-bit codec")  # fmt: skip
+        same = str(int(r["identical_final"])) if "identical_final" in r else "-"
+        procs = f"{r['processes_per_trainer']:.0f}" if "processes_per_trainer" in r else "-"
+        print(
+            f"{name:<18}{r['loss']:>14.4f}{ratio:>8}{r['bytes_per_token']:>13.3f}{reduction:>11}"
+            f"{r['utilisation']:>13.3f}{same:>10}{procs:>7}{r['wall_s']:>8.1f}"
+        )
+    for name, r in results.items():
+        print(f"{name}: steps with all hashes equal {r['agreeing_steps_frac']:.2f}; rounds with all "
+              f"{NUM_TRAINERS} peers {r['full_rounds_frac']:.2f}; median inner steps overlapped before "
+              f"an average arrived {r['steps_until_average']:.0f}")  # fmt: skip
+    headline = "gather-sparse" if "gather-sparse" in results else modes[0]
+    diloco = results[headline]
     fields = {
+        "headline_mode": headline,
         "loss_diloco": f"{diloco['loss']:.4f}",
         "loss_single": f"{single['loss']:.4f}",
         "utilisation": f"{diloco['utilisation']:.3f}",
         "bytes_per_token_diloco": f"{diloco['bytes_per_token']:.3f}",
+        "identical_final": str(int(all(r["identical_final"] for r in results.values()))),
+        "processes_per_trainer": f"{diloco['processes_per_trainer']:.0f}",
         "H": str(args.inner_steps),
         "outer_steps": str(args.outer_steps),
-        "identical_final": str(int(diloco["identical_final"])),
+        "params": str(params),
         "model": args.model if args.model in ("tiny", "hf") else "dir",
         "audit_reducers": str(int(not args.no_audit)),
+        "density": str(args.density),
+        "chunk_values": str(args.chunk_values),
         "lr_schedule": args.lr_schedule,
         "outer_lr": str(args.outer_lr),
         "outer_momentum": str(args.outer_momentum),
         "batch": str(args.batch_size),
         "lr": str(args.lr),
     }
+    for name, r in results.items():
+        key = name.replace("-", "_")
+        fields[f"loss_{key}"] = f"{r['loss']:.4f}"
+        fields[f"utilisation_{key}"] = f"{r['utilisation']:.3f}"
+        fields[f"processes_per_trainer_{key}"] = f"{r['processes_per_trainer']:.0f}"
     if dp is not None:
         fields["loss_dp"] = f"{dp['loss']:.4f}"
         fields["dp_lr"] = str(args.dp_lr)
         fields["loss_ratio_vs_dp"] = f"{diloco['loss'] / dp['loss']:.4f}"
         fields["bytes_per_token_dp"] = f"{dp['bytes_per_token']:.1f}"
         fields["bytes_per_token_reduction"] = f"{dp['bytes_per_token'] / diloco['bytes_per_token']:.1f}"
+        for name, r in results.items():
+            key = name.replace("-", "_")
+            fields[f"loss_ratio_vs_dp_{key}"] = f"{r['loss'] / dp['loss']:.4f}"
+            fields[f"bytes_per_token_reduction_{key}"] = f"{dp['bytes_per_token'] / r['bytes_per_token']:.1f}"
         fields["dp_utilisation"] = f"{dp['utilisation']:.3f}"
         fields["dp_inconsistent_steps"] = str(int(dp["inconsistent_steps"]))
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
