@@ -121,12 +121,17 @@ class GatherAverager:
         self._declared: dict[bytes, RoundDeclaration] = {}
         self._declared_at = -float("inf")
         self._closed = False
+        self._declaring: set[concurrent.futures.Future[None]] = set()
 
     # ---- RoundAverager -----------------------------------------------------------------------
 
     def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str) -> None:
         gather_at = time.time() + max(0.0, expected_duration_s)
-        self.runtime.submit(self.rounds.declare(step, outer_hash, gather_at, serves_state=not self._doubtful))
+        declaring = self.runtime.submit(
+            self.rounds.declare(step, outer_hash, gather_at, serves_state=not self._doubtful)
+        )
+        self._declaring.add(declaring)
+        declaring.add_done_callback(self._declaring.discard)
 
     def start_average(
         self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str
@@ -232,6 +237,8 @@ class GatherAverager:
         if self._closed:
             return
         self._closed = True
+        for declaring in list(self._declaring):  # a declaration in flight is moot now
+            declaring.cancel()
         self.runtime.stop_service(self.states)
         self.runtime.stop_service(self.rounds)
         with contextlib.suppress(Exception):
