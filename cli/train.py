@@ -28,7 +28,9 @@ class TrainerOptions(BaseModel):
     inner_steps: int | None = None
     max_outer_steps: int | None = None
     outer_lr: float | None = None
-    compression: Literal["fp32", "fp16", "int8"] | None = None
+    averager: Literal["allreduce", "gather"] | None = None
+    compression: Literal["fp32", "fp16", "int8", "sparse"] | None = None
+    sparse_density: float | None = None
     data_paths: list[Path] | None = None
     checkpoint_dir: Path | None = None
     seq_len: int | None = None
@@ -65,7 +67,18 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--inner-steps", type=int, help="DiLoCo H: inner AdamW steps per outer step."),
         click.option("--outer-steps", "max_outer_steps", type=int, help="Stop after this many outer steps."),
         click.option("--outer-lr", type=float, help="Outer Nesterov learning rate (default 0.7)."),
-        click.option("--compression", type=click.Choice(["fp32", "fp16", "int8"]), help="Pseudo-gradient codec."),
+        click.option(
+            "--averager", type=click.Choice(["allreduce", "gather"]),
+            help="How rounds run: hivemind's all-reduce (default) or the node's averaging service.",
+        ),
+        click.option(
+            "--compression", type=click.Choice(["fp32", "fp16", "int8", "sparse"]),
+            help="Pseudo-gradient codec: fp32, fp16, int8 (allreduce); int8 or sparse (gather).",
+        ),
+        click.option(
+            "--sparse-density", type=float,
+            help="Fraction of each chunk's values the sparse codec sends (default 0.015).",
+        ),
         click.option(
             "--data", "data_paths", multiple=True, type=click.Path(exists=True, path_type=Path),
             help="Train on these text files/directories instead of the default corpus (repeatable).",
@@ -112,7 +125,9 @@ def build_trainer_config(run_id: str, **options: Any) -> Any:
         data.update(source="files", paths=tuple(options["data_paths"]))
     top: dict[str, Any] = {"run_id": run_id}
     for key in (
+        "averager",
         "compression",
+        "sparse_density",
         "checkpoint_dir",
         "target_group_size",
         "matchmaking_time_s",

@@ -56,6 +56,16 @@ def test_a_trainers_publishers_are_checked_peer_ids(tmp_path: Path) -> None:
         build_trainer_config("r", authorized_publishers=["not a peer"])
 
 
+def test_the_gather_averager_and_its_sparse_codec_are_trainer_options(tmp_path: Path) -> None:
+    config_file = tmp_path / "node.toml"
+    config_file.write_text('[trainer]\naverager = "gather"\ncompression = "sparse"\nsparse_density = 0.02\n')
+    options = resolve_trainer_options(config_file, {})
+    config = build_trainer_config("r", **options)
+    assert (config.averager, config.compression, config.sparse_density) == ("gather", "sparse", 0.02)
+    with pytest.raises(ConfigError, match=r"compression 'sparse' does not work with averager 'allreduce'"):
+        build_trainer_config("r", compression="sparse")
+
+
 class LevelProbe:
     """The real `hivenet` group with one more command that sets up logging like the others and
     records the root level it got. Levels are compared as numbers: importing hivemind renames
