@@ -1,8 +1,17 @@
 """Benchmark of DiLoCo on this machine: 4 trainers vs data-parallel vs one trainer, same seeds and tokens.
 
-- **diloco**: `simulate_diloco(4, ...)`: four trainer threads, each with its own hivemind DHT
-  (and p2pd) and `DiLoCoAverager` process; H inner AdamW steps per outer step, one int8
-  all-reduce of pseudo-gradients per outer step, outer Nesterov SGD (lr 0.7, momentum 0.9).
+- **diloco**, one run per mode (`--modes`, default all, side by side): `simulate_diloco(4, ...)`:
+  four trainer threads, each with its own hivemind DHT (and p2pd); H inner AdamW steps per outer
+  step, one averaging round of pseudo-gradients per outer step, outer Nesterov SGD (lr 0.7,
+  momentum 0.8). Modes: `allreduce-int8` (hivemind's all-reduce in a `DiLoCoAverager` process,
+  int8 parts, reducer audit); `gather-int8` and `gather-sparse` (the node's averaging service,
+  `node.collective`: each member sends its contribution to the others and aggregates them all
+  itself; int8, or the SparseLoCo-style sparse codec at `--density` of each `--chunk-values`
+  chunk, 2-bit values, error feedback); `gather-sparse-ef` (the sparse codec with outer momentum
+  0, its error feedback standing in for momentum as in SparseLoCo). The headline keys
+  (`loss_ratio_vs_dp`, `bytes_per_token_reduction`) are gather-sparse's; every mode's follow
+  with its name as suffix. A gather trainer's bytes are the frames its averaging service writes
+  (contributions, commits, answers) and the state it uploads.
 - **dp**: data-parallel training of the same model on the same four data shards: every step,
   each of four peers computes the gradient of its own batch and the four gradients are
   averaged by the same all-reduce (`RobustAllReduceRunner`, fp32, equal weights, the same
