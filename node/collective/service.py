@@ -431,8 +431,15 @@ class AveragingService(FramedService):
             return RoundOutcome(None, 1, in_sync=True)
         members = sorted(final)
         payloads = [book.contributions[p].payload for p in members]
-        decoded, refused = await offload(self._decode_all, members, payloads)
+        decoded, problems = await offload(self._decode_all, members, payloads)
+        for peer, problem in problems.items():  # every member decodes the same bytes: all leave it out
+            if peer != self.me:
+                self.bans.ban(PeerID(peer), f"averaging: contribution does not decode: {problem}")
+        refused = set(problems)
         kept = [p for p in members if p not in refused]
+        if not kept:
+            self._last_members = set()
+            return RoundOutcome(None, 1, refused_peers=len(refused))
         aggregate = await offload(
             aggregate_contributions,
             [decoded[p] for p in kept],
@@ -440,13 +447,14 @@ class AveragingService(FramedService):
             max_norm_ratio=self.averaging.max_norm_ratio,
         )
         refused |= {kept[i] for i in aggregate.refused}
+        kept = [p for p in kept if p not in refused]
         hashes = [book.contributions[p].header.outer_hash for p in members]
         majority = max(sorted(set(hashes)), key=hashes.count)
         in_sync = outer_hash == majority
         self._last_members = set(kept) - {self.me} if in_sync else set()
         if in_sync:
             self.standing.update(
-                p for p in members if book.contributions[p].header.outer_hash == majority and p != self.me
+                p for p in kept if book.contributions[p].header.outer_hash == majority and p != self.me
             )
         round_id = hashlib.sha256(
             round_channel_key(self.prefix, step).encode() + b"".join(p + final[p] for p in members)
@@ -462,17 +470,16 @@ class AveragingService(FramedService):
 
     def _decode_all(
         self, members: list[bytes], payloads: list[bytes]
-    ) -> tuple[dict[bytes, list[torch.Tensor]], set[bytes]]:
+    ) -> tuple[dict[bytes, list[torch.Tensor]], dict[bytes, str]]:
+        """Each member's decoded contribution, and why those that do not decode do not (on a worker thread)."""
         decoded: dict[bytes, list[torch.Tensor]] = {}
-        refused: set[bytes] = set()
+        problems: dict[bytes, str] = {}
         for peer, payload in zip(members, payloads, strict=True):
             try:
                 decoded[peer] = self.codec.decode(payload)
             except InvalidMessage as exc:
-                refused.add(peer)
-                if peer != self.me:
-                    self.bans.ban(PeerID(peer), f"averaging: contribution does not decode: {exc}")
-        return decoded, refused
+                problems[peer] = str(exc)
+        return decoded, problems
 
 
 def _short(peers: object) -> str:

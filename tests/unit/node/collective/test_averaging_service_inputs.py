@@ -872,3 +872,28 @@ def test_contributions_of_non_candidates_cannot_crowd_out_the_services_own() -> 
         assert outcome.num_peers == len(outcome.received_bytes) + 1  # its own is in what it aggregated
 
     asyncio.run(main())
+
+
+def test_a_contribution_the_norm_cap_refuses_is_not_counted_as_averaged() -> None:
+    # Before, a contribution refused by the norm cap still counted in `num_peers` and earned its
+    # sender a training receipt (`received_bytes`) and standing.
+    async def main() -> None:
+        p2p = StandInP2P()
+        service = await make_service(p2p=p2p, max_norm_ratio=3.0)
+        a, b = peer_bytes(MEMBER_A), peer_bytes(MEMBER_B)
+        huge = CODEC.encode([t * 1000 for t in tensors(2)])
+        service.declared = {a: declaration(), b: declaration()}
+        await service.start()
+        try:
+            task = asyncio.ensure_future(service.average(STEP, tensors(50), HASH))
+            await async_wait_until(lambda: len(p2p.sent("contribution")) == 2 or task.done(), 10, 0.01)
+            await send(service, MEMBER_A, contribution(MEMBER_A, seed=1))
+            await send(service, MEMBER_B, contribution(MEMBER_B, signed_payload=huge))
+            outcome = await asyncio.wait_for(task, 10)
+        finally:
+            await service.stop()
+        assert outcome.num_peers == 2 and outcome.refused_peers == 1
+        assert set(outcome.received_bytes) == {a}
+        assert service.standing == {a}
+
+    asyncio.run(main())
