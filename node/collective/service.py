@@ -39,10 +39,10 @@ from hivemind.p2p import P2P, PeerID
 
 from node.averaging.rounds import RoundOutcome
 from node.bans import BanList
-from node.collective.aggregate import aggregate_contributions
 from node.collective.book import Received, RoundBook
 from node.collective.codecs import PseudoGradCodec
 from node.collective.config import AveragingConfig
+from node.collective.outcome import tally_round
 from node.identity import Identity
 from node.rollouts.errors import RolloutTransportError
 from node.rollouts.streams import FramedService, exchange
@@ -429,57 +429,25 @@ class AveragingService(FramedService):
         if set(final) <= {self.me}:
             self._last_members = set()
             return RoundOutcome(None, 1, in_sync=True)
-        members = sorted(final)
-        payloads = [book.contributions[p].payload for p in members]
-        decoded, problems = await offload(self._decode_all, members, payloads)
-        for peer, problem in problems.items():  # every member decodes the same bytes: all leave it out
-            if peer != self.me:
-                self.bans.ban(PeerID(peer), f"averaging: contribution does not decode: {problem}")
-        refused = set(problems)
-        kept = [p for p in members if p not in refused]
-        if not kept:
-            self._last_members = set()
-            return RoundOutcome(None, 1, refused_peers=len(refused))
-        aggregate = await offload(
-            aggregate_contributions,
-            [decoded[p] for p in kept],
+        tally = await offload(
+            tally_round,
+            book,
+            final,
+            me=self.me,
+            round_key=round_channel_key(self.prefix, step),
+            outer_hash=outer_hash,
+            codec=self.codec,
             rule=self.averaging.aggregation,
             max_norm_ratio=self.averaging.max_norm_ratio,
         )
-        refused |= {kept[i] for i in aggregate.refused}
-        kept = [p for p in kept if p not in refused]
-        hashes = [book.contributions[p].header.outer_hash for p in members]
-        majority = max(sorted(set(hashes)), key=hashes.count)
-        in_sync = outer_hash == majority
-        self._last_members = set(kept) - {self.me} if in_sync else set()
+        for peer, problem in tally.undecodable.items():  # every member leaves the same ones out
+            if peer != self.me:
+                self.bans.ban(PeerID(peer), f"averaging: contribution does not decode: {problem}")
+        in_sync = tally.outcome.in_sync and tally.outcome.averaged is not None
+        self._last_members = set(tally.in_majority) - {self.me} if in_sync else set()
         if in_sync:
-            self.standing.update(
-                p for p in kept if book.contributions[p].header.outer_hash == majority and p != self.me
-            )
-        round_id = hashlib.sha256(
-            round_channel_key(self.prefix, step).encode() + b"".join(p + final[p] for p in members)
-        ).digest()[:20]
-        return RoundOutcome(
-            averaged=aggregate.tensors,
-            num_peers=len(kept),
-            in_sync=in_sync,
-            refused_peers=len(refused),
-            round_id=round_id,
-            received_bytes={p: len(book.contributions[p].payload) for p in kept if p != self.me},
-        )
-
-    def _decode_all(
-        self, members: list[bytes], payloads: list[bytes]
-    ) -> tuple[dict[bytes, list[torch.Tensor]], dict[bytes, str]]:
-        """Each member's decoded contribution, and why those that do not decode do not (on a worker thread)."""
-        decoded: dict[bytes, list[torch.Tensor]] = {}
-        problems: dict[bytes, str] = {}
-        for peer, payload in zip(members, payloads, strict=True):
-            try:
-                decoded[peer] = self.codec.decode(payload)
-            except InvalidMessage as exc:
-                problems[peer] = str(exc)
-        return decoded, problems
+            self.standing.update(self._last_members)
+        return tally.outcome
 
 
 def _short(peers: object) -> str:

@@ -46,6 +46,7 @@ from node.averaging.outer_state import OuterState
 from node.bans import BanList
 from node.broadcast.wire import WRITE_SLICE_BYTES, RateLimiter, TruncatedFrame, read_frame, write_frame
 from node.collective import state_wire as wire
+from node.collective.budgets import MAX_TRACKED_PEERS, PeerBudget
 from node.stream_slots import StreamSlot, StreamSlots
 from protocol.errors import HivenetError, InvalidMessage
 
@@ -54,7 +55,6 @@ __all__ = ["FetchResult", "Offer", "SourceUnavailable", "StateService", "StateSe
 logger = logging.getLogger(__name__)
 
 _READ_CHUNK_BYTES = 1 << 20
-_MAX_TRACKED_PEERS = 1024
 
 
 @dataclass(frozen=True)
@@ -85,41 +85,6 @@ class StateServiceConfig:
         counts = (self.downloads_per_peer_per_window, self.offers_per_peer_per_window)
         if min(counts) < 1 or self.window_s <= 0 or self.frame_timeout_s <= 0:
             raise ValueError("state service budgets, windows and timeouts must be positive")
-
-
-class _PeerBudget:
-    """A token bucket per peer: `capacity` tokens, refilled over `window_s`."""
-
-    def __init__(self, capacity: int, window_s: float, clock: Callable[[], float]) -> None:
-        self.capacity, self.rate, self.clock = capacity, capacity / window_s, clock
-        self._buckets: dict[bytes, tuple[float, float]] = {}  # peer -> (tokens, as of)
-        self._prune_above = _MAX_TRACKED_PEERS
-
-    def _tokens(self, peer: bytes, now: float) -> float:
-        tokens, since = self._buckets.get(peer, (self.capacity, now))
-        return min(float(self.capacity), tokens + (now - since) * self.rate)
-
-    def take(self, peer: bytes) -> float:
-        """0.0 if a token was taken; else the seconds until one will be available."""
-        now = self.clock()
-        tokens = self._tokens(peer, now)
-        if tokens < 1.0:
-            return (1.0 - tokens) / self.rate
-        self._buckets[peer] = (tokens - 1.0, now)
-        if len(self._buckets) > self._prune_above:  # amortised: many identities must not grow it unbounded
-            full = [p for p in self._buckets if self._tokens(p, now) >= self.capacity]
-            for p in full:
-                del self._buckets[p]
-            self._prune_above = max(_MAX_TRACKED_PEERS, 2 * len(self._buckets))
-        return 0.0
-
-    def exhausted(self, peer: bytes) -> bool:
-        """Whether `peer` has no token left now."""
-        return self._tokens(peer, self.clock()) < 1.0
-
-    def refund(self, peer: bytes) -> None:
-        now = self.clock()
-        self._buckets[peer] = (min(float(self.capacity), self._tokens(peer, now) + 1.0), now)
 
 
 @dataclass(frozen=True)
@@ -182,10 +147,10 @@ class StateService:
         self.slots = StreamSlots(config.max_streams, config.max_streams_per_peer)
         """Downloads being served."""
         self._pending = StreamSlots(config.max_request_streams, config.max_request_streams_per_peer)
-        self._requests = _PeerBudget(config.offers_per_peer_per_window, config.window_s, clock)
+        self._requests = PeerBudget(config.offers_per_peer_per_window, config.window_s, clock)
         self._told: dict[bytes, None] = {}
         """Peers told their request budget is spent (insertion order: the oldest is forgotten first)."""
-        self._downloads = _PeerBudget(config.downloads_per_peer_per_window, config.window_s, clock)
+        self._downloads = PeerBudget(config.downloads_per_peer_per_window, config.window_s, clock)
         self._state: OuterState | None = None
         self._cache: tuple[OuterState, asyncio.Future[wire.SerializedState | None]] | None = None
         self.bytes_sent = 0
@@ -290,7 +255,7 @@ class StateService:
         key = peer.to_bytes()
         if wait := self._requests.take(key):
             self._told[key] = None
-            if len(self._told) > _MAX_TRACKED_PEERS:
+            if len(self._told) > MAX_TRACKED_PEERS:
                 del self._told[next(iter(self._told))]
             raise _Refused(
                 "request_budget", f"busy: state request budget spent; try again in {math.ceil(wait)} s"
