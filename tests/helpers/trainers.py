@@ -50,6 +50,21 @@ def tiny_config(max_outer_steps: int, *, inner_steps: int = 8, **overrides: Any)
     return TrainerConfig(**base)
 
 
+AVERAGING_MODES = ("allreduce-int8", "gather-int8", "gather-sparse")
+"""How a test's trainers may average: hivemind's all-reduce, or the node's averaging service with
+either codec (`averaging_mode` gives the config fields)."""
+
+
+def averaging_mode(mode: str) -> dict[str, Any]:
+    """TrainerConfig fields for one of `AVERAGING_MODES` (the sparse codec keeps 5% of 256-value
+    chunks: the tiny model has too few values for the production density to send many)."""
+    averager, codec = mode.split("-")
+    fields: dict[str, Any] = {"averager": averager, "compression": codec}
+    if codec == "sparse":
+        fields.update(sparse_density=0.05, sparse_chunk_values=256)
+    return fields
+
+
 def finished(trainer: TrainerThread, steps: int) -> Callable[[], bool]:
     """Whether `trainer` made `steps` outer steps or stopped (a predicate for `wait_until`)."""
     return lambda: trainer.steps() >= steps or not trainer.alive

@@ -29,6 +29,10 @@ SLEEP_ALLOWED: dict[tuple[str, str], str] = {
     ("unit/test_suite_tools.py", "test_the_guard_sees_a_call_of_time_sleep_itself"): (
         "the sleep the isolation guard must refuse: it never sleeps"
     ),
+    ("helpers/state_flood.py", "_hammer"): (
+        "the attacker's own pacing after a request that failed in transport (the victim unreachable "
+        "for a moment), not a wait for an effect: the test waits on the flood's counters"
+    ),
     ("integration/diloco/test_diloco_swarm.py", "late"): (
         "the cause under test, not a wait for an effect: a trainer late by wall-clock time past the "
         "others' sender timeout (2 s) and within their reducer timeout (40 s), as a slow peer is; "

@@ -7,6 +7,7 @@ import pytest
 from node.swarm import wait_until
 from tests.helpers.trainers import (
     assert_a_late_joiner_catches_up,
+    averaging_mode,
     finished,
     harness,
     hashes_by_step,
@@ -14,13 +15,15 @@ from tests.helpers.trainers import (
 )
 
 
-def test_late_joiner_receives_parameters_momentum_and_step() -> None:
-    assert_a_late_joiner_catches_up(tiny_config(9), join_after=3)
+@pytest.mark.parametrize("mode", ["allreduce-int8", "gather-sparse"])
+def test_late_joiner_receives_parameters_momentum_and_step(mode: str) -> None:
+    assert_a_late_joiner_catches_up(tiny_config(9, **averaging_mode(mode)), join_after=3)
 
 
 @pytest.mark.slow
-def test_killed_trainer_does_not_stop_the_others() -> None:
-    config = tiny_config(8, sender_timeout_s=3.0)
+@pytest.mark.parametrize("mode", ["allreduce-int8", "gather-sparse"])
+def test_killed_trainer_does_not_stop_the_others(mode: str) -> None:
+    config = tiny_config(8, sender_timeout_s=3.0, **averaging_mode(mode))
     with harness() as h:
         trainers = h.start_many(config, ["t0", "t1", "t2"])
         assert wait_until(lambda: all(t.steps() >= 2 for t in trainers), timeout_s=180)

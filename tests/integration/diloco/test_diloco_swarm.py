@@ -9,11 +9,19 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from node.dht_node import start_loopback_dht
 from node.swarm import wait_until
-from tests.helpers.trainers import finished, harness, hashes_by_step, tiny_config
+from tests.helpers.trainers import (
+    AVERAGING_MODES,
+    averaging_mode,
+    finished,
+    harness,
+    hashes_by_step,
+    tiny_config,
+)
 from training.checkpoint import latest_checkpoint, load_checkpoint
 from training.diloco import OuterStepReport
 from training.simulation import simulate_diloco
@@ -21,10 +29,13 @@ from training.trainer import run_trainer
 from training.trainer_thread import TrainerThread
 
 
-def test_three_trainers_agree_bit_for_bit_after_every_outer_step() -> None:
+@pytest.mark.parametrize("mode", AVERAGING_MODES)
+def test_three_trainers_agree_bit_for_bit_after_every_outer_step(mode: str) -> None:
     # Healthy rounds: generous timeouts, so that a trainer the loaded CI machine delays by a few
     # seconds is waited for rather than left out (partial rounds have their own test below).
-    config = tiny_config(4, target_group_size=3, sender_timeout_s=15.0, averaging_timeout_s=60.0)
+    config = tiny_config(
+        4, target_group_size=3, sender_timeout_s=15.0, averaging_timeout_s=60.0, **averaging_mode(mode)
+    )
     reports = simulate_diloco(3, config)
     by_step: dict[int, list[OuterStepReport]] = {}
     for r in reports:
