@@ -12,6 +12,23 @@
   (`loss_ratio_vs_dp`, `bytes_per_token_reduction`) are gather-sparse's; every mode's follow
   with its name as suffix. A gather trainer's bytes are the frames its averaging service writes
   (contributions, commits, answers) and the state it uploads.
+
+The sparse codec on this bench's 21.6k-parameter model (held-out loss; no data-parallel in the
+sweep rows, so compare with gather-int8 of the same length):
+
+    run                         density  outer momentum/lr  loss    bytes/token
+    full (H=125, 100 steps)     int8     0.8 / 0.7          1.900   3.186
+    full                        0.015    0.8 / 0.7          2.764   0.196
+    quick (H=50, 12 steps)      int8     0.8 / 0.7          2.829   8.167
+    quick                       0.015    0.8 / 0.7          3.641   0.517
+    quick                       0.05     0.8 / 0.7          6.081   0.947   (diverged)
+    quick                       0.2      0.8 / 0.7          3.050   2.951
+    quick                       0.015    0   / 0.7          3.991   0.507
+    quick                       0.05     0   / 1.0          3.999   0.922
+
+Error feedback with Nesterov momentum diverged at density 0.05; without momentum it learns slowly.
+On a model this small the sparse codec costs far more loss than it does in SparseLoCo's runs
+(hundreds of millions of parameters); the H sweep is not measured.
 - **dp**: data-parallel training of the same model on the same four data shards: every step,
   each of four peers computes the gradient of its own batch and the four gradients are
   averaged by the same all-reduce (`RobustAllReduceRunner`, fp32, equal weights, the same
