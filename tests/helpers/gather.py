@@ -53,11 +53,10 @@ def run_round(
 ) -> list[RoundOutcome]:
     for averager, digest in zip(averagers, hashes, strict=True):
         averager.prepare_round(step, 0.5, digest)
-    # A trainer declares its round an outer step's inner steps ahead; here, wait until all see each other.
+    # A trainer declares its round an outer step's inner steps ahead; here, wait until all see each
+    # other at `step` (other trainers of the swarm may declare other steps).
     assert wait_until(
-        lambda: all(
-            sorted(a.peer_steps().values()) == [float(step)] * (len(averagers) - 1) for a in averagers
-        ),
+        lambda: all(sum(s == step for s in a.peer_steps().values()) == len(averagers) - 1 for a in averagers),
         timeout_s=60,
     )
     outcomes: list[RoundOutcome | None] = [None] * len(averagers)

@@ -8,40 +8,20 @@ has averaged in sync with others counts only those others' steps and only their 
 
 from __future__ import annotations
 
-import threading
-
 import torch
 
 from node.averaging.outer_state import OuterState
 from node.averaging.rounds import RoundOutcome
+from node.collective.averager import GatherAverager
 from node.swarm import wait_until
-from tests.helpers.gather import SHAPES, gather_swarm
+from tests.helpers.gather import SHAPES, gather_swarm, run_round
 
 HONEST_HASH = "00" * 8
 
 
-def _round(averagers: list, step: int) -> list[RoundOutcome]:
-    for a in averagers:
-        a.prepare_round(step, 0.5, HONEST_HASH)
-    assert wait_until(
-        lambda: all(
-            sum(1 for s in a.peer_steps().values() if s == step) == len(averagers) - 1 for a in averagers
-        ),
-        timeout_s=60,
-    )
-    outcomes: list[RoundOutcome | None] = [None] * len(averagers)
-
-    def one(i: int) -> None:
-        grads = [torch.randn(s) * 0.01 for s in SHAPES]
-        outcomes[i] = averagers[i].start_average(grads, step=step, outer_hash=HONEST_HASH).result()
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(averagers))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert all(o is not None for o in outcomes)
-    return outcomes  # type: ignore[return-value]
+def _round(averagers: list[GatherAverager], step: int) -> list[RoundOutcome]:
+    grads = [[torch.randn(s) * 0.01 for s in SHAPES] for _ in averagers]
+    return run_round(averagers, step, grads, [HONEST_HASH] * len(averagers))
 
 
 def test_sybils_agreeing_on_a_later_state_move_no_running_trainer() -> None:
