@@ -1,13 +1,13 @@
 """The attacks of `bench/robustness.py`: DHT squatting, upload-slot squatting, poisoned state, an
-oversized averager message.
+oversized averaging frame.
 
 All on 127.0.0.1 against the landed code, from plain hivemind clients, with the scenarios the tests
-run (`tests.helpers.squatting`, `tests.helpers.poisoning`, `tests.helpers.averager_streams`):
+run (`tests.helpers.squatting`, `tests.helpers.poisoning`), and the oversized frame here:
 
 * **Squatting**: each of `SQUAT_ATTACKS` squats one key of a live run (plain value, an honest
   peer's subkey and a 1 MiB value, 31 years each); it is survived when no honest node keeps or
-  returns a squat and the honest operation still works; one more writes hivemind's unsigned
-  averager declarations in a trainer's name (a false step, "left its group"). The "64 values
+  returns a squat and the honest operation still works; one more writes an unsigned round
+  declaration in a trainer's name (a step it never reached). The "64 values
   of 1 MiB" attack at one node is survived when every store is refused and the node's DHT
   process grows by less than a quarter of what was sent. Reported:
   `squat_attacks_survived=<survived>/<attacks>`.
@@ -16,20 +16,31 @@ run (`tests.helpers.squatting`, `tests.helpers.poisoning`, `tests.helpers.averag
   reported: `upload_slot_squat_fetch`, `ok` if the fetch completed, else `BLOCKED`.
 * **Poisoned state**: in each variant (`own-hash`, `copied-hash`) a joiner resyncs while an
   attacker serves parameters of 1e4; reported: `poisoned_state_accepted`, how many it took.
-* **Oversized averager message**: a peer declares a 2^40-byte aggregation part and streams up to
-  `OVERSIZED_STREAM_BYTES` into one averager, until the averager closes the stream; reported:
-  `averager_rss_growth_mib`, the peak RSS of the averager's process over its RSS before (target <= 16).
+* **Oversized averaging frame**: a peer opens a stream to an honest trainer's averaging service
+  (`node.collective.service.AveragingService`, hosted by a `GatherAverager`), declares a frame of
+  `DECLARED_FRAME_BYTES` (the most a 4-byte frame length can say) and streams up to
+  `OVERSIZED_STREAM_BYTES` of zeros into it, until the service closes the stream; reported:
+  `averager_rss_growth_mib`, the peak RSS of the process hosting the service (this one: there is
+  no averager process any more, a trainer averages in its own process) over its RSS before
+  (target <= 16). (It replaces the old attack on the removed hivemind all-reduce averager, a
+  2^40-byte aggregation part streamed into the averager's own process.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
-from tests.helpers.averager_streams import OversizedOutcome, stream_oversized_message
+import psutil
+from hivemind.p2p import P2P
+
+from node.collective.averager import GatherAverager
 from tests.helpers.poisoning import POISONING_VARIANTS, fetch_as_joiner, poison_accepted, poisoned_run
 from tests.helpers.squat_swarm import (
     LARGE_VALUE_BYTES,
@@ -46,7 +57,64 @@ from tests.helpers.squatting import (
 from tests.helpers.upload_slots import squat_upload_slots
 
 OVERSIZED_STREAM_BYTES = 384 * 1024 * 1024
+DECLARED_FRAME_BYTES = 2**32 - 1
+ATTACK_CHUNK_BYTES = 1 << 20
 MIB = 2**20
+
+
+@dataclass
+class OversizedOutcome:
+    """What streaming into a frame declared far too large did to the process hosting the service."""
+
+    rss_before: int
+    rss_peak: int
+    rss_after: int
+    sent: int
+    """Bytes handed to the stream (what the service read of them is bounded by its frame cap)."""
+    banned: bool
+
+    @property
+    def growth(self) -> int:
+        """Peak RSS of the service's process over its RSS before the attack, in bytes."""
+        return self.rss_peak - self.rss_before
+
+
+async def stream_oversized_frame(
+    target: GatherAverager, maddrs: list[str], total_bytes: int
+) -> OversizedOutcome:
+    """Declare a `DECLARED_FRAME_BYTES` frame to `target`'s averaging service and stream up to
+    `total_bytes` of it, from a fresh P2P daemon that knows `maddrs` (the target's DHT's).
+
+    The RSS of this process (the service's) is read before, after every chunk, and once the target
+    has closed the stream (or 10 s after the last chunk, if it keeps it open).
+    """
+    process = psutil.Process(os.getpid())
+    p2p = await P2P.create(initial_peers=maddrs)
+    try:
+        if target.bans.is_banned(p2p.peer_id):
+            raise RuntimeError("the attacker is banned before it attacked")
+        _, reader, writer = await p2p.call_binary_stream_handler(target.p2p.peer_id, target.rounds.proto)
+        before = process.memory_info().rss
+        peak, sent = before, 0
+        chunk = bytes(ATTACK_CHUNK_BYTES)
+        writer.write(DECLARED_FRAME_BYTES.to_bytes(4, "big"))
+        try:
+            while sent < total_bytes:
+                writer.write(chunk)
+                sent += len(chunk)
+                await asyncio.wait_for(writer.drain(), 10)
+                peak = max(peak, process.memory_info().rss)
+        except (ConnectionError, TimeoutError, OSError):
+            pass
+        with contextlib.suppress(
+            TimeoutError, ConnectionError, OSError
+        ):  # the target's answer, then its close
+            await asyncio.wait_for(reader.read(), 10)
+        after = process.memory_info().rss
+        writer.close()
+        return OversizedOutcome(before, max(peak, after), after, sent, target.bans.is_banned(p2p.peer_id))
+    finally:
+        await p2p.shutdown()
 
 
 def _squat(swarm: SquatSwarm, attack: str) -> SquatOutcome:
@@ -113,7 +181,13 @@ def _poisoning() -> dict[str, str]:
 def run_attacks() -> dict[str, str]:
     """Run every attack once, print their tables, and return the RESULT fields."""
     start = time.perf_counter()
-    for name in ("node.bans", "node.membership", "node.averaging.state_sync"):
+    for name in (
+        "node.bans",
+        "node.membership",
+        "node.collective.service",
+        "node.collective.state_service",
+        "node.rollouts.streams",
+    ):
         logging.getLogger(name).setLevel(
             logging.ERROR
         )  # each refused attack is logged: keep the tables readable
@@ -124,15 +198,15 @@ def run_attacks() -> dict[str, str]:
         squats = [_squat(swarm, attack) for attack in SQUAT_ATTACKS]
         squats.append(_large_values(swarm))
         upload_slots_ok = _upload_slots(swarm)
-        target = swarm.start_averagers()[0]
-        oversized: OversizedOutcome = asyncio.run(
-            stream_oversized_message(target, OVERSIZED_STREAM_BYTES, max_streams=1)
-        )
+        target = swarm.start_averagers()[0]  # on the publisher's node
+        maddrs = [str(a) for a in swarm.publisher.dht.get_visible_maddrs()]
+        oversized = asyncio.run(stream_oversized_frame(target, maddrs, OVERSIZED_STREAM_BYTES))
     _print_squats(squats)
     squat_s = time.perf_counter() - start
     print(
-        f"\noversized averager message: declared 2^40 bytes, streamed {oversized.sent / MIB:.0f} MiB "
-        f"before the averager closed the stream; averager RSS {oversized.rss_before / MIB:.0f} MiB before, "
+        f"\noversized averaging frame: declared {DECLARED_FRAME_BYTES} bytes, streamed "
+        f"{oversized.sent / MIB:.0f} MiB to the stream before the service closed it; RSS of its process "
+        f"{oversized.rss_before / MIB:.0f} MiB before, "
         f"{oversized.rss_peak / MIB:.0f} MiB at peak, {oversized.rss_after / MIB:.0f} MiB after; "
         f"sender banned: {oversized.banned}"
     )

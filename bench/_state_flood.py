@@ -1,6 +1,6 @@
 """Part 5 of `bench/robustness.py`: a flood of outer-state downloads against a training trainer (#30 item 4).
 
-Two trainers of the averaging service (`averager="gather"`, int8, the tiny model of
+Two trainers of the averaging service (int8, the tiny model of
 `tests.helpers.trainers.tiny_config`, one torch thread each, naming each other as the run's
 publishers, as a run of two must) train on 127.0.0.1 in this process with the production
 state-service budgets. A second process (so that the attackers' own Python does not hold this
@@ -200,10 +200,8 @@ def run_state_flood(quick: bool) -> dict[str, str]:
     config = tiny_config(
         10_000,
         inner_steps=inner_steps,
-        averager="gather",
         compression="int8",
         matchmaking_time_s=0.3,
-        request_timeout_s=0.2,
     )
     phases: list[_Phase] = []
     with harness() as h:

@@ -1,20 +1,23 @@
 """Benchmark of DiLoCo on this machine: 4 trainers vs data-parallel vs one trainer, same seeds and tokens.
 
-- **diloco**, one run per mode (`--modes`, default all, side by side): `simulate_diloco(4, ...)`:
-  four trainer threads, each with its own hivemind DHT (and p2pd); H inner AdamW steps per outer
-  step, one averaging round of pseudo-gradients per outer step, outer Nesterov SGD (lr 0.7,
-  momentum 0.8). Modes: `allreduce-int8` (hivemind's all-reduce in a `DiLoCoAverager` process,
-  int8 parts, reducer audit); `gather-int8` and `gather-sparse` (the node's averaging service,
-  `node.collective`: each member sends its contribution to the others and aggregates them all
-  itself; int8, or the SparseLoCo-style sparse codec at `--density` of each `--chunk-values`
-  chunk, 2-bit values, error feedback); `gather-sparse-ef` (the sparse codec with outer momentum
-  0, its error feedback standing in for momentum as in SparseLoCo). The headline keys
-  (`loss_ratio_vs_dp`, `bytes_per_token_reduction`) are gather-sparse's; every mode's follow
-  with its name as suffix. A gather trainer's bytes are the frames its averaging service writes
-  (contributions, commits, answers) and the state it uploads.
+- **diloco**, one run per mode (`--modes`, default int8 and sparse, side by side):
+  `simulate_diloco(4, ...)`: four trainer threads, each with its own hivemind DHT (and p2pd); H
+  inner AdamW steps per outer step, one averaging round of pseudo-gradients per outer step, outer
+  Nesterov SGD (lr 0.7, momentum 0.8). Every mode averages through the node's averaging service
+  (`node.collective`: each member sends its contribution to the others and aggregates them all
+  itself); the modes differ in the codec (`TrainerConfig.compression`): `int8` (dense blockwise
+  int8), `sparse` (the SparseLoCo-style sparse codec at `--density` of each `--chunk-values`
+  chunk, 2-bit values, error feedback), and `sparse-ef` (the sparse codec with outer momentum 0,
+  its error feedback standing in for momentum as in SparseLoCo). The headline keys
+  (`loss_ratio_vs_dp`, `bytes_per_token_reduction`) are sparse's (else the first mode's); every
+  mode's follow with its name as suffix (`-` as `_`). A trainer's bytes are the frames its
+  averaging service writes (contributions, commits, answers) and the state it uploads. (Until
+  the old hivemind all-reduce averager was removed, an `allreduce-int8` mode ran too, and the
+  gather modes were called `gather-int8`, `gather-sparse`, `gather-sparse-ef`.)
 
 The sparse codec on this bench's 21.6k-parameter model (held-out loss; no data-parallel in the
-sweep rows, so compare with gather-int8 of the same length):
+sweep rows, so compare with int8 of the same length; measured with the gather modes, before the
+data-parallel baseline became analytic, which does not change these columns):
 
     run                         density  outer momentum/lr  loss    bytes/token
     full (H=125, 100 steps)     int8     0.8 / 0.7          1.900   3.186
@@ -29,13 +32,18 @@ sweep rows, so compare with gather-int8 of the same length):
 Error feedback with Nesterov momentum diverged at density 0.05; without momentum it learns slowly.
 On a model this small the sparse codec costs far more loss than it does in SparseLoCo's runs
 (hundreds of millions of parameters); the H sweep is not measured.
-- **dp**: data-parallel training of the same model on the same four data shards: every step,
-  each of four peers computes the gradient of its own batch and the four gradients are
-  averaged by the same all-reduce (`RobustAllReduceRunner`, fp32, equal weights, the same
-  validation) over four real p2pd daemons on loopback, then one AdamW step with DiLoCo's inner
-  hyperparameters except the peak lr, tuned for data-parallel's 4x larger batch (`--dp-lr`). The group is formed once (data-parallel peers
-  average every step; hivemind's per-round matchmaking would dominate otherwise). Since every
-  peer receives the identical average, one model replica stands for all four.
+- **dp**: data-parallel training of the same model on the same four data shards
+  (`bench/_diloco_dp.py`): every step, each of four peers computes the gradient of its own
+  batch, the step applies the exact fp32 mean of the four gradients (computed in-process), then
+  one AdamW step with DiLoCo's inner hyperparameters except the peak lr, tuned for
+  data-parallel's 4x larger batch (`--dp-lr`). Since every peer holds the identical average,
+  one model replica stands for all four. Its bytes are not measured but computed: a
+  bandwidth-optimal ring all-reduce of the fp32 gradients, `2 * (N - 1) / N * 4 * params` bytes
+  per peer per step. That is the lower bound of any data-parallel all-reduce (no framing,
+  protocol or matchmaking overhead), so the reduction DiLoCo's measured bytes are credited with
+  is conservative. (Until the old averager was removed, data-parallel ran hivemind's all-reduce
+  over four p2pd daemons and its bytes were counted at libp2p, framing included; the 481x below
+  was measured against that, and would come out lower against the analytic bound.)
 - **single**: one trainer, the same total tokens (4x the steps of one DiLoCo trainer).
 
 Tuning (same seeds, 64 held-out batches, the exact DiLoCo and data-parallel arithmetic run in
@@ -47,7 +55,7 @@ tuned data-parallel: each trainer's AdamW normalises a gradient 4x noisier than
 data-parallel's averaged one. With 8 sequences per trainer (the default now) the gap is 2.2%
 (data-parallel 1.853 at 5e-3 and 1.851 at 8e-3; DiLoCo 1.894 at 3e-3 and 0.7/0.8). In that
 simulation int8 pseudo-gradients cost nothing measurable (blocks of 256 values: 1.891, of 64:
-1.894), nor does overlapping the next round with the all-reduce: starting it from the local
+1.894), nor does overlapping the next round with the averaging round: starting it from the local
 parameters, with the average arriving after 5/10/20 inner steps, gave 1.900/1.890/1.899, and
 from the eager outer step (the default) 1.891/1.901/1.898. These spreads, about +-0.5% of
 final loss between near-identical runs, are the run-to-run noise of this small model and as
@@ -55,12 +63,15 @@ large as the margin to the 3% target: one run's ratio is not a precise figure. 1
 per trainer with H=63 (same tokens) widened the gap (data-parallel 1.836, DiLoCo 1.889).
 
 What 1000x fewer bytes per token than data-parallel takes: DiLoCo's bytes per token fall as
-1/H (one all-reduce per outer step, matchmaking included), and data-parallel sends an fp32
-gradient every step while DiLoCo sends int8 every H steps (~4H x). The full run measured
-481x at H=125, so 1000x needs H of about 260 at the same tokens (~48 outer steps; loss was
-insensitive to H between 50 and 100 in the tuning above, 260 is not measured), or H=125
-with a ~4-bit pseudo-gradient codec (half of int8's bytes; not built). The run prints the
-H it would take from its own measured reduction.
+1/H (one averaging round per outer step). Per parameter, data-parallel's ring sends
+`2 * (N - 1) / N * 4` bytes every step, while a gather member sends its int8 contribution
+(~1.016 bytes) to each of the N - 1 others every H steps: about `8H / N`x fewer, 2H x for four
+trainers (~250x at H=125) before the rounds' other frames and state uploads. The full run
+measured 481x at H=125 with the removed all-reduce averager against a measured (framed)
+data-parallel all-reduce; that figure is no longer valid for any mode. The sparse codec sends
+about 16x fewer bytes than int8 on this model at the default density (bytes/token in the table
+above): against the analytic bound, a quick run (H=50) measured 63x for int8 and 1055x for
+sparse, the latter at a large loss cost on this model (ratio to data-parallel 1.64 vs 1.19).
 
 Every mode uses the same inner learning-rate schedule, `DiLoCoConfig.inner_lr_at` (linear
 warmup, then by default a cosine decay to 10% of the peak at the run's last step; DiLoCo and
@@ -69,15 +80,14 @@ schedule over its 4x more steps). `--lr-schedule constant` reproduces the earlie
 
 Reported per mode: final held-out loss (the same held-out batches for all modes), bytes each
 trainer sent per training token, and utilisation (time in inner/compute steps over wall
-time). Bytes are counted where the process hands data to libp2p streams (`P2P.send_raw_data`:
-every protobuf message with its length header, including matchmaking and state download for
-DiLoCo); DHT traffic is not counted in either mode.
+time). DiLoCo's bytes are what its averaging service and state service write (every frame of
+every round, and state uploads); DHT traffic is not counted. Data-parallel's are the analytic
+ring all-reduce bound above.
 
     python bench/diloco.py --quick     # 12 outer steps of H=50 (< 3 minutes; a smoke run, not the targets)
     python bench/diloco.py             # H=125, 100 outer steps (~40 minutes on 2 cores)
     python bench/diloco.py --skip-dp   # DiLoCo and single only (~7 minutes)
-    python bench/diloco.py --no-audit  # DiLoCo rounds without the reducer audit (half the bytes)
-    python bench/diloco.py --model hf --quick   # the same three modes on a `hivenet model init` llama (micro; 6 rounds)
+    python bench/diloco.py --model hf --quick   # the default modes on a `hivenet model init` llama (micro; 6 rounds)
 
 Ends with one line `RESULT key=value ...`.
 """
@@ -129,14 +139,12 @@ def make_config(args: argparse.Namespace, hf_model: HFModelRef | None) -> Traine
         sparse_density=args.density,
         sparse_chunk_values=args.chunk_values,
         eval_batches=args.eval_batches,
-        target_group_size=NUM_TRAINERS,
+        max_group_size=NUM_TRAINERS,
         matchmaking_time_s=1.0,
-        request_timeout_s=0.5,
         sender_timeout_s=20.0,
         averaging_timeout_s=60.0,
         torch_threads=1,
         seed=0,
-        audit_reducers=not args.no_audit,
     )
 
 
@@ -145,14 +153,16 @@ def make_config(args: argparse.Namespace, hf_model: HFModelRef | None) -> Traine
 # ---------------------------------------------------------------------------------------------
 
 MODES: dict[str, dict[str, object]] = {
-    "allreduce-int8": {"averager": "allreduce", "compression": "int8"},
-    "gather-int8": {"averager": "gather", "compression": "int8"},
-    "gather-sparse": {"averager": "gather", "compression": "sparse"},
-    "gather-sparse-ef": {"averager": "gather", "compression": "sparse", "outer_momentum": 0.0},
+    "int8": {"compression": "int8"},
+    "sparse": {"compression": "sparse"},
+    "sparse-ef": {"compression": "sparse", "outer_momentum": 0.0},
 }
-"""DiLoCo runs side by side: hivemind's all-reduce with int8 parts; the node's averaging service
-with int8, with the sparse codec and outer Nesterov momentum, and with the sparse codec whose error
-feedback replaces the outer momentum (SparseLoCo's choice: momentum 0)."""
+"""DiLoCo runs side by side, all through the node's averaging service: int8, the sparse codec with
+outer Nesterov momentum, and the sparse codec whose error feedback replaces the outer momentum
+(SparseLoCo's choice: momentum 0)."""
+
+DEFAULT_MODES = ("int8", "sparse")
+"""The modes `--modes` runs unless told otherwise."""
 
 
 def mode_config(config: TrainerConfig, mode: str) -> TrainerConfig:
@@ -165,7 +175,7 @@ def mode_config(config: TrainerConfig, mode: str) -> TrainerConfig:
 
 
 def processes_per_trainer(config: TrainerConfig) -> int:
-    """Processes one trainer runs: this one, its DHT's (and p2pd), and an averager's, if any."""
+    """Processes one trainer runs: this one and its DHT's (and p2pd); the averaging service runs in this one."""
     import psutil
 
     from node.dht_node import start_loopback_dht
@@ -175,10 +185,8 @@ def processes_per_trainer(config: TrainerConfig) -> int:
     runtime = TrainerRuntime(config, dht, "count")
     try:
         pids = {os.getpid()}
-        for pid in (dht.pid, getattr(runtime.averager, "pid", None)):
-            if pid is not None:
-                proc = psutil.Process(pid)
-                pids |= {proc.pid, *(c.pid for c in proc.children(recursive=True))}
+        proc = psutil.Process(dht.pid)
+        pids |= {proc.pid, *(c.pid for c in proc.children(recursive=True))}
         return len(pids)
     finally:
         runtime.close()
@@ -225,7 +233,7 @@ def run_diloco(config: TrainerConfig, mode: str) -> dict[str, float]:
     }
 
 
-# (b) data-parallel through the same all-reduce: bench/_diloco_dp.py
+# (b) data-parallel, an exact in-process mean with analytic ring all-reduce bytes: bench/_diloco_dp.py
 # ---------------------------------------------------------------------------------------------
 # (c) one trainer alone
 # ---------------------------------------------------------------------------------------------
@@ -293,14 +301,9 @@ def main() -> None:
     parser.add_argument("--skip-dp", action="store_true", help="skip the data-parallel baseline")
     add_model_option(parser)
     parser.add_argument(
-        "--no-audit",
-        action="store_true",
-        help="DiLoCo without the reducer audit (one all-reduce per round instead of two)",
-    )
-    parser.add_argument(
         "--modes",
-        default=",".join(MODES),
-        help=f"DiLoCo modes to run, comma-separated (default all: {', '.join(MODES)})",
+        default=",".join(DEFAULT_MODES),
+        help=f"DiLoCo modes to run, comma-separated, of {', '.join(MODES)} (default {','.join(DEFAULT_MODES)})",
     )
     parser.add_argument("--density", type=float, default=0.015, help="sparse codec: kept fraction per chunk")
     parser.add_argument("--chunk-values", type=int, default=4096, help="sparse codec: chunk size")
@@ -360,7 +363,7 @@ def main() -> None:
         print(f"{name}: steps with all hashes equal {r['agreeing_steps_frac']:.2f}; rounds with all "
               f"{NUM_TRAINERS} peers {r['full_rounds_frac']:.2f}; median inner steps overlapped before "
               f"an average arrived {r['steps_until_average']:.0f}")  # fmt: skip
-    headline = "gather-sparse" if "gather-sparse" in results else modes[0]
+    headline = "sparse" if "sparse" in results else modes[0]
     diloco = results[headline]
     fields = {
         "headline_mode": headline,
@@ -374,7 +377,6 @@ def main() -> None:
         "outer_steps": str(args.outer_steps),
         "params": str(params),
         "model": args.model if args.model in ("tiny", "hf") else "dir",
-        "audit_reducers": str(int(not args.no_audit)),
         "density": str(args.density),
         "chunk_values": str(args.chunk_values),
         "lr_schedule": args.lr_schedule,
@@ -399,7 +401,6 @@ def main() -> None:
             fields[f"loss_ratio_vs_dp_{key}"] = f"{r['loss'] / dp['loss']:.4f}"
             fields[f"bytes_per_token_reduction_{key}"] = f"{dp['bytes_per_token'] / r['bytes_per_token']:.1f}"
         fields["dp_utilisation"] = f"{dp['utilisation']:.3f}"
-        fields["dp_inconsistent_steps"] = str(int(dp["inconsistent_steps"]))
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
 
 

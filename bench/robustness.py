@@ -4,13 +4,17 @@ Part 1, robust aggregation: DiLoCo with 2 of 8 trainers attacking, robust rule v
 
 Eight `training.diloco.DiLoCoTrainer`s run in one process (threads in lockstep, no network,
 overlap off so that every run is deterministic), same seeds and data shards in every run.
-Each round the eight pseudo-gradients go through the reducers' arithmetic of the real
-all-reduce: the flat vector is cut into eight contiguous slices (one per reducer, as
-`TensorPartContainer` does for a model this small), a sender's slice whose norm is above the
-reducer's bound is refused (`node.averaging.runner.norm_bound`, 10x), and each slice is
-combined with `node.averaging.robust.aggregate`, the function the reducer calls. Trainers 6
-and 7 replace their pseudo-gradient by an attack (`tests.helpers.attacks`: sign flip and
-scaled at 9x their own norm, random noise of that norm, ALIE); the reducers stay honest.
+Each round the eight contributions go through the arithmetic every member of a round of the
+node's averaging service runs (`node.collective`): each honest trainer encodes its
+pseudo-gradient with its own codec (`--compression`, int8 or the sparse codec with its error
+feedback; `codec_for`) and the round decodes every payload; then
+`node.collective.aggregate.aggregate_contributions` refuses a whole contribution whose norm is
+above `max_norm_ratio` (10, the trainer's default) times the median norm of the round's
+contributions (floor `min_norm`, 0 as for a language-model trainer) and combines the rest with
+the rule. Trainers 6 and 7 replace their pseudo-gradient by an attack (`tests.helpers.attacks`:
+sign flip and scaled at 9x their own norm, random noise of that norm, ALIE), computed from the
+honest members' decoded contributions and their own pseudo-gradient, and sent as a valid
+payload of the same codec (encoded without error feedback).
 
 Reported: the final held-out loss of each attacked run over the clean run with the plain
 mean (`loss_ratio_<attack>_<rule>`; target <= 1.05 for the robust rule) and the clean run
@@ -19,13 +23,14 @@ with the robust rule over the clean mean (`loss_ratio_clean_robust`; target <= 1
 Part 2, attacks on 127.0.0.1 from plain hivemind clients (`bench/_robustness_attacks.py`, with
 the scenarios of the tests): squatting the run's DHT keys (`squat_attacks_survived=N/N`: the
 squat is refused and the honest operation still works, for the weights pointer, a version's
-holders, the node records, an outer step's matchmaking key, `.all_averagers`, declarations
-forged in a trainer's name, and 64 values of 1 MiB at one node), two identities holding every
-upload stream of a publisher while an honest node fetches (`upload_slot_squat_fetch=ok`: the
-fetch completes), a joiner resyncing while an attacker serves poisoned state
-(`poisoned_state_accepted`, a count; target 0) and a 2^40-byte declared averager message
-(`averager_rss_growth_mib`, the averager process's RSS growth; target <= 16). Part 2 is the same
-with and without `--quick` (about a minute).
+holders, the node records, the key where the run's trainers declare their averaging rounds,
+unsigned declarations forged in a trainer's name, and 64 values of 1 MiB at one node), two
+identities holding every upload stream of a publisher while an honest node fetches
+(`upload_slot_squat_fetch=ok`: the fetch completes), a joiner resyncing while an attacker
+serves poisoned state (`poisoned_state_accepted`, a count; target 0) and a frame declared at
+4 GiB streamed into a trainer's averaging service (`averager_rss_growth_mib`, the RSS growth of
+the process hosting it; target <= 16). Part 2 is the same with and without `--quick` (about a
+minute).
 
 Part 3, a flood of genuine receipts from fresh identities through a node's pull path
 (`bench/_receipt_flood.py`): the ledger's growth over 10 minutes of it (one with `--quick`) with
@@ -45,6 +50,7 @@ clean (`flood_step_slowdown`, target <= 0.05), the state bytes it uploaded per s
 
     python bench/robustness.py --quick   # 10 outer steps of H=20 + part 2 (under 2 minutes on 2 cores)
     python bench/robustness.py           # 30 outer steps of H=50 (~15 minutes on 2 cores) + part 2
+    python bench/robustness.py --quick --compression sparse   # part 1's contributions through the sparse codec
 
 Ends with one line `RESULT key=value ...`.
 """
@@ -60,6 +66,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Literal
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -70,92 +77,129 @@ from bench._dht_flood import run_dht_floods  # noqa: E402
 from bench._receipt_flood import run_receipt_flood  # noqa: E402
 from bench._robustness_attacks import run_attacks  # noqa: E402
 from bench._state_flood import run_state_flood  # noqa: E402
-from node.averaging.robust import DEFAULT_RULE, AggregationRule, aggregate  # noqa: E402
-from node.averaging.rounds import RoundOutcome  # noqa: E402
-from node.averaging.runner import global_norm, norm_bound  # noqa: E402
+from node.collective.aggregate import aggregate_contributions  # noqa: E402
+from node.collective.codecs import PseudoGradCodec, codec_for  # noqa: E402
+from node.collective.config import AveragingConfig  # noqa: E402
+from node.collective.round_types import RoundOutcome  # noqa: E402
+from node.collective.rules import AGGREGATION_RULES, DEFAULT_RULE, AggregationRule  # noqa: E402
 from tests.helpers.attacks import ATTACKS, attack_inputs  # noqa: E402
 from training.data import DataConfig, load_corpus  # noqa: E402
 from training.diloco import DiLoCoConfig, DiLoCoTrainer  # noqa: E402
 from training.model import ModelConfig, TinyGPT  # noqa: E402
+from training.trainer import TrainerConfig  # noqa: E402
 
 NUM_TRAINERS = 8
 ATTACKERS = (6, 7)
-MAX_NORM_RATIO, MIN_NORM_PER_VALUE = 10.0, 1e-4  # the averager's defaults
+MAX_NORM_RATIO = TrainerConfig().max_norm_ratio
+"""The norm cap's multiple of the round's median norm, as a trainer's averager has it by default."""
+MIN_NORM_PER_VALUE = AveragingConfig().min_norm_per_value
+"""The cap's floor per value: `training.averagers.make_averager` leaves it at this default (0)."""
+
+Compression = Literal["int8", "sparse"]
+
+
+class Codecs:
+    """The codec settings of one run: each trainer's own encoder (error feedback is per trainer) and
+    a decoder (decoding is pure)."""
+
+    def __init__(self, name: Compression, density: float, chunk_values: int) -> None:
+        self.name, self.density, self.chunk_values = name, density, chunk_values
+
+    def make(self, shapes: Sequence[torch.Size], *, error_feedback: bool = True) -> PseudoGradCodec:
+        return codec_for(
+            self.name,
+            shapes,
+            density=self.density,
+            chunk_values=self.chunk_values,
+            error_feedback=error_feedback,
+        )
 
 
 class LockstepGroup:
-    """The eight trainers' round: collects all pseudo-gradients, attacks, aggregates once, shares the result."""
+    """The eight trainers' round: collects all contributions, attacks, aggregates once, shares the result."""
 
-    def __init__(self, rule: AggregationRule, attack: str | None) -> None:
-        self.rule, self.attack = rule, attack
+    def __init__(self, rule: AggregationRule, attack: str | None, codecs: Codecs) -> None:
+        self.rule, self.attack, self.codecs = rule, attack, codecs
         self.cond = threading.Condition()
-        self.inputs: dict[int, dict[int, list[torch.Tensor]]] = {}
+        self.inputs: dict[int, dict[int, tuple[list[torch.Tensor], bytes]]] = {}
         self.results: dict[int, list[torch.Tensor]] = {}
-        self.last_norm = 0.0
         self.refused = 0
+        self.refused_by_step: dict[int, int] = {}
+        self.error: BaseException | None = None
+        """What went wrong in a round, if anything: every trainer gets it instead of waiting forever."""
 
-    def member(self, index: int) -> Member:
-        return Member(self, index)
+    def member(self, index: int, shapes: Sequence[torch.Size]) -> Member:
+        return Member(self, index, self.codecs.make(shapes))
 
-    def submit(self, index: int, step: int, grads: Sequence[torch.Tensor]) -> None:
+    def submit(self, index: int, step: int, grads: Sequence[torch.Tensor], payload: bytes) -> None:
         with self.cond:
-            self.inputs.setdefault(step, {})[index] = [g.clone() for g in grads]
+            self.inputs.setdefault(step, {})[index] = ([g.clone() for g in grads], payload)
             if len(self.inputs[step]) == NUM_TRAINERS:
-                self.results[step] = self._reduce(step, self.inputs.pop(step))
-                self.cond.notify_all()
+                try:
+                    self.results[step] = self._reduce(step, self.inputs.pop(step))
+                except BaseException as exc:
+                    self.error = exc
+                    raise
+                finally:
+                    self.cond.notify_all()
 
-    def result(self, step: int) -> list[torch.Tensor]:
+    def result(self, step: int) -> RoundOutcome:
         with self.cond:
-            self.cond.wait_for(lambda: step in self.results)
-            return [t.clone() for t in self.results[step]]
-
-    def _reduce(self, step: int, by_index: dict[int, list[torch.Tensor]]) -> list[torch.Tensor]:
-        shapes = [g.shape for g in by_index[0]]
-        flat = torch.stack([torch.cat([g.reshape(-1) for g in by_index[i]]) for i in range(NUM_TRAINERS)])
-        own_norms = [global_norm(by_index[i]) for i in range(NUM_TRAINERS)]
-        if self.attack is not None:
-            honest = flat[[i for i in range(NUM_TRAINERS) if i not in ATTACKERS]]
-            gen = torch.Generator().manual_seed(1000 + step)
-            flat[list(ATTACKERS)] = attack_inputs(self.attack, honest, flat[list(ATTACKERS)], gen)
-        slices = torch.arange(flat.shape[1]).tensor_split(NUM_TRAINERS)
-        averaged = torch.empty(flat.shape[1])
-        for reducer, columns in enumerate(slices):
-            parts = flat[:, columns]
-            expected = max(own_norms[reducer], self.last_norm)
-            own_part = (
-                parts[reducer] if reducer not in ATTACKERS else flat_honest_part(by_index, reducer, columns)
+            self.cond.wait_for(lambda: step in self.results or self.error is not None)
+            if self.error is not None:
+                raise RuntimeError(f"the lockstep round of outer step {step} failed") from self.error
+            refused = self.refused_by_step[step]
+            return RoundOutcome(
+                averaged=[t.clone() for t in self.results[step]],
+                num_peers=NUM_TRAINERS - refused,
+                refused_peers=refused,
             )
-            bound = norm_bound(own_part, expected, flat.shape[1], MAX_NORM_RATIO, MIN_NORM_PER_VALUE)
-            accepted = parts.norm(dim=1) <= bound
-            self.refused += int((~accepted).sum())
-            averaged[columns] = aggregate(self.rule, parts[accepted])
-        self.last_norm = float(averaged.norm())
-        out, offset = [], 0
-        for shape in shapes:
-            numel = shape.numel()
-            out.append(averaged[offset : offset + numel].reshape(shape).clone())
-            offset += numel
-        return out
+
+    def _reduce(self, step: int, by_index: dict[int, tuple[list[torch.Tensor], bytes]]) -> list[torch.Tensor]:
+        shapes = [g.shape for g in by_index[0][0]]
+        decoder = self.codecs.make(shapes, error_feedback=False)
+        # what every member of the round would decode: the honest payloads, ascending index
+        contributions = [decoder.decode(by_index[i][1]) for i in range(NUM_TRAINERS)]
+        if self.attack is not None:
+            honest = torch.stack([_flat(contributions[i]) for i in range(NUM_TRAINERS) if i not in ATTACKERS])
+            own = torch.stack([_flat(by_index[i][0]) for i in ATTACKERS])
+            gen = torch.Generator().manual_seed(1000 + step)
+            rows = attack_inputs(self.attack, honest, own, gen)
+            sender = self.codecs.make(shapes, error_feedback=False)  # any valid payload will do
+            for i, row in zip(ATTACKERS, rows, strict=True):
+                contributions[i] = decoder.decode(sender.encode(_shaped(row, shapes)))
+        aggregate = aggregate_contributions(
+            contributions,
+            rule=self.rule,
+            max_norm_ratio=MAX_NORM_RATIO,
+            min_norm=MIN_NORM_PER_VALUE * sum(s.numel() for s in shapes) ** 0.5,
+        )
+        self.refused += len(aggregate.refused)
+        self.refused_by_step[step] = len(aggregate.refused)
+        return aggregate.tensors
 
 
-def flat_honest_part(
-    by_index: dict[int, list[torch.Tensor]], index: int, columns: torch.Tensor
-) -> torch.Tensor:
-    """An attacking reducer's own honest slice: reducers are honest here, they bound parts by it."""
-    return torch.cat([g.reshape(-1) for g in by_index[index]])[columns]
+def _flat(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    return torch.cat([t.reshape(-1) for t in tensors])
+
+
+def _shaped(vector: torch.Tensor, shapes: Sequence[torch.Size]) -> list[torch.Tensor]:
+    parts = torch.split(vector.float().contiguous(), [s.numel() for s in shapes])
+    return [p.reshape(s).clone() for p, s in zip(parts, shapes, strict=True)]
 
 
 class Member:
-    """One trainer's `RoundAverager` in the lockstep group."""
+    """One trainer's `RoundAverager` in the lockstep group: encodes its contribution with its own codec."""
 
-    def __init__(self, group: LockstepGroup, index: int) -> None:
-        self.group, self.index = group, index
+    def __init__(self, group: LockstepGroup, index: int, codec: PseudoGradCodec) -> None:
+        self.group, self.index, self.codec = group, index, codec
 
     def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str) -> None:
         pass
 
     def start_average(self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str) -> Round:
-        self.group.submit(self.index, step, pseudo_grads)
+        # an attacker's codec encodes too (it sends an attack instead): its error feedback is as if it were honest
+        self.group.submit(self.index, step, pseudo_grads, self.codec.encode(pseudo_grads))
         return Round(self.group, step)
 
     def bytes_sent(self) -> int:
@@ -168,10 +212,10 @@ class Round:
 
     def done(self) -> bool:
         with self.group.cond:
-            return self.step in self.group.results
+            return self.step in self.group.results or self.group.error is not None
 
     def result(self) -> RoundOutcome:
-        return RoundOutcome(averaged=self.group.result(self.step), num_peers=NUM_TRAINERS)
+        return self.group.result(self.step)
 
 
 def run(args: argparse.Namespace, rule: AggregationRule, attack: str | None) -> float:
@@ -188,17 +232,18 @@ def run(args: argparse.Namespace, rule: AggregationRule, attack: str | None) -> 
         eval_every_outer_steps=args.outer_steps,
         overlap_communication=False,
     )
-    group = LockstepGroup(rule, attack)
+    group = LockstepGroup(rule, attack, Codecs(args.compression, args.density, args.chunk_values))
     trainers = []
     for i in range(NUM_TRAINERS):
         torch.manual_seed(0)  # the same initial weights on every trainer
         sampler = corpus.sampler(i, NUM_TRAINERS)
+        model = TinyGPT(model_config)
         trainers.append(
             DiLoCoTrainer(
-                TinyGPT(model_config),
+                model,
                 config,
                 next_batch=sampler.next_batch,
-                averager=group.member(i),
+                averager=group.member(i, [p.shape for p in model.parameters()]),
                 eval_batches=eval_batches if i == 0 else (),
                 name=f"trainer{i}",
             )
@@ -221,7 +266,10 @@ def run(args: argparse.Namespace, rule: AggregationRule, attack: str | None) -> 
     if len(hashes) != 1:
         raise RuntimeError("trainers ended with different outer states")
     if group.refused:
-        print(f"    ({group.refused} slices refused by the norm bound)", flush=True)
+        print(
+            f"    ({attack or 'clean'}, {rule}: {group.refused} contributions refused by the norm cap)",
+            flush=True,
+        )
     return losses[-1]
 
 
@@ -241,7 +289,28 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="small run, under 3 minutes")
     parser.add_argument(
-        "--rule", default=DEFAULT_RULE, help=f"robust rule to compare with the mean ({DEFAULT_RULE})"
+        "--rule",
+        default=DEFAULT_RULE,
+        choices=AGGREGATION_RULES,
+        help=f"robust rule to compare with the mean ({DEFAULT_RULE})",
+    )
+    parser.add_argument(
+        "--compression",
+        choices=("int8", "sparse"),
+        default="int8",
+        help="part 1: the codec every contribution goes through (default int8)",
+    )
+    parser.add_argument(
+        "--density",
+        type=float,
+        default=TrainerConfig().sparse_density,
+        help="sparse codec: kept fraction per chunk",
+    )
+    parser.add_argument(
+        "--chunk-values",
+        type=int,
+        default=TrainerConfig().sparse_chunk_values,
+        help="sparse codec: chunk size",
     )
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--eval-batches", type=int, default=32)
@@ -256,8 +325,14 @@ def main() -> None:
     args.outer_steps = 10 if args.quick else 30
     logging.basicConfig(level=logging.WARNING)
     torch.set_num_threads(1)
+    codec = (
+        "int8"
+        if args.compression == "int8"
+        else f"sparse (density {args.density}, chunks of {args.chunk_values})"
+    )
     print(
-        f"{NUM_TRAINERS} trainers, attackers {ATTACKERS}, H={args.inner_steps}, {args.outer_steps} outer steps"
+        f"{NUM_TRAINERS} trainers, attackers {ATTACKERS}, H={args.inner_steps}, {args.outer_steps} outer steps, "
+        f"codec {codec}"
     )
     start = time.perf_counter()
     configs = [
@@ -289,8 +364,11 @@ def main() -> None:
     fields.update(run_receipt_flood(quick=args.quick))
     fields.update(run_dht_floods(quick=args.quick))
     fields.update(run_state_flood(quick=args.quick))
-    fields.update(rule=args.rule, H=str(args.inner_steps), outer_steps=str(args.outer_steps),
-                  wall_s=f"{time.perf_counter() - start:.0f}")  # fmt: skip
+    fields.update(rule=args.rule, compression=args.compression, H=str(args.inner_steps),
+                  outer_steps=str(args.outer_steps))  # fmt: skip
+    if args.compression == "sparse":
+        fields.update(density=str(args.density), chunk_values=str(args.chunk_values))
+    fields["wall_s"] = f"{time.perf_counter() - start:.0f}"
     print("RESULT " + " ".join(f"{k}={v}" for k, v in fields.items()))
 
 

@@ -28,14 +28,13 @@ class TrainerOptions(BaseModel):
     inner_steps: int | None = None
     max_outer_steps: int | None = None
     outer_lr: float | None = None
-    averager: Literal["allreduce", "gather"] | None = None
-    compression: Literal["fp32", "fp16", "int8", "sparse"] | None = None
+    compression: Literal["int8", "sparse"] | None = None
     sparse_density: float | None = None
     data_paths: list[Path] | None = None
     checkpoint_dir: Path | None = None
     seq_len: int | None = None
     batch_size: int | None = None
-    target_group_size: int | None = None
+    max_group_size: int | None = None
     matchmaking_time_s: float | None = None
     admitted_trainers: list[str] | None = None
 
@@ -68,12 +67,8 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--outer-steps", "max_outer_steps", type=int, help="Stop after this many outer steps."),
         click.option("--outer-lr", type=float, help="Outer Nesterov learning rate (default 0.7)."),
         click.option(
-            "--averager", type=click.Choice(["allreduce", "gather"]),
-            help="How rounds run: hivemind's all-reduce (default) or the node's averaging service.",
-        ),
-        click.option(
-            "--compression", type=click.Choice(["fp32", "fp16", "int8", "sparse"]),
-            help="Pseudo-gradient codec: fp32, fp16, int8 (allreduce); int8 or sparse (gather).",
+            "--compression", type=click.Choice(["int8", "sparse"]),
+            help="Pseudo-gradient codec: int8 (dense, the default) or sparse (SparseLoCo: top-k, 2-bit).",
         ),
         click.option(
             "--sparse-density", type=float,
@@ -86,12 +81,12 @@ def trainer_options(func: Callable[..., Any]) -> Callable[..., Any]:
         click.option("--checkpoint-dir", type=click.Path(path_type=Path), help="Write/resume checkpoints here (an RL trainer keeps one per run in its state directory by default)."),
         click.option("--seq-len", type=int, help="Tokens per training sequence."),
         click.option(
-            "--target-group-size", type=int,
-            help="Start an outer step's all-reduce as soon as this many trainers joined its group.",
+            "--max-group-size", type=int,
+            help="Most trainers one outer step averages with, this one included (default 32).",
         ),
         click.option(
             "--matchmaking-time", "matchmaking_time_s", type=float,
-            help="Seconds an outer step waits to gather peers before averaging (default 2).",
+            help="Seconds an outer step's gather stays open for trainers that declared it late (default 2).",
         ),
         click.option("--batch-size", type=int, help="Sequences per inner step."),
         click.option(
@@ -125,11 +120,10 @@ def build_trainer_config(run_id: str, **options: Any) -> Any:
         data.update(source="files", paths=tuple(options["data_paths"]))
     top: dict[str, Any] = {"run_id": run_id}
     for key in (
-        "averager",
         "compression",
         "sparse_density",
         "checkpoint_dir",
-        "target_group_size",
+        "max_group_size",
         "matchmaking_time_s",
         "authorized_publishers",
         "admitted_trainers",

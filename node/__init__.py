@@ -19,15 +19,14 @@
 - `shutdown`: `StopRequest` (first Ctrl-C asks loops to finish; a second one forces).
 - `logs`: `configure_logging` (short PeerID on every line).
 - `swarm`: `LocalSwarm` (seed + N real node processes on 127.0.0.1 with add/kill/stop), `wait_until`.
-- `averaging/`: DiLoCo's averaging transport, `DiLoCoAverager` (one all-reduce per outer step with
-  equal weights and refusal of bad parts, state sharing; see its own map).
+- `collective/`: the averaging service, DiLoCo's outer-step round on the node's event loop
+  (`GatherAverager`: signed declarations, gathered compressed contributions, commits, robust
+  aggregation every member computes to the same bits, outer-state serving; see its own map).
 - `broadcast/`: the weight broadcast (see its own map).
 - `ledger/`: the receipts ledger and credit (see its own map).
 - `receipts/`: the receipts exchange, `ReceiptExchange` (a node's own receipts into its ledger, the
   ledger served page by page, bounded pulls from live nodes; see its own map).
 - `dashboard/`: the contributor dashboard's data layer and HTTP server.
-- `torch_fork`: one torch thread in every forked child, set before it starts threads (torch's
-  pool and OpenMP are not fork-safe; installed by importing `averaging.averager`).
 - `process_locks`: `RobustLock`, which `dht_node` puts in place of hivemind's cross-process
   future locks before any DHT starts (a process killed while holding one of those hangs the others).
 """

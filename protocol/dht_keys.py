@@ -57,14 +57,12 @@ def weights_holders_key(run_id: str, version: int) -> str:
     return f"hivenet/v{PROTOCOL_VERSION}/{validate_run_id(run_id)}/weights/{int(version)}/holders"
 
 
-# --- DiLoCo averaging (node.averaging) ---
+# --- DiLoCo averaging (node.collective) ---
 
 
 def averaging_prefix(run_id: str) -> str:
-    """The hivemind averaging prefix of `run_id`'s trainers: the namespace of their matchmaking keys.
-
-    hivemind appends `.<suffix>` to the prefix to build its keys, so the prefix holds no dots.
-    """
+    """The averaging namespace of `run_id`'s trainers: their DHT keys and stream protocols start with it
+    (no dots in it: the keys built from it use dots as separators)."""
     return "hivenet_diloco_" + validate_run_id(run_id).replace(".", "_")
 
 
@@ -77,12 +75,3 @@ def averaging_round_key(prefix: str) -> str:
 def round_channel_key(prefix: str, step: int) -> str:
     """What a contribution or commit for outer step `step` is signed for: it cannot be replayed in another round."""
     return f"{prefix}.round.{int(step)}"
-
-
-def all_averagers_key(prefix: str) -> str:
-    """Where every averager under `prefix` declares itself as a state source (one subkey per PeerID).
-
-    hivemind's `DecentralizedAverager` stores this key itself (value: its state-sharing priority,
-    which hivenet sets to the trainer's outer step); the spelling here must match hivemind's.
-    """
-    return f"{prefix}.all_averagers"

@@ -93,16 +93,6 @@ class NodeRecord(_message.Message):
     status: NodeStatus
     def __init__(self, peer_id: _Optional[bytes] = ..., roles: _Optional[_Iterable[str]] = ..., public_name: _Optional[str] = ..., run_id: _Optional[str] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., addresses: _Optional[_Iterable[str]] = ..., started_at: _Optional[float] = ..., instance_id: _Optional[bytes] = ..., status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
 
-class AveragerDeclaration(_message.Message):
-    __slots__ = ("looking_for_group", "shares_state", "state_priority")
-    LOOKING_FOR_GROUP_FIELD_NUMBER: _ClassVar[int]
-    SHARES_STATE_FIELD_NUMBER: _ClassVar[int]
-    STATE_PRIORITY_FIELD_NUMBER: _ClassVar[int]
-    looking_for_group: bool
-    shares_state: bool
-    state_priority: float
-    def __init__(self, looking_for_group: _Optional[bool] = ..., shares_state: _Optional[bool] = ..., state_priority: _Optional[float] = ...) -> None: ...
-
 class DialBackRequest(_message.Message):
     __slots__ = ("addresses",)
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]

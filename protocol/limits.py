@@ -55,26 +55,6 @@ MAX_WEIGHTS_POINTER_TTL_S = 3600.0
 MAX_HOLDER_TTL_S = 300.0
 """A holder announcement may not claim validity longer than this; holders refresh it."""
 
-MAX_AVERAGER_DECLARATION_TTL_S = 3600.0
-"""Furthest ahead an averager's signed declaration may expire (a matchmaking round scheduled an
-outer step ahead, or a state-sharing advertisement)."""
-
-# --- averager streams (node.averaging.stream_limits, node.averaging.state_sync) ---
-
-MAX_AVERAGER_STREAMS_PER_PEER = 16
-"""Most averager streams one peer may hold open with us at once (a round needs one or two)."""
-
-MAX_AVERAGER_REQUEST_BYTES = 64 * 1024
-"""Cap on one inbound averager request other than a tensor part (join and download requests are
-a few hundred bytes)."""
-
-AVERAGER_MESSAGE_SLACK_BYTES = 64 * 1024
-"""Headroom over the model's fp32 size allowed for one tensor-part message (protobuf framing and
-codec metadata)."""
-
-MAX_END_OF_STREAM_BYTES = 1024
-"""Cap on an end-of-stream (error) frame; hivemind's is empty, an error message is short."""
-
 # --- receipts (protocol.receipts, protocol.rollout_messages) ---
 
 RECEIPT_TTL_S = 30 * 24 * 3600.0

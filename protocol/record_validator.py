@@ -6,8 +6,8 @@ parses for that domain, and whose DHT expiration lies no further ahead than the 
 maximum TTL, and never beyond the signed expiry. Anything else under such a subkey is
 dropped: never stored, never returned.
 
-Nothing outside the signed namespace is accepted, under any key: hivenet's averagers sign their
-declarations too (`protocol.averager_declaration`), and a plain value with a later expiry would
+Nothing outside the signed namespace is accepted, under any key: hivenet's trainers sign their
+round declarations too (`protocol.averaging_round`), and a plain value with a later expiry would
 replace a key's whole dictionary of signed records (one unsigned write could hide a run's nodes
 or its weights pointer).
 """
@@ -25,11 +25,6 @@ from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 from hivemind.p2p import PeerID
 from hivemind.utils.serializer import MSGPackSerializer
 
-from protocol.averager_declaration import (
-    AVERAGER_DECLARATION_DOMAIN,
-    MAX_AVERAGER_DECLARATION_TTL_S,
-    check_declaration_payload,
-)
 from protocol.averaging_round import (
     ROUND_DECLARATION_DOMAIN,
     ROUND_DECLARATION_TTL_S,
@@ -65,9 +60,6 @@ def _check_node_record(payload: bytes, signer: bytes) -> None:
 
 DOMAIN_RULES: dict[str, DomainRule] = {
     NODE_RECORD_DOMAIN: DomainRule(max_ttl_s=MAX_NODE_RECORD_TTL_S, check_payload=_check_node_record),
-    AVERAGER_DECLARATION_DOMAIN: DomainRule(
-        max_ttl_s=MAX_AVERAGER_DECLARATION_TTL_S, check_payload=check_declaration_payload
-    ),
     ROUND_DECLARATION_DOMAIN: DomainRule(
         max_ttl_s=ROUND_DECLARATION_TTL_S, check_payload=check_round_declaration
     ),

@@ -1,8 +1,8 @@
 """Models, data, the DiLoCo optimizer and trainer role, and the inference worker's generation loop.
 
 The training loop is plain synchronous torch code that reaches the network only through
-interfaces (`diloco.RoundAverager`, `diloco.StateSource`); `trainer` plugs `node.averaging`'s
-`DiLoCoAverager` into them.
+interfaces (`diloco.RoundAverager`, `diloco.StateSource`); `averagers` plugs the node's averaging
+service (`node.collective.averager.GatherAverager`) into them.
 
 - `causal_lm`: `CausalLM`, the one model interface every consumer uses (`forward_with_hidden`,
   `prefill_cache`/`decode_step`, `forward_shared_prefixes`, `loss`), and `weights_hash`.
@@ -17,7 +17,7 @@ interfaces (`diloco.RoundAverager`, `diloco.StateSource`); `trainer` plugs `node
   stdlib fallback, or the user's files; seeded held-out split and disjoint shards).
 - `outer_step`: `DiLoCoConfig`, `pseudo_gradient`, `outer_update` (the outer Nesterov step).
 - `diloco`: `DiLoCoTrainer`, `OuterStepReport` (inner AdamW steps, overlapped rounds; re-exports
-  `outer_step`'s names); the outer state and round types come from `node.averaging`.
+  `outer_step`'s names); the outer state and round types come from `node.collective`.
 - `trainer`: `TrainerConfig`, `TrainerRuntime`, `run_trainer` (the trainer role inside a node).
 - `trainer_node`: `start_trainer` (a trainer on a running node, publishing every outer step through
   the weight broadcast it hosts, and signing training receipts for the members of its rounds into

@@ -15,7 +15,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from node.averaging.outer_state import OuterState
+from node.collective.outer_state import OuterState
 from protocol.errors import HivenetError
 
 __all__ = ["CheckpointError", "latest_checkpoint", "load_checkpoint", "prune_checkpoints", "save_checkpoint"]

@@ -1,24 +1,24 @@
 """The DiLoCo optimizer and trainer loop: H inner AdamW steps, then one averaged outer Nesterov step.
 
 Plain synchronous torch code. The network is reached only through two interfaces passed in
-by `training.trainer` (both implemented by `node.averaging.averager.DiLoCoAverager`):
+by `training.trainer` (both implemented by `node.collective.averager.GatherAverager`):
 
 * `RoundAverager.average(...)` averages this round's pseudo-gradient with the peers of the
-  same run and outer step (one all-reduce per outer step; every peer's contribution counts
-  equally, whatever it claims) and returns the group's average, identical on every member;
-  `prepare_round` starts the matchmaking for that round while the inner steps run.
+  same run and outer step (one round per outer step; every peer's contribution counts
+  equally, whatever it claims) and returns the group's aggregate, identical on every member;
+  `prepare_round` declares that round while the inner steps run.
 * `StateSource.fetch_state()` downloads the current `OuterState` (outer parameters, outer
   momentum, step number) from peers, for late joiners and peers that fell out of sync.
 
 The types these interfaces exchange belong to the averaging transport: `OuterState` and
-`state_hash` live in `node.averaging.outer_state`, `RoundOutcome`, `PendingAverage` and
-`DoneAverage` in `node.averaging.rounds`.
+`state_hash` live in `node.collective.outer_state`, `RoundOutcome`, `PendingAverage` and
+`DoneAverage` in `node.collective.round_types`.
 
 The outer step itself (`pseudo_gradient`, `outer_update`, `DiLoCoConfig`) lives in
 `training.outer_step` and is re-exported here.
 
 With `overlap_communication` (the default) the next round's inner steps run while this
-round's all-reduce is in flight, and they start from the *eager* outer step: the update this
+round's exchange is in flight, and they start from the *eager* outer step: the update this
 peer's own pseudo-gradient alone would give (the "eager updates" of overlapped DiLoCo). When
 the group's average arrives a few inner steps later, only the difference between the group's
 outer step and the eager one is applied, keeping the inner progress made meanwhile. The
@@ -41,8 +41,8 @@ from typing import Protocol
 
 import torch
 
-from node.averaging.outer_state import OuterState
-from node.averaging.rounds import PendingAverage
+from node.collective.outer_state import OuterState
+from node.collective.round_types import PendingAverage
 from training.causal_lm import CausalLM
 from training.outer_step import DiLoCoConfig, outer_update, pseudo_gradient
 
@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 
 
 class RoundAverager(Protocol):
-    """Averages pseudo-gradients with the run's other trainers (implemented by `node.averaging.averager.DiLoCoAverager`)."""
+    """Averages pseudo-gradients with the run's other trainers (implemented by `node.collective.averager.GatherAverager`)."""
 
     def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str) -> None:
         """Start matchmaking for outer step `step`, needed in about `expected_duration_s` seconds."""
@@ -90,7 +90,7 @@ class _Pending:
 
 
 class StateSource(Protocol):
-    """Downloads the run's current outer state from peers (implemented by `node.averaging.averager.DiLoCoAverager`)."""
+    """Downloads the run's current outer state from peers (implemented by `node.collective.averager.GatherAverager`)."""
 
     def fetch_state(self, *, newer_than: int) -> OuterState | None:
         """The state of a peer at an outer step greater than `newer_than`, or None if none is available."""
@@ -122,7 +122,7 @@ class OuterStepReport:
     tokens: int
     """Training tokens this trainer had processed when it sent the pseudo-gradient of this outer
     step (so it grows by `inner_steps * batch tokens` per outer step, whether or not the next
-    round's inner steps overlapped the all-reduce)."""
+    round's inner steps overlapped the exchange)."""
 
     outer_hash: str
     """`state_hash` of the new outer state; equal on every peer of a round."""
@@ -306,7 +306,6 @@ class DiLoCoTrainer:
             refused_peers=outcome.refused_peers,
             extra={
                 "steps_until_average": float(steps_until_average),
-                "disputed_parts": float(outcome.disputed_parts),
             },
             averaged_step=pending.state.step,
             round_id=outcome.round_id,

@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
-from node.averaging.outer_state import OuterState
+from node.collective.outer_state import OuterState
 
 __all__ = ["DiLoCoConfig", "outer_update", "pseudo_gradient"]
 
@@ -76,7 +76,7 @@ class DiLoCoConfig(BaseModel):
     """Evaluate the held-out loss every this many outer steps (0: never)."""
 
     overlap_communication: bool = True
-    """Run the next round's inner steps while this round's all-reduce is in flight (one-round overlap)."""
+    """Run the next round's inner steps while this round's exchange is in flight (one-round overlap)."""
 
     def total_inner_steps(self) -> int | None:
         """Inner steps of the whole run per trainer (None without `max_outer_steps`)."""

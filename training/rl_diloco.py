@@ -3,8 +3,8 @@
 Each trainer makes GRPO steps on the rollouts its own validator accepted (`RLTrainer` as
 usual); after every `RLDiLoCoConfig.inner_steps` of them, `DiLoCoUpdates` averages its
 pseudo-gradient (outer parameters - local parameters) with the run's other trainers through
-the averaging transport (`node.averaging.averager.DiLoCoAverager`: one all-reduce whose
-result is bit-identical on every member) and applies the same outer Nesterov step
+the node's averaging service (`node.collective.averager.GatherAverager`: one round whose
+aggregate is bit-identical on every member) and applies the same outer Nesterov step
 (`training.outer_step.outer_update`). Every trainer then holds the same outer parameters and
 momentum, and publishes the outer parameters as policy version = outer step: identical
 weights, identical chunks, so workers can take them from any trainer and any trainer's
@@ -39,12 +39,10 @@ from dataclasses import dataclass, replace
 
 import torch
 from hivemind import DHT
-from hivemind.p2p import PeerID
 
-from node.averaging.averager import DiLoCoAverager
-from node.averaging.outer_state import OuterState
+from node.collective.outer_state import OuterState
 from node.node import HivenetNode
-from protocol.dht_keys import averaging_prefix
+from training.averagers import rl_averager
 from training.causal_lm import CausalLM
 from training.checkpoint import CheckpointError
 from training.diloco import OuterStepReport, RoundAverager, StateSource
@@ -154,6 +152,16 @@ class DiLoCoUpdates:
         self._tokens = 0
         """Completion tokens trained on since this trainer started (what GRPO's loss covers)."""
         self._started = time.monotonic()
+        self._round_started = self._started
+        self._last_round_s = 0.0
+        self._declare_round()
+
+    def _declare_round(self) -> None:
+        """Tell the run which outer step we train towards now, so that a trainer reaching the boundary
+        first waits for us (up to its averaging timeout) instead of averaging alone. When the inner
+        steps end depends on when rollouts arrive: the last round's length is the guess."""
+        self._round_started = time.monotonic()
+        self.averager.prepare_round(self.state.step, self._last_round_s, self.state.hash())
 
     @property
     def version(self) -> int:
@@ -180,8 +188,6 @@ class DiLoCoUpdates:
         before = self.state
         local = [p.detach().clone() for p in self.learner.model.parameters()]
         delta = pseudo_gradient(before.params, local)
-        # Matchmaking starts at the boundary, not ahead of time: how long the inner steps take
-        # depends on when rollouts arrive, so a schedule guessed in advance would not hold.
         outcome = self.averager.start_average(delta, step=before.step, outer_hash=before.hash()).result()
         averaged = outcome.averaged if outcome.averaged is not None else delta
         state = outer_update(before, averaged, self.outer)
@@ -193,6 +199,8 @@ class DiLoCoUpdates:
                 state, resynced = fetched, True
         self.state = state
         self.learner.outer_step(state)
+        self._last_round_s = time.monotonic() - self._round_started
+        self._declare_round()
         record = OuterStepRecord(state.step, state.hash(), outcome.num_peers, resynced)
         self.records.append(record)
         logger.info(
@@ -243,6 +251,7 @@ class DiLoCoUpdates:
                     "the checkpoint's outer momentum does not fit the model or is not finite"
                 )
         self.state = OuterState(list(params), [m.clone() for m in momentum], self.state.step)
+        self._declare_round()  # the state's hash changed with its momentum
 
     def close(self) -> None:
         if self._close is not None:
@@ -278,33 +287,24 @@ def diloco_updates(
     the run's other trainers) on its own; anyone else's needs a second source that agrees. With
     `admitted_trainers` (base58 PeerIDs), only those trainers are averaged with.
     `on_round` is handed each outer step's report (see `DiLoCoUpdates`).
-
-    Call the factory in the thread that owns the process (the averager forks a process).
     """
 
     def build(policy: CausalLM, grpo: GRPOConfig, version: int) -> DiLoCoUpdates:
         learner = OuterVersionLearner(policy, grpo, inner_steps=config.inner_steps, outer_version=version)
-        averager = DiLoCoAverager(
-            [p.shape for p in policy.parameters()],
+        averager = rl_averager(
+            config,
             dht,
-            prefix=averaging_prefix(run_id),
-            compression=config.compression,
-            matchmaking_time_s=config.matchmaking_time_s,
-            request_timeout_s=config.request_timeout_s,
-            averaging_timeout_s=config.averaging_timeout_s,
-            sender_timeout_s=config.sender_timeout_s,
-            target_group_size=config.target_group_size,
-            max_norm_ratio=config.max_norm_ratio,
-            min_norm_per_value=config.min_norm_per_value or grpo.lr * config.inner_steps,
+            run_id=run_id,
             name=name,
-            trusted_state_sources=[PeerID.from_base58(p) for p in authorized_publishers],
-            admitted_trainers=[PeerID.from_base58(p) for p in admitted_trainers],
+            shapes=[p.shape for p in policy.parameters()],
+            min_norm_per_value=config.min_norm_per_value or grpo.lr * config.inner_steps,
+            authorized_publishers=authorized_publishers,
+            admitted_trainers=admitted_trainers,
         )
 
         def shutdown() -> None:
             averager.cancel_round()
-            if averager.is_alive():
-                averager.shutdown()
+            averager.shutdown()
 
         updates = DiLoCoUpdates(
             learner,

@@ -84,23 +84,23 @@ class RLDiLoCoConfig(BaseModel):
     outer_lr: float = Field(default=0.7, gt=0.0)
     outer_momentum: float = Field(default=0.9, ge=0.0, lt=1.0)
     """Outer Nesterov SGD (lr 1, momentum 0: plain averaging of the trainers' policies)."""
-    compression: Literal["fp32", "fp16", "int8"] = "fp32"
-    """Encoding of pseudo-gradients on the wire (every trainer receives the same averaged bytes)."""
-    target_group_size: int | None = Field(default=None, ge=2)
-    """Start the all-reduce as soon as this many trainers are in the group (None: after matchmaking)."""
+    compression: Literal["int8", "sparse"] = "int8"
+    """Encoding of pseudo-gradients on the wire (every trainer aggregates the same decoded values)."""
+    max_group_size: int = Field(default=32, ge=2, le=256)
+    """Most trainers of one round."""
     matchmaking_time_s: float = Field(default=2.0, gt=0.0)
-    request_timeout_s: float = Field(default=1.0, gt=0.0)
+    """Minimum time a round's gather stays open for trainers that declared it late."""
     averaging_timeout_s: float = Field(default=300.0, gt=0.0)
     """How long a trainer at an outer-step boundary waits for the others (their inner steps wait for
     rollouts) before it steps alone."""
     sender_timeout_s: float = Field(default=10.0, gt=0.0)
     max_norm_ratio: float = Field(default=10.0, gt=1.0)
-    """A pseudo-gradient part with a norm above this multiple of the reducer's bound is refused (and
-    its sender banned); see `node.averaging.runner.norm_bound`."""
+    """A contribution whose norm is above this multiple of the round's median norm (or of the floor
+    below) is refused, and its sender banned."""
     min_norm_per_value: float | None = Field(default=None, gt=0.0)
-    """The bound's floor per value. None: `grpo.lr * inner_steps`, about as far as H AdamW steps move
+    """The cap's floor per value. None: `grpo.lr * inner_steps`, about as far as H AdamW steps move
     a weight, since a trainer whose groups all had equal rewards has a zero pseudo-gradient and
-    must not refuse its peers' ordinary ones."""
+    must not make the round refuse its peers' ordinary ones."""
 
 
 class RLRunConfig(BaseModel):

@@ -10,7 +10,7 @@
 * `run_trainer(config, dht=..., identity=..., stop_event=..., on_progress=...)` does all of it
   in the calling thread. `training.trainer_thread.TrainerThread` runs a runtime in a thread.
 
-The network side of a round lives in `node.averaging.averager.DiLoCoAverager`; the training
+The network side of a round lives in `node.collective.averager.GatherAverager`; the training
 loop is `training.diloco.DiLoCoTrainer`, which sees the network only through it.
 """
 
@@ -30,8 +30,8 @@ import torch
 from hivemind import DHT
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from node.averaging.outer_state import OuterState
-from node.averaging.robust import DEFAULT_RULE, AggregationRule
+from node.collective.outer_state import OuterState
+from node.collective.rules import DEFAULT_RULE, AggregationRule
 from node.config import check_base58_peer_ids
 from node.identity import Identity
 from protocol.dht_keys import validate_run_id
@@ -80,14 +80,9 @@ class TrainerConfig(BaseModel):
     seed: int = 0
     """Seed of the model's initial weights (the same on every trainer, so step 0 agrees)."""
 
-    averager: Literal["allreduce", "gather"] = "allreduce"
-    """How rounds run: "allreduce" (hivemind's all-reduce in an averager process of its own) or
-    "gather" (the node's averaging service, `node.collective`: every member gathers the others'
-    compressed pseudo-gradients and aggregates them itself; no averager process)."""
-
-    compression: Literal["fp32", "fp16", "int8", "sparse"] = "int8"
-    """Encoding of pseudo-gradients on the wire: fp32, fp16 or int8 with "allreduce"; int8 or
-    "sparse" (SparseLoCo: per-chunk top-k, 2-bit values, error feedback) with "gather"."""
+    compression: Literal["int8", "sparse"] = "int8"
+    """Encoding of pseudo-gradients on the wire: "int8" (dense, blockwise int8) or "sparse"
+    (SparseLoCo: per-chunk top-k, 2-bit values, error feedback)."""
 
     sparse_density: float = Field(default=0.015, gt=0.0, le=0.5)
     """Fraction of each chunk's values the sparse codec sends."""
@@ -114,39 +109,28 @@ class TrainerConfig(BaseModel):
     """Older checkpoints are deleted."""
 
     matchmaking_time_s: float = Field(default=2.0, gt=0.0)
-    """Minimum time matchmaking waits for peers before an all-reduce (allreduce), or a gather stays
-    open for trainers that declared the round late (gather)."""
-
-    request_timeout_s: float = Field(default=1.0, gt=0.0)
-    """Timeout of one matchmaking request (must be below matchmaking_time_s)."""
+    """Minimum time a round's gather stays open, so that trainers that declared the round late are found."""
 
     averaging_timeout_s: float = Field(default=30.0, gt=0.0)
     """How long a round may take after it was due before the trainer steps alone."""
 
     sender_timeout_s: float = Field(default=10.0, gt=0.0)
-    """A group member that sends nothing for this long is left out of the round."""
+    """Longest one exchange with one member may take, and how long past the gather a round waits
+    for its members' commits."""
 
-    reducer_timeout_s: float | None = Field(default=None, gt=0.0)
-    """How long a member waits for the average of a slice from the peer reducing it (None: twice
-    `sender_timeout_s`); a reducer that misses it leaves the member with a partial round."""
-
-    target_group_size: int | None = Field(default=None, ge=2)
-    """Start the all-reduce as soon as this many peers are in the group (None: wait for the schedule)."""
+    max_group_size: int = Field(default=32, ge=2, le=256)
+    """Most members of one round (this trainer included); trainers beyond are not contacted."""
 
     max_norm_ratio: float = Field(default=10.0, gt=1.0)
-    """A pseudo-gradient part with a norm above this multiple of our own is refused."""
+    """A contribution whose norm is above this multiple of the round's median norm is refused."""
 
     aggregation: AggregationRule = DEFAULT_RULE
-    """How each reducer combines the pseudo-gradient parts it receives: "centered_clip" (robust to a
-    minority of attackers inside the norm bound) or "mean" (the plain mean, for comparison)."""
-
-    audit_reducers: bool = True
-    """Reduce every part of each round twice, by two different trainers, and leave out the parts
-    whose two averages differ, so that a reducer lying to every member corrupts nothing (twice the
-    all-reduce traffic; robust rules only; see `node.averaging.audit`)."""
+    """How every member combines the round's contributions: "centered_clip" (robust to a minority
+    of attackers inside the norm cap) or "mean" (the plain mean, for comparison)."""
 
     ban_base_s: float = Field(default=60.0, gt=0.0)
-    """First ban of a peer that sent a refused contribution; doubles with every offence."""
+    """First ban of a peer that broke the averaging protocol (e.g. a contribution that does not
+    decode); doubles with every offence."""
 
     join_wait_s: float = Field(default=120.0, ge=0.0)
     """A late joiner waits at most this long for the next outer step boundary before downloading."""
@@ -172,13 +156,7 @@ class TrainerConfig(BaseModel):
     cannot crowd its matchmaking or outvote the run's step. Empty: an open run, anyone trains."""
 
     @model_validator(mode="after")
-    def _codec_fits_averager(self) -> TrainerConfig:
-        allowed = ("int8", "sparse") if self.averager == "gather" else ("fp32", "fp16", "int8")
-        if self.compression not in allowed:
-            raise ValueError(
-                f"compression {self.compression!r} does not work with averager {self.averager!r}; "
-                f"choose one of {', '.join(allowed)}"
-            )
+    def _chunk_is_a_power_of_two(self) -> TrainerConfig:
         if self.sparse_chunk_values & (self.sparse_chunk_values - 1):
             raise ValueError(f"sparse_chunk_values must be a power of two, not {self.sparse_chunk_values}")
         return self

@@ -21,9 +21,9 @@ from collections.abc import Callable
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from node.averaging.outer_state import OuterState
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
+from node.collective.outer_state import OuterState
 from node.metrics import NodeMetrics
 from node.node import HivenetNode
 from protocol.receipts import MAX_ROUND_ID_BYTES, seal_training_receipt

@@ -7,7 +7,7 @@ and whose reductions (pairwise summation along a contiguous axis, single-threade
 fixed order; torch's multi-threaded reductions do not. Inputs are taken in a fixed order
 (ascending PeerID bytes, chosen by the caller).
 
-Rules, as in `node.averaging.robust` (which documents the bounds): "centered_clip" (start at
+Rules, as `node.collective.rules` names them (and documents their bounds): "centered_clip" (start at
 the coordinate-wise median, clip radius `CLIP_MARGIN` times the median distance, iterate the
 clipped mean) and "mean". Before either, a contribution whose norm exceeds `max_norm_ratio`
 times the median norm is refused (with three or more inputs, the median is an honest norm).
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from node.averaging.robust import CLIP_MARGIN, MAX_ITERATIONS, AggregationRule
+from node.collective.rules import CLIP_MARGIN, MAX_ITERATIONS, AggregationRule
 
 __all__ = ["Aggregate", "aggregate_contributions", "flatten", "unflatten"]
 
@@ -67,7 +67,8 @@ def _centered_clip(rows: np.ndarray, margin: float) -> np.ndarray:
     for _ in range(MAX_ITERATIONS):
         offsets = rows - center
         distances = _norms(offsets)
-        scale = np.where(distances > tau, tau / np.maximum(distances, np.finfo(np.float64).tiny), 1.0)
+        with np.errstate(over="ignore"):  # rows at the centre overflow here, and take the 1.0 branch
+            scale = np.where(distances > tau, tau / np.maximum(distances, np.finfo(np.float64).tiny), 1.0)
         step = np.add.reduce(offsets * scale[:, None], axis=0) / n
         center = center + step
         if float(np.sqrt(np.add.reduce(np.square(step)))) <= _RELATIVE_STEP_TOLERANCE * max(
@@ -82,9 +83,15 @@ def aggregate_contributions(
     *,
     rule: AggregationRule,
     max_norm_ratio: float | None = None,
+    min_norm: float = 0.0,
     margin: float = CLIP_MARGIN,
 ) -> Aggregate:
-    """Aggregate the contributions (each a list of float32 tensors of the same shapes) with `rule`."""
+    """Aggregate the contributions (each a list of float32 tensors of the same shapes) with `rule`.
+
+    The norm cap is `max_norm_ratio` times the larger of the median norm and `min_norm`: where
+    most members barely moved (an RL trainer whose groups all had equal rewards sends zeros), the
+    median alone would refuse every ordinary contribution.
+    """
     if not contributions:
         raise ValueError("aggregate_contributions needs at least one contribution")
     shapes = [t.shape for t in contributions[0]]
@@ -92,7 +99,7 @@ def aggregate_contributions(
     refused: list[int] = []
     if max_norm_ratio is not None and rows.shape[0] >= 3:
         norms = _norms(rows)
-        limit = max_norm_ratio * float(_median(norms))
+        limit = max_norm_ratio * max(float(_median(norms)), min_norm)
         refused = [i for i, norm in enumerate(norms) if norm > limit]
         if refused:
             rows = np.delete(rows, refused, axis=0)

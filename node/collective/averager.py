@@ -26,11 +26,11 @@ import hivemind
 import torch
 from hivemind.p2p import PeerID
 
-from node.averaging.outer_state import OuterState
-from node.averaging.rounds import DoneAverage, PendingAverage, RoundOutcome
 from node.bans import BanList
 from node.collective.codecs import PseudoGradCodec
 from node.collective.config import AveragingConfig
+from node.collective.outer_state import OuterState
+from node.collective.round_types import DoneAverage, PendingAverage, RoundOutcome
 from node.collective.service import AveragingService
 from node.collective.state_service import StateService, StateServiceConfig
 from node.dht_node import signing_key_of
@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 _DECLARATIONS_CACHE_S = 5.0
 _PEER_POLL_S = 0.5
+_MAX_HELD_STATES = 4
+"""Most unconfirmed states a download keeps between polls (each is a whole outer state)."""
 
 
 class _Pending:
@@ -189,6 +191,7 @@ class GatherAverager:
     ) -> OuterState | None:
         """A state past outer step `newer_than` that the run vouches for, or None after `wait_s`."""
         deadline = time.monotonic() + (self.config.averaging_timeout_s if wait_s is None else wait_s)
+        held: dict[tuple[int, str], tuple[PeerID, OuterState]] = {}  # unconfirmed, downloaded once
         while True:
             self._declared_at = -float("inf")
             candidates = self._state_sources(newer_than)
@@ -200,17 +203,25 @@ class GatherAverager:
                         trusted=self.trusted,
                         counts_as_witness=self.witness,
                         timeout_s=timeout_s,
+                        held=held,
                     ),
                 )
                 if result.state is not None:
                     self._doubtful = False
                     self.states.set_state(result.state)
                     return result.state
+                while len(held) > _MAX_HELD_STATES:  # an attacker's ever-new states are not hoarded
+                    del held[next(iter(held))]
             if time.monotonic() >= deadline:
+                refused = "; ".join(
+                    f"{source.to_base58()[-8:]} at outer step {step} (hash {digest})"
+                    for (step, digest), (source, _) in held.items()
+                )
                 logger.warning(
-                    "%s: no state past outer step %d that the run vouches for; keeping our own",
+                    "%s: no state past outer step %d that the run vouches for; keeping our own%s",
                     self.label,
                     newer_than,
+                    f" (refused, as nobody confirmed them: {refused})" if refused else "",
                 )
                 return None
             time.sleep(_PEER_POLL_S)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+from collections import Counter
 from dataclasses import dataclass, field
 
 from protocol import collective_pb2 as pb
@@ -42,6 +43,13 @@ class RoundBook:
     equivocators: set[bytes] = field(default_factory=set)
     given_contribution: set[bytes] = field(default_factory=set)
     """Peers that got our contribution in an answer (no need to send it to them again)."""
+    lost_sends: Counter[bytes] = field(default_factory=Counter)
+    """Sends of our contribution per member that failed in transport."""
+    unreachable: set[bytes] = field(default_factory=set)
+    """Members every send to failed in transport (dead, or gone): the gather does not wait for them."""
+    sent_contribution: set[bytes] = field(default_factory=set)
+    """Peers our contribution was sent to (in flight or taken): an answer to them need not carry it.
+    A send that fails leaves the set, so that the next answer or send carries it."""
     given_commit: set[bytes] = field(default_factory=set)
     """Peers that got our commit in an answer."""
     preferred: list[bytes] = field(default_factory=list)

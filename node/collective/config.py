@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from node.averaging.robust import DEFAULT_RULE, AggregationRule
+from node.collective.rules import DEFAULT_RULE, AggregationRule
 from node.rollouts.config import StreamServiceConfig
 
 __all__ = ["AveragingConfig"]
@@ -26,10 +26,15 @@ class AveragingConfig(StreamServiceConfig):
     """Longest a round may take from its start, whatever its members declared."""
     request_timeout_s: float = Field(default=30.0, gt=0)
     """Longest one exchange with one peer (dial, send, answer) may take."""
-    declaration_ttl_s: float = Field(default=120.0, ge=10)
-    """How long a round declaration stays valid; it is renewed every third of this while the trainer lives."""
+    declaration_ttl_s: float = Field(default=15.0, ge=3)
+    """How long a round declaration stays valid; it is renewed every third of this while the trainer
+    lives. A dead trainer's declaration lingers this long: its step still counts for the run's
+    median (which joiners wait on) and its state is still tried, so it must be short."""
     max_norm_ratio: float | None = Field(default=None, gt=1)
     """Refuse a contribution whose norm exceeds this multiple of the median norm (None: no cap)."""
+    min_norm_per_value: float = Field(default=0.0, ge=0)
+    """The norm cap's floor, per value: the cap is never below `max_norm_ratio` times this times the
+    square root of the number of values."""
     aggregation: AggregationRule = DEFAULT_RULE
     """How every member combines the round's contributions (`node.collective.aggregate`)."""
     max_streams: int = Field(default=64, ge=1)

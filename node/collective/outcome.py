@@ -13,11 +13,11 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
-from node.averaging.robust import AggregationRule
-from node.averaging.rounds import RoundOutcome
 from node.collective.aggregate import aggregate_contributions
 from node.collective.book import RoundBook
 from node.collective.codecs import PseudoGradCodec
+from node.collective.round_types import RoundOutcome
+from node.collective.rules import AggregationRule
 from protocol.errors import InvalidMessage
 
 __all__ = ["Tally", "tally_round"]
@@ -42,6 +42,7 @@ def tally_round(
     codec: PseudoGradCodec,
     rule: AggregationRule,
     max_norm_ratio: float | None,
+    min_norm: float = 0.0,
 ) -> Tally:
     """The outcome of a round whose agreed contributions are `final` ({peer: payload hash})."""
     members = sorted(final)
@@ -54,7 +55,9 @@ def tally_round(
     kept = [p for p in members if p in decoded]
     if not kept:
         return Tally(RoundOutcome(None, 1, refused_peers=len(undecodable)), undecodable=undecodable)
-    aggregate = aggregate_contributions([decoded[p] for p in kept], rule=rule, max_norm_ratio=max_norm_ratio)
+    aggregate = aggregate_contributions(
+        [decoded[p] for p in kept], rule=rule, max_norm_ratio=max_norm_ratio, min_norm=min_norm
+    )
     refused = set(undecodable) | {kept[i] for i in aggregate.refused}
     kept = [p for p in kept if p not in refused]
     hashes = [book.contributions[p].header.outer_hash for p in members]

@@ -27,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import math
 import re
 import statistics
 import time
+from collections import Counter
 from collections.abc import Collection, Coroutine, Sequence
 from typing import Any
 
@@ -37,12 +39,12 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.p2p import P2P, PeerID
 
-from node.averaging.rounds import RoundOutcome
 from node.bans import BanList
 from node.collective.book import Received, RoundBook
 from node.collective.codecs import PseudoGradCodec
 from node.collective.config import AveragingConfig
 from node.collective.outcome import tally_round
+from node.collective.round_types import RoundOutcome
 from node.identity import Identity
 from node.rollouts.errors import RolloutTransportError
 from node.rollouts.streams import FramedService, exchange
@@ -73,6 +75,8 @@ logger = logging.getLogger(__name__)
 _FRAME_SLACK_BYTES = 64 * 1024
 """Room in a frame for a contribution's signed header, or for a whole commit."""
 _MAX_COMMIT_ENVELOPE_BYTES = 48 * 1024
+_MAX_SEND_ATTEMPTS = 3
+"""Most times a gather sends our contribution to one member whose service did not take it."""
 _REDISCOVER_S = 1.0
 """While a gather waits, how often it looks for members that declared the round since it started."""
 _RUN_ID = ""
@@ -110,6 +114,7 @@ class AveragingService(FramedService):
         self.averaging = config
         self.prefix = prefix
         self.codec = codec
+        self._num_values = sum(math.prod(shape) for shape in codec.shapes)
         self.admitted = admitted
         self.label = label
         self._key = signing_key
@@ -261,7 +266,9 @@ class AveragingService(FramedService):
         if problem is not None and peer in book.equivocators:
             self.bans.ban(PeerID(peer), f"averaging: {problem}")
         reply = pb.RoundReply(error=problem or "")
-        if book.own_contribution is not None:
+        # A peer we sent ours to gets it from that request: answering with it too would send every
+        # payload twice when two members send to each other at once.
+        if book.own_contribution is not None and peer not in book.sent_contribution:
             reply.contribution.CopyFrom(book.own_contribution)
             book.given_contribution.add(peer)
         return reply
@@ -311,15 +318,19 @@ class AveragingService(FramedService):
             self.averaging.averaging_timeout_s, latest - time.time() + self.averaging.gather_timeout_s
         )
         message = pb.RoundMessage(contribution=own)
-        sent: set[bytes] = {self.me}
+        sent = book.sent_contribution
+        sent.add(self.me)
+        attempts: Counter[bytes] = Counter()
         # However fast the expected members answer, the gather stays open `min_gather_s`, so that a
         # trainer that has just declared (a joiner) is found and waited for.
         min_end = started + self.averaging.min_gather_s
         discovered = time.monotonic()
         while True:
             for peer in {*expected, *book.contributions} - sent - book.given_contribution:
-                self._spawn(self._send(peer, message, book))
-            sent |= {*expected, *book.contributions}
+                if attempts[peer] < _MAX_SEND_ATTEMPTS:
+                    attempts[peer] += 1
+                    sent.add(peer)
+                    self._spawn(self._send(peer, message, book))
             now = time.monotonic()
             gathered = self._gathered(book, expected)
             if now >= deadline or (gathered and now >= min_end):
@@ -349,7 +360,11 @@ class AveragingService(FramedService):
 
     def _gathered(self, book: RoundBook, candidates: Sequence[bytes]) -> bool:
         return all(
-            p in book.contributions or p in book.equivocators or self.bans.is_banned(p) for p in candidates
+            p in book.contributions
+            or p in book.equivocators
+            or p in book.unreachable
+            or self.bans.is_banned(p)
+            for p in candidates
         )
 
     def _left_behind(self, declared: dict[bytes, RoundDeclaration], step: int) -> bool:
@@ -400,6 +415,8 @@ class AveragingService(FramedService):
                 timeout_s=self.averaging.request_timeout_s,
             )
             reply = parse_untrusted(pb.RoundReply, data, "averaging reply")
+            if reply.error and message.HasField("contribution"):
+                self._not_delivered(book, peer)
             if reply.HasField("contribution") and book.gathering:
                 self._take_contribution(peer, reply.contribution)
             if reply.commit:
@@ -408,6 +425,20 @@ class AveragingService(FramedService):
             self.bans.ban(PeerID(peer), f"bad averaging reply: {exc}")
         except (RolloutTransportError, OSError) as exc:
             logger.info("%s: averaging exchange with %s failed: %s", self.label, PeerID(peer), exc)
+            if message.HasField("contribution"):
+                self._not_delivered(book, peer, lost=True)
+
+    @staticmethod
+    def _not_delivered(book: RoundBook, peer: bytes, *, lost: bool = False) -> None:
+        """Our contribution did not reach `peer`: its next request gets it in the answer, and the
+        gather may send it again. After `_MAX_SEND_ATTEMPTS` sends lost in transport the gather
+        stops waiting for it (a trainer killed since the last round costs one deadline otherwise)."""
+        book.sent_contribution.discard(peer)
+        if lost:
+            book.lost_sends[peer] += 1
+            if book.lost_sends[peer] >= _MAX_SEND_ATTEMPTS:
+                book.unreachable.add(peer)
+        book.changed.set()
 
     async def _commit(
         self, book: RoundBook, step: int, held: dict[bytes, bytes], gather_deadline: float
@@ -439,6 +470,7 @@ class AveragingService(FramedService):
             codec=self.codec,
             rule=self.averaging.aggregation,
             max_norm_ratio=self.averaging.max_norm_ratio,
+            min_norm=self.averaging.min_norm_per_value * self._num_values**0.5,
         )
         for peer, problem in tally.undecodable.items():  # every member leaves the same ones out
             if peer != self.me:

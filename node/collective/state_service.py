@@ -15,7 +15,7 @@ is never banned for it (it may be honest). Downloads also need one of `max_strea
 `upload_bytes_per_s`. The served state is serialized once, lazily and off the event loop, and its
 bytes shared by every upload.
 
-**Downloading** (`fetch`), with the trust rules of `node.averaging.state_sync`: candidates are
+**Downloading** (`fetch`): candidates are
 tried in order (trusted ones first), skipping ourselves and banned peers. A state is fully
 verified (a step above the one asked for, a payload of exactly the expected size, checked on the
 header before the payload is read, finite values, its recomputed `state_hash` equal to the
@@ -42,11 +42,11 @@ from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError, P2PHandlerError
 
-from node.averaging.outer_state import OuterState
 from node.bans import BanList
 from node.broadcast.wire import WRITE_SLICE_BYTES, RateLimiter, TruncatedFrame, read_frame, write_frame
 from node.collective import state_wire as wire
 from node.collective.budgets import MAX_TRACKED_PEERS, PeerBudget
+from node.collective.outer_state import OuterState
 from node.stream_slots import StreamSlot, StreamSlots
 from protocol.errors import HivenetError, InvalidMessage
 
@@ -155,6 +155,8 @@ class StateService:
         self._cache: tuple[OuterState, asyncio.Future[wire.SerializedState | None]] | None = None
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.answered: Counter[str] = Counter()
+        """Requests answered with our state, by kind: "offer" (its header) and "download" (all of it)."""
         self.refusals: Counter[str] = Counter()
         """Refused requests by reason: banned, malformed, timeout, request_streams, request_budget,
         no_state, stale, download_budget, streams, preempted."""
@@ -268,6 +270,7 @@ class StateService:
         header = wire.encode_header(served.step, served.hash, len(served.payload))
         if request.kind == wire.OFFER:
             await self._send_header(writer, header)
+            self.answered["offer"] += 1
             return
         if wait := self._downloads.take(key):
             raise _Refused(
@@ -279,6 +282,7 @@ class StateService:
             raise _Refused("streams", f"busy: {slot}")
         if not await self.slots.serve(slot, self._upload(slot, writer, header, served.payload)):
             raise _Refused("preempted", "busy: preempted by another peer's download")
+        self.answered["download"] += 1
 
     async def _send_header(self, writer: asyncio.StreamWriter, header: bytes) -> None:
         await asyncio.wait_for(write_frame(writer, header), self.config.frame_timeout_s)
@@ -377,10 +381,16 @@ class StateService:
         trusted: frozenset[bytes] = frozenset(),
         counts_as_witness: Callable[[bytes], bool] = lambda peer: True,
         timeout_s: float,
+        held: dict[tuple[int, str], tuple[PeerID, OuterState]] | None = None,
     ) -> FetchResult:
         """The run's state at an outer step above `newer_than`, by the trust rules of the module
-        docstring. `timeout_s` bounds each request to one candidate (an offer or a download)."""
-        held: dict[tuple[int, str], tuple[PeerID, OuterState]] = {}
+        docstring. `timeout_s` bounds each request to one candidate (an offer or a download).
+
+        `held` ({(step, hash): (source, verified state)}) carries the unconfirmed states of an earlier
+        call into this one and receives this call's, so that a caller polling for confirmation
+        downloads each state once and asks the other candidates only for their offers.
+        """
+        held = {} if held is None else held
         vouchers: dict[tuple[int, str], set[bytes]] = {}
         me = self.p2p.peer_id
         ordered = sorted(dict.fromkeys(candidates), key=lambda p: p.to_bytes() not in trusted)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from node.averaging.outer_state import OuterState, state_hash
+from node.collective.outer_state import OuterState, state_hash
 from protocol.errors import InvalidMessage
 
 __all__ = [

@@ -2,8 +2,8 @@
 
 `attack_inputs(kind, honest, own)` gives the `f` attackers' vectors (rows of `own`: each
 attacker's own honest pseudo-gradient) given the honest senders' vectors `honest` (rows).
-The attackers are omniscient (they know the honest vectors) and stay inside the reducer's
-norm bound (`node.averaging.runner`: 10x the expected norm) at `NORM_FACTOR` times their own:
+The attackers are omniscient (they know the honest vectors) and stay inside the round's norm
+cap (`AveragingConfig.max_norm_ratio`: 10x the round's median norm) at `NORM_FACTOR` times their own:
 
 * "sign_flip": minus `NORM_FACTOR` times their own pseudo-gradient;
 * "scaled": `NORM_FACTOR` times their own (an outer step far too long);

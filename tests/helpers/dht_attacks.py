@@ -14,7 +14,7 @@ from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
 from hivemind.utils.serializer import MSGPackSerializer
 
-from protocol.averager_declaration import AVERAGER_DECLARATION_DOMAIN, declaration_payload
+from protocol.averaging_round import ROUND_DECLARATION_DOMAIN, RoundDeclaration
 from protocol.dht_keys import node_records_key, signed_subkey, weights_pointer_key
 from protocol.envelope import seal
 from protocol.manifest import WEIGHTS_POINTER_DOMAIN, WeightsPointer
@@ -35,17 +35,17 @@ async def send_raw_store(_dht: Any, node: Any, target: PeerID, request: bytes) -
 
 
 async def store_declaration(_dht: Any, node: Any, target: PeerID, key: str) -> list[bool] | None:
-    """Store one valid signed averager declaration (by a fresh key, under its subkey) at `target`."""
+    """Store one valid signed round declaration (by a fresh key, under its subkey) at `target`."""
     signer = Ed25519PrivateKey.generate()
     expires = time.time() + 30
     envelope = seal(
         signer,
-        domain=AVERAGER_DECLARATION_DOMAIN,
+        domain=ROUND_DECLARATION_DOMAIN,
         run_id="",
         dht_key=key,
         expires_at=expires,
         seq=1,
-        payload=declaration_payload(looking_for_group=True),
+        payload=RoundDeclaration(1, "0123456789abcdef", "int8", expires, True).payload(),
     )
     result = await node.protocol.call_store(
         target,

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
-from node.averaging.rounds import RoundOutcome
 from node.collective.averager import GatherAverager
 from node.collective.codecs import codec_for
 from node.collective.config import AveragingConfig
+from node.collective.round_types import RoundOutcome
 from node.dht_node import start_loopback_dht
 from node.swarm import wait_until
 
@@ -21,22 +21,41 @@ PREFIX = "hivenet_diloco_gather_test"
 
 
 @contextlib.contextmanager
-def gather_swarm(n: int, codec: str = "int8", **overrides: Any) -> Iterator[list[GatherAverager]]:
+def gather_swarm(
+    n: int,
+    codec: str = "int8",
+    *,
+    shapes: Sequence[torch.Size] = SHAPES,
+    trust_each_other: bool = False,
+    admit: Sequence[int] = (),
+    **overrides: Any,
+) -> Iterator[list[GatherAverager]]:
+    """`n` averagers (named g0, g1, ...), each with its own DHT, on 127.0.0.1.
+
+    With `trust_each_other`, every averager names all the others as the run's authorised
+    publishers. `admit`: the indices of averagers that name each other as the run's only trainers
+    (`admitted_trainers`); the others admit anyone. `overrides` are `AveragingConfig` fields.
+    """
     first = start_loopback_dht()
     dhts = [first] + [start_loopback_dht([str(a) for a in first.get_visible_maddrs()]) for _ in range(n - 1)]
     settings = AveragingConfig(
         gather_timeout_s=20.0, commit_timeout_s=5.0, averaging_timeout_s=40.0, request_timeout_s=5.0
     ).model_copy(update=overrides)
+    members = [dhts[j].peer_id for j in admit]
     averagers: list[GatherAverager] = []
     try:
         for i, dht in enumerate(dhts):
             averagers.append(
                 GatherAverager(
-                    SHAPES,
+                    shapes,
                     dht,
                     prefix=PREFIX,
-                    codec=codec_for(codec, SHAPES, density=0.1, chunk_values=64),
+                    codec=codec_for(codec, shapes, density=0.1, chunk_values=64),
                     config=settings,
+                    trusted_state_sources=[d.peer_id for d in dhts if d is not dht]
+                    if trust_each_other
+                    else (),
+                    admitted_trainers=members if i in admit else (),
                     name=f"g{i}",
                 )
             )

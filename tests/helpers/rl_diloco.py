@@ -21,10 +21,10 @@ from typing import Any
 
 import torch
 
-from node.averaging.outer_state import OuterState
-from node.averaging.rounds import DoneAverage, PendingAverage, RoundOutcome
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.config import BroadcastConfig
+from node.collective.outer_state import OuterState
+from node.collective.round_types import DoneAverage, PendingAverage, RoundOutcome
 from node.dht_node import start_loopback_dht
 from node.identity import create_identity
 from protocol.manifest import Manifest

@@ -26,11 +26,10 @@ from hivemind.dht.routing import DHTID
 from hivemind.dht.storage import DictionaryDHTValue
 from hivemind.utils import get_dht_time
 
-from node.averaging.averager import DiLoCoAverager
-from node.swarm import wait_until
-from protocol.errors import HivenetError
+from node.collective.averager import GatherAverager
+from node.collective.codecs import codec_for
+from node.collective.config import AveragingConfig
 from tests.helpers.broadcast import Swarm
-from tests.helpers.trainers import round_test_settings
 
 SQUAT_TTL_S = 31 * 365 * 86400.0
 SQUAT_MARKER = b"squatted"
@@ -38,6 +37,13 @@ HUGE_SQUAT_BYTES = 1 << 20
 LARGE_VALUES, LARGE_VALUE_BYTES = 64, 1 << 20
 AVERAGER_SHAPES = [torch.Size([64]), torch.Size([4, 4])]
 AVERAGER_PREFIX = "squattest"
+AVERAGER_SETTINGS = AveragingConfig(
+    min_gather_s=1.0,
+    gather_timeout_s=20.0,
+    commit_timeout_s=5.0,
+    averaging_timeout_s=40.0,
+    request_timeout_s=5.0,
+)
 
 
 @dataclass
@@ -119,7 +125,7 @@ class SquatSwarm:
     def __init__(self, root: Path) -> None:
         self.root = root
         self.swarm = Swarm(root)
-        self.averagers: list[DiLoCoAverager] = []
+        self.averagers: list[GatherAverager] = []
         self._serial = itertools.count()
         try:
             self.publisher = self.swarm.add()
@@ -146,22 +152,20 @@ class SquatSwarm:
         finally:
             dht.shutdown()
 
-    def start_averagers(self) -> list[DiLoCoAverager]:
-        """One averager on each honest node (started once), once they see each other."""
+    def start_averagers(self) -> list[GatherAverager]:
+        """One averager on each honest node (started once)."""
         if not self.averagers:
             for index, node in enumerate((self.publisher, self.follower)):
                 self.averagers.append(
-                    DiLoCoAverager(
+                    GatherAverager(
                         AVERAGER_SHAPES,
                         node.dht,
+                        prefix=AVERAGER_PREFIX,
+                        codec=codec_for("int8", AVERAGER_SHAPES),
+                        config=AVERAGER_SETTINGS,
                         name=f"peer{index}",
-                        **round_test_settings(AVERAGER_PREFIX, 2),
                     )
                 )
-            for averager in self.averagers:
-                averager.publish_step(0)
-            if not wait_until(lambda: all(len(a.peer_steps()) == 1 for a in self.averagers), timeout_s=60):
-                raise HivenetError("the averagers did not find each other through the DHT within 60 s")
         return self.averagers
 
     def close(self) -> None:

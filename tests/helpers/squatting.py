@@ -35,7 +35,7 @@ from node.broadcast.broadcaster import WeightBroadcast
 from node.membership import discover
 from node.swarm import wait_until
 from protocol.dht_keys import (
-    all_averagers_key,
+    averaging_round_key,
     node_records_key,
     signed_subkey,
     weights_holders_key,
@@ -50,8 +50,10 @@ from tests.helpers.broadcast import (
     make_state_dict,
     start_broadcast,
 )
+from tests.helpers.gather import run_round
 from tests.helpers.members import validator_membership
 from tests.helpers.squat_swarm import (
+    AVERAGER_PREFIX,
     AVERAGER_SHAPES,
     LARGE_VALUE_BYTES,
     LARGE_VALUES,
@@ -61,7 +63,6 @@ from tests.helpers.squat_swarm import (
     squat,
     squats_kept,
 )
-from tests.helpers.trainers import run_round
 
 _STATE_FLOATS = 20_000
 
@@ -197,75 +198,60 @@ async def attack_node_records(swarm: SquatSwarm) -> SquatOutcome:
     )
 
 
-def attack_matchmaking(swarm: SquatSwarm, step: int = 3) -> SquatOutcome:
-    """Squat the matchmaking key of outer step `step`: both averagers must still average together."""
-    averagers = swarm.start_averagers()
-    key = (
-        f"{averagers[0].prefix}.0b{bin(step)[2:]}"  # hivemind's group key; `Rounds` sets the bits to the step
-    )
-    with swarm.attacker() as attacker:
-        asyncio.run(squat(attacker, key, averagers[0].peer_id.to_bytes()))
-        kept = asyncio.run(squats_kept(swarm.honest, key))
-        grads = [[torch.full(s, float(i + 1)) for s in AVERAGER_SHAPES] for i in range(len(averagers))]
-        outcomes = run_round(averagers, grads, step=step)
-    peers = [o.num_peers for o in outcomes]
-    return SquatOutcome(
-        "matchmaking", kept, peers == [2, 2], f"outer step {step} averaged in groups of {peers}"
-    )
+SAME_HASH = "0123456789abcdef"
+"""Both averagers' outer state hash (they hold the same state)."""
 
 
-def attack_all_averagers(swarm: SquatSwarm, step: int = 7) -> SquatOutcome:
-    """Squat `.all_averagers`: each averager must still see the other, and see its new step."""
+def _one_round(swarm: SquatSwarm, step: int) -> list[int]:
+    """Both honest averagers average outer step `step` together; the group sizes they report."""
     averagers = swarm.start_averagers()
-    key = all_averagers_key(averagers[0].prefix)
+    grads = [[torch.full(s, float(i + 1)) for s in AVERAGER_SHAPES] for i in range(len(averagers))]
+    outcomes = run_round(averagers, step, grads, [SAME_HASH] * len(averagers))
+    return [o.num_peers for o in outcomes]
+
+
+def attack_round_declarations(swarm: SquatSwarm, step: int = 3) -> SquatOutcome:
+    """Squat the key where the run's trainers declare their rounds: both averagers must still see
+    each other and average outer step `step` together."""
+    averagers = swarm.start_averagers()
+    key = averaging_round_key(AVERAGER_PREFIX)
     with swarm.attacker() as attacker:
-        asyncio.run(squat(attacker, key, averagers[0].peer_id.to_bytes()))
+        asyncio.run(squat(attacker, key, signed_subkey(averagers[0].p2p.peer_id.to_base58())))
         kept = asyncio.run(squats_kept(swarm.honest, key))
-        seen = [len(a.peer_steps()) for a in averagers]
-        averagers[0].publish_step(step)
-        redeclared = wait_until(lambda: list(averagers[1].peer_steps().values()) == [step], timeout_s=30)
+        peers = _one_round(swarm, step)
     return SquatOutcome(
-        "all_averagers",
-        kept,
-        seen == [1, 1] and redeclared,
-        f"peers seen after the squat: {seen}; new step {step} seen: {redeclared}",
+        "round declarations", kept, peers == [2, 2], f"outer step {step} averaged in groups of {peers}"
     )
 
 
 FORGED_STEP = 10**6
 
 
-async def forged_entries(honest: Sequence[DHT], key: str, victim: bytes) -> int:
-    """Values under `key` in the victim's name that an honest lookup returns unsigned."""
+async def forged_entries(honest: Sequence[DHT], key: str, victim: str) -> int:
+    """Forged values (`FORGED_STEP`) under `key` in the victim's subkey that an honest lookup returns
+    (the victim's own signed declaration may be there too, and is not counted)."""
     kept = 0
     for dht in honest:
         found = await dht.get(key, latest=True, return_future=True)
         if found is not None and isinstance(found.value, dict):
-            kept += sum(subkey == victim for subkey in found.value)
+            entry = found.value.get(victim)
+            kept += entry is not None and entry.value == float(FORGED_STEP)
     return kept
 
 
 def attack_forged_declarations(swarm: SquatSwarm, step: int = 5) -> SquatOutcome:
-    """Write, in an honest averager's name, what hivemind's unsigned declarations look like: a step it
-    never reached under `.all_averagers`, and "left the group" under outer step `step`'s matchmaking
-    key, both expiring long after its own. The other averager must see its real step, and the two
-    must still average together at `step`."""
+    """Write, in an honest averager's name and without its signature, a declaration of a step it never
+    reached, expiring long after its own. The other averager must see the victim's real step, and
+    the two must still average together at `step`."""
     averagers = swarm.start_averagers()
-    victim = averagers[0]
-    victim_id = victim.peer_id.to_bytes()
-    steps_key = all_averagers_key(victim.prefix)
-    group_key = f"{victim.prefix}.0b{bin(step)[2:]}"
-    expires = get_dht_time() + 3000
+    victim_subkey = signed_subkey(averagers[0].p2p.peer_id.to_base58())
+    key = averaging_round_key(AVERAGER_PREFIX)
     with swarm.attacker() as attacker:
-        attacker.store(steps_key, float(FORGED_STEP), expires, subkey=victim_id)
-        attacker.store(group_key, False, expires, subkey=victim_id)
-        kept = asyncio.run(forged_entries(swarm.honest, steps_key, victim_id))
-        kept += asyncio.run(forged_entries(swarm.honest, group_key, victim_id))
-        victim.publish_step(step)
+        attacker.store(key, float(FORGED_STEP), get_dht_time() + 3000, subkey=victim_subkey)
+        kept = asyncio.run(forged_entries(swarm.honest, key, victim_subkey))
+        averagers[0].prepare_round(step, 0.5, SAME_HASH)
         seen = wait_until(lambda: list(averagers[1].peer_steps().values()) == [step], timeout_s=30)
-        grads = [[torch.full(s, float(i + 1)) for s in AVERAGER_SHAPES] for i in range(len(averagers))]
-        outcomes = run_round(averagers, grads, step=step)
-    peers = [o.num_peers for o in outcomes]
+        peers = _one_round(swarm, step)
     return SquatOutcome(
         "forged declarations",
         kept,
@@ -278,8 +264,7 @@ SQUAT_ATTACKS: dict[str, Callable[[SquatSwarm], SquatOutcome]] = {
     "weights pointer": lambda swarm: asyncio.run(attack_weights_pointer(swarm)),
     "weights holders": lambda swarm: asyncio.run(attack_weights_holders(swarm)),
     "node records": lambda swarm: asyncio.run(attack_node_records(swarm)),
-    "matchmaking": attack_matchmaking,
-    "all_averagers": attack_all_averagers,
+    "round declarations": attack_round_declarations,
     "forged declarations": attack_forged_declarations,
 }
 """Every squatting attack by name, run from synchronous code."""

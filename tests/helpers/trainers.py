@@ -1,7 +1,6 @@
 """A loopback harness of DiLoCo trainer threads and tiny configs, for tests and benchmarks.
 
-`tiny_config` gives a CPU-sized `TrainerConfig`; `averager_swarm` yields bare averagers on
-loopback that already see each other; `harness()` yields a `Harness` with a bootstrap DHT on
+`tiny_config` gives a CPU-sized `TrainerConfig`; `harness()` yields a `Harness` with a bootstrap DHT on
 127.0.0.1 where `start`/`start_many` launch trainers (each a `TrainerThread` with its own DHT
 and averager) and `TrainerThread.kill` makes one die without a goodbye. Closing the harness
 ends exactly the threads and processes it started.
@@ -10,19 +9,15 @@ ends exactly the threads and processes it started.
 from __future__ import annotations
 
 import contextlib
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 from hivemind import DHT
 
-from node.averaging.averager import DiLoCoAverager
-from node.averaging.rounds import RoundOutcome
 from node.dht_node import start_loopback_dht
 from node.swarm import wait_until
-from protocol.errors import HivenetError
 from training.data import DataConfig
 from training.diloco import DiLoCoConfig, OuterStepReport
 from training.model import ModelConfig
@@ -40,7 +35,6 @@ def tiny_config(max_outer_steps: int, *, inner_steps: int = 8, **overrides: Any)
         compression="int8",
         eval_batches=1,
         matchmaking_time_s=2.0,
-        request_timeout_s=0.5,
         averaging_timeout_s=20.0,
         sender_timeout_s=5.0,
         join_wait_s=60.0,
@@ -50,17 +44,15 @@ def tiny_config(max_outer_steps: int, *, inner_steps: int = 8, **overrides: Any)
     return TrainerConfig(**base)
 
 
-AVERAGING_MODES = ("allreduce-int8", "gather-int8", "gather-sparse")
-"""How a test's trainers may average: hivemind's all-reduce, or the node's averaging service with
-either codec (`averaging_mode` gives the config fields)."""
+AVERAGING_MODES = ("int8", "sparse")
+"""The codecs a test's trainers may average with (`averaging_mode` gives the config fields)."""
 
 
 def averaging_mode(mode: str) -> dict[str, Any]:
     """TrainerConfig fields for one of `AVERAGING_MODES` (the sparse codec keeps 5% of 256-value
     chunks: the tiny model has too few values for the production density to send many)."""
-    averager, codec = mode.split("-")
-    fields: dict[str, Any] = {"averager": averager, "compression": codec}
-    if codec == "sparse":
+    fields: dict[str, Any] = {"compression": mode}
+    if mode == "sparse":
         fields.update(sparse_density=0.05, sparse_chunk_values=256)
     return fields
 
@@ -68,93 +60,6 @@ def averaging_mode(mode: str) -> dict[str, Any]:
 def finished(trainer: TrainerThread, steps: int) -> Callable[[], bool]:
     """Whether `trainer` made `steps` outer steps or stopped (a predicate for `wait_until`)."""
     return lambda: trainer.steps() >= steps or not trainer.alive
-
-
-def round_test_settings(prefix: str, group_size: int, **overrides: Any) -> dict[str, Any]:
-    """DiLoCoAverager settings for the averager-level round tests: fp32 parts, short timeouts."""
-    settings: dict[str, Any] = dict(
-        prefix=prefix,
-        compression="fp32",
-        matchmaking_time_s=2.0,
-        request_timeout_s=0.5,
-        averaging_timeout_s=20.0,
-        sender_timeout_s=5.0,
-        target_group_size=group_size,
-    )
-    settings.update(overrides)
-    return settings
-
-
-def run_round(
-    averagers: Sequence[DiLoCoAverager],
-    grads: Sequence[Sequence[torch.Tensor]],
-    *,
-    step: int,
-    hashes: Sequence[str] | None = None,
-    prepare: bool = True,
-) -> list[RoundOutcome]:
-    """One all-reduce round of every averager at once (a thread each); every outcome, in order."""
-    hashes = list(hashes) if hashes is not None else ["same-hash"] * len(averagers)
-    if prepare:
-        for averager, outer_hash in zip(averagers, hashes, strict=True):
-            averager.prepare_round(step, 1.0, outer_hash)
-    outcomes: list[RoundOutcome | None] = [None] * len(averagers)
-
-    def go(i: int) -> None:
-        outcomes[i] = averagers[i].average(grads[i], step=step, outer_hash=hashes[i])
-
-    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(averagers))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert all(o is not None for o in outcomes), "a round did not finish"
-    return [o for o in outcomes if o is not None]
-
-
-@contextlib.contextmanager
-def averager_swarm(
-    shapes: Sequence[torch.Size],
-    classes: Sequence[type[DiLoCoAverager]],
-    *,
-    trust_each_other: bool = False,
-    admit: Sequence[int] = (),
-    **kwargs: Any,
-) -> Iterator[list[DiLoCoAverager]]:
-    """One averager of each class (named peer0, peer1, ...), each with its own DHT, on 127.0.0.1.
-
-    With `trust_each_other`, every averager names all the others as the run's authorised
-    publishers (`trusted_state_sources`). `admit`: the indices of averagers that name each other
-    as the run's only trainers (`admitted_trainers`); the others admit anyone. Yields once every
-    averager sees all the others it admits through the DHT: a round begun while the swarm is
-    still forming can fail to find a group on a loaded machine.
-    """
-    dhts: list[DHT] = []
-    averagers: list[DiLoCoAverager] = []
-    try:
-        dhts.append(start_loopback_dht())
-        peers = [str(a) for a in dhts[0].get_visible_maddrs()]
-        dhts += [start_loopback_dht(peers) for _ in classes]
-        members = [dhts[j + 1].peer_id for j in admit]
-        for i, cls in enumerate(classes):
-            own = dhts[i + 1]
-            if trust_each_other:
-                kwargs["trusted_state_sources"] = [d.peer_id for d in dhts[1:] if d is not own]
-            kwargs["admitted_trainers"] = members if i in admit else []
-            averagers.append(cls(shapes, own, name=f"peer{i}", **kwargs))
-        for a in averagers:
-            a.publish_step(0)
-        seen = [len(admit) - 1 if i in admit else len(averagers) - 1 for i in range(len(averagers))]
-        if not wait_until(
-            lambda: all(len(a.peer_steps()) == n for a, n in zip(averagers, seen, strict=True)), timeout_s=60
-        ):
-            raise HivenetError("the averagers did not find each other through the DHT within 60 s")
-        yield averagers
-    finally:
-        for a in averagers:
-            a.shutdown()
-        for d in reversed(dhts):
-            d.shutdown()
 
 
 class Harness:

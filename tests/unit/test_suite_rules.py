@@ -33,11 +33,6 @@ SLEEP_ALLOWED: dict[tuple[str, str], str] = {
         "the attacker's own pacing after a request that failed in transport (the victim unreachable "
         "for a moment), not a wait for an effect: the test waits on the flood's counters"
     ),
-    ("integration/diloco/test_diloco_swarm.py", "late"): (
-        "the cause under test, not a wait for an effect: a trainer late by wall-clock time past the "
-        "others' sender timeout (2 s) and within their reducer timeout (40 s), as a slow peer is; "
-        "hivemind's all-reduce runs in the averager's own process, on the wall clock"
-    ),
 }
 """(path under tests/, enclosing function) -> why that sleep cannot be a wait on a state."""
 

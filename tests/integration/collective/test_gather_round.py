@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from node.swarm import wait_until
 from tests.helpers.gather import SHAPES, gather_swarm, run_round
 
 
@@ -37,3 +38,45 @@ def test_a_member_with_another_state_is_told_it_is_out_of_sync() -> None:
         outcomes = run_round(averagers, 0, grads, ["00" * 8, "00" * 8, "11" * 8])
         assert [o.in_sync for o in outcomes] == [True, True, False]
         assert all(o.num_peers == 3 for o in outcomes)
+
+
+def test_each_contribution_crosses_each_link_once() -> None:
+    """Members that send to each other at once used to each get the other's payload twice (once in
+    its request, once in the answer to their own): a round's bytes were twice what a gather needs."""
+    shapes = [torch.Size([256, 256])]  # payloads large next to the signed headers and commits
+    with gather_swarm(3, shapes=shapes) as averagers:
+        payload = averagers[0].rounds.codec.max_payload_bytes()
+        for step in range(2):
+            grads = [[torch.randn(s) * 0.01 for s in shapes] for _ in averagers]
+            run_round(averagers, step, grads, ["00" * 8] * 3)
+        for averager in averagers:
+            sent = averager.rounds.bytes_sent
+            # two rounds, two other members, one payload each, plus headers and commits
+            assert 4 * payload <= sent < 4.5 * payload, f"{sent} bytes sent for 4 payloads of {payload}"
+
+
+def test_a_member_killed_since_the_last_round_does_not_hold_up_the_next() -> None:
+    """Last round's members are expected in the next one (their declaration may lag); one that died
+    used to be waited for until the gather's deadline, every time a trainer of the run died. The
+    deadline here is far beyond the test's patience: the round must end because the dead member
+    cannot be reached."""
+    with gather_swarm(3, gather_timeout_s=600.0, averaging_timeout_s=600.0) as averagers:
+        grads = [[torch.randn(s) * 0.01 for s in SHAPES] for _ in averagers]
+        assert all(o.num_peers == 3 for o in run_round(averagers, 0, grads, ["00" * 8] * 3))
+        averagers[2].shutdown()
+        dead_dht = averagers[2].rounds.dht
+        assert dead_dht is not None
+        dead_dht.shutdown()  # with its p2pd: nothing answers at its address any more
+        outcomes = run_round(averagers[:2], 1, grads[:2], ["00" * 8] * 2)
+        assert [o.num_peers for o in outcomes] == [2, 2]
+
+
+def test_a_dead_trainers_declaration_lapses_within_its_short_lifetime() -> None:
+    """A killed trainer's declaration used to stay listed for two minutes: its stale step held down
+    the run's median, which a joiner waits on, and its state was still tried."""
+    with gather_swarm(2) as (alive, dead):
+        dead.prepare_round(3, 0.0, "00" * 8)
+        assert wait_until(lambda: 3.0 in alive.peer_steps().values(), timeout_s=60)
+        dead.shutdown()
+        assert alive.config.declaration_ttl_s <= 15
+        assert wait_until(lambda: not alive.peer_steps(), timeout_s=30), "the dead trainer is still listed"

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from node.averaging.outer_state import OuterState
-from node.averaging.rounds import RoundOutcome
 from node.collective.averager import GatherAverager
+from node.collective.outer_state import OuterState
+from node.collective.round_types import RoundOutcome
 from node.swarm import wait_until
 from tests.helpers.gather import SHAPES, gather_swarm, run_round
 

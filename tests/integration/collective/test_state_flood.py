@@ -20,11 +20,11 @@ from collections.abc import Iterator
 
 import torch
 
-from node.averaging.outer_state import OuterState
 from node.collective import state_wire as wire
 from node.collective.averager import GatherAverager
 from node.collective.codecs import codec_for
 from node.collective.config import AveragingConfig
+from node.collective.outer_state import OuterState
 from node.collective.state_service import StateServiceConfig
 from node.dht_node import start_loopback_dht
 from node.swarm import wait_until

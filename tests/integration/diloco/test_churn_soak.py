@@ -1,37 +1,40 @@
 """Churn soak: DiLoCo trainers are killed and replaced at every outer step of a long run.
 
 Five trainers on loopback (`tests.helpers.trainers.Harness`). At each of 50 consecutive outer
-steps, the oldest trainer dies without a goodbye (`TrainerThread.kill`: SIGKILL of its averager,
-DHT and p2pd processes; its training thread stops where it stood) and a new trainer, with a new
-identity and DHT, is started and joins the running swarm (it downloads the run's state). The
-run must lose nothing: it advances by exactly one outer step per round, every trainer reports
-each outer step it lives through exactly once and in order, all the trainers that report an outer
-step hold bit-identical outer states (the same state hash), and every replacement takes the run's
-state when it joins and reports the survivors' state from its first outer step on. A replacement
-that misses the group of its first round (the run moved on without it: a loaded machine can delay
-its join past the matchmaking window) must take the run's state again at once; stepping alone and
-keeping that lone outer step, as trainers left behind did before, fails the test. Likewise a
-member that a round leaves out of sync (a reducer failed it: seen on the loaded machine) must take
-the run's state within the same outer step and report it as a resync.
+steps, the oldest trainer dies without a goodbye (`TrainerThread.kill`: SIGKILL of its DHT and
+p2pd processes, which carry its averager's streams; its training thread stops where it stood) and
+a new trainer, with a new identity and DHT, is started and joins the running swarm (it downloads
+the run's state). The run must lose nothing: it advances by exactly one outer step per round,
+every trainer reports each outer step it lives through exactly once and in order, all the
+trainers that report an outer step hold bit-identical outer states (the same state hash), and
+every replacement takes the run's state when it joins and reports the survivors' state from its
+first outer step on. A replacement that misses the group of its first round (the run moved on
+without it: a loaded machine can delay its join past the round's gather) must take the run's
+state again at once; stepping alone and keeping that lone outer step, as trainers left behind did
+before, fails the test. Likewise a member that a round leaves out of sync (its state disagreed
+with its group's majority, or most of the run had moved past its round) must take the run's state
+within the same outer step and report it as a resync.
 
 Where a victim dies is chosen, not left to the clock: right after it applied outer step `k`,
-before it enters the matchmaking of the next round. A trainer killed in the middle of an
-all-reduce leaves every member of that round with a partial average (a different scenario,
-covered by the resync tests); a kill between rounds is the one a run must absorb without any
-member's state moving off the run's.
+before it declares the next round (`prepare_round`). A trainer killed in the middle of a round
+can leave its members holding different sets of contributions (a different scenario, covered by
+the resync tests); a kill between rounds is the one a run must absorb without any member's state
+moving off the run's.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+import torch
 from hivemind.p2p import PeerID
 
-from node.averaging.outer_state import OuterState
+from node.collective.outer_state import OuterState
+from node.collective.round_types import PendingAverage, RoundOutcome
 from node.swarm import wait_until
 from tests.helpers.trainers import harness, tiny_config
 from training.diloco import OuterStepReport
@@ -70,11 +73,12 @@ class _Watched:
     last_state: tuple[int, str] | None = None
     """(step, hash) of the outer state it died with."""
     prepared: list[int] = field(default_factory=list)
-    """Outer steps of the rounds it entered matchmaking for."""
+    """Outer steps of the rounds it declared (`prepare_round`: it applied that step and averages from it)."""
     fetched: list[tuple[int, str]] = field(default_factory=list)
     """(step, hash) of every state it downloaded from the run."""
-    groups: dict[int, dict[str, str]] = field(default_factory=dict)
-    """For each round it averaged in a group: the state hash of every member (by PeerID), for failure messages."""
+    groups: dict[int, str] = field(default_factory=dict)
+    """For each round it averaged (by the outer step it averaged at): how many peers, which others
+    (short PeerIDs) and whether it was left out of sync, for failure messages."""
 
     @property
     def name(self) -> str:
@@ -115,14 +119,19 @@ class _Churn:
             return self.victims[step]
 
     def watch(self, trainer: TrainerThread) -> _Watched:
-        """Hook `trainer`'s averager (before its thread starts): record rounds and downloads, freeze when doomed."""
+        """Hook `trainer`'s averager (before its thread starts): record rounds and downloads, freeze
+        when doomed.
+
+        Only the averager's public methods are wrapped: `prepare_round` (the trainer declares the
+        round of the outer step it just applied), `start_average` (its round's outcome, for failure
+        messages) and `fetch_state` (every state it takes from the run)."""
         watched = _Watched(trainer)
         averager = trainer.runtime.averager
         prepare_round = averager.prepare_round
+        start_average = averager.start_average
         fetch_state = averager.fetch_state
-        wait_for_round = averager._wait_for_round
 
-        def prepare_hooked(step: int, expected_duration_s: float, outer_hash: str = "") -> None:
+        def prepare_hooked(step: int, expected_duration_s: float, outer_hash: str) -> None:
             if self.victim_for(step) is watched:
                 watched.last_state = (step, outer_hash)
                 watched.frozen.set()
@@ -132,26 +141,44 @@ class _Churn:
                 watched.prepared.append(step)
             prepare_round(step, expected_duration_s, outer_hash)
 
-        def fetch_hooked(**kwargs: float) -> OuterState | None:
-            state = fetch_state(**kwargs)  # type: ignore[arg-type]
+        def start_hooked(
+            pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str
+        ) -> PendingAverage:
+            return _Recorded(
+                start_average(pseudo_grads, step=step, outer_hash=outer_hash), watched.groups, step
+            )
+
+        def fetch_hooked(
+            *, newer_than: int, timeout_s: float = 60.0, wait_s: float | None = None
+        ) -> OuterState | None:
+            state = fetch_state(newer_than=newer_than, timeout_s=timeout_s, wait_s=wait_s)
             if state is not None:
                 watched.fetched.append((state.step, state.hash()))
             return state
 
         averager.prepare_round = prepare_hooked  # type: ignore[method-assign]
-
-        def wait_hooked(control: Any, step: int) -> Any:
-            result = wait_for_round(control, step)
-            if isinstance(result, dict):
-                gathered = result.get("gathered", {})
-                watched.groups[step] = {str(PeerID(p))[-6:]: info.get("hash") for p, info in gathered.items()}
-            return result
-
-        averager.fetch_state = fetch_hooked  # type: ignore[method-assign,assignment]
-        averager._wait_for_round = wait_hooked  # type: ignore[method-assign]
+        averager.start_average = start_hooked  # type: ignore[method-assign]
+        averager.fetch_state = fetch_hooked  # type: ignore[method-assign]
         with self.lock:
             self.trainers.append(watched)
         return watched
+
+
+class _Recorded:
+    """A trainer's round in flight (`PendingAverage`) that notes its outcome in `groups` once known."""
+
+    def __init__(self, pending: PendingAverage, groups: dict[int, str], step: int) -> None:
+        self.pending, self.groups, self.step = pending, groups, step
+
+    def done(self) -> bool:
+        return self.pending.done()
+
+    def result(self) -> RoundOutcome:
+        outcome = self.pending.result()
+        others = ",".join(sorted(str(PeerID(p))[-6:] for p in outcome.received_bytes))
+        sync = "" if outcome.in_sync else " out of sync"
+        self.groups[self.step] = f"{outcome.num_peers} peers (+{others}){sync}"
+        return outcome
 
 
 def _must(predicate: Callable[[], bool], what: str) -> None:
@@ -180,12 +207,16 @@ def _kill_after(churn: _Churn, step: int) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_trainers_killed_and_replaced_every_outer_step_lose_nothing() -> None:
-    # A replacement downloads the state right after an outer step and must reach the next round's
-    # matchmaking before its group forms. A real run's window is 0.9 x the inner steps' duration
-    # (minutes); the tiny model's inner steps take a fraction of a second, so the window is
-    # `matchmaking_time_s` alone: 4 s leaves a joiner that time on a loaded two-core machine
-    # (with 2 s, joiners sometimes missed the group and stepped alone).
-    config = tiny_config(LAST_STEP, inner_steps=4, matchmaking_time_s=4.0, request_timeout_s=1.0)
+    # A replacement downloads the state right after an outer step and must declare the next round
+    # before its members' gather ends. A gather stays open at least `matchmaking_time_s` (the
+    # averaging service's `min_gather_s`) and takes in the members that declare meanwhile; the
+    # tiny model's inner steps take a fraction of a second, so that is the joiner's whole window:
+    # 4 s leaves it that time on a loaded two-core machine (with 2 s, joiners sometimes missed
+    # the group and stepped alone). Every kill costs the survivors one gather deadline
+    # (`averaging_timeout_s` past the latest gather time their members declared): the victim was
+    # a member of their last round, and last round's members are waited for. 6 s keeps the 50
+    # kills well inside the timeout; the tiny contributions cross loopback in milliseconds.
+    config = tiny_config(LAST_STEP, inner_steps=4, matchmaking_time_s=4.0)
     churn = _Churn()
     with harness() as h:
         for i in range(SLOTS):
@@ -262,9 +293,9 @@ def _check_trainer(w: _Watched, killed_after: int | None, last_step: int = LAST_
     last = killed_after - 1 if killed_after is not None else last_step  # a victim dies before reporting
     assert steps == list(range(steps[0], last + 1)), f"{w.name} reported outer steps {steps}"
     assert all(r.num_peers >= 2 for r in averaged), f"{w.name} averaged alone: {averaged}"
-    # A member that a round left out of sync (a reducer failed it, or its group's majority held
-    # another state) takes the run's state in the same outer step and says so; nothing else may
-    # replace its state. A victim may have resynced in the round it died after.
+    # A member that a round left out of sync (its group's majority held another state, or most of
+    # the run had moved past its round) takes the run's state in the same outer step and says so;
+    # nothing else may replace its state. A victim may have resynced in the round it died after.
     reported = [r.outer_step for r in reports if r.resynced]
     died_resynced = [killed_after] if killed_after is not None and killed_after in dict(resyncs) else []
     assert [s for s, _ in resyncs] == reported + died_resynced, f"{w.name} took states {resyncs}"

@@ -15,13 +15,13 @@ from tests.helpers.trainers import (
 )
 
 
-@pytest.mark.parametrize("mode", ["allreduce-int8", "gather-sparse"])
+@pytest.mark.parametrize("mode", ["int8", "sparse"])
 def test_late_joiner_receives_parameters_momentum_and_step(mode: str) -> None:
     assert_a_late_joiner_catches_up(tiny_config(9, **averaging_mode(mode)), join_after=3)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["allreduce-int8", "gather-sparse"])
+@pytest.mark.parametrize("mode", ["int8", "sparse"])
 def test_killed_trainer_does_not_stop_the_others(mode: str) -> None:
     config = tiny_config(8, sender_timeout_s=3.0, **averaging_mode(mode))
     with harness() as h:

@@ -19,8 +19,8 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.p2p import PeerID
 
-from node.averaging.outer_state import OuterState
-from node.averaging.rounds import DoneAverage, PendingAverage, RoundOutcome
+from node.collective.outer_state import OuterState
+from node.collective.round_types import DoneAverage, PendingAverage, RoundOutcome
 from protocol.manifest import Manifest
 from protocol.receipts import ReceiptKind, open_receipt
 from tests.helpers.rl_diloco import (
@@ -239,7 +239,7 @@ def test_two_rl_trainers_train_one_policy_with_diloco(tmp_path: Path) -> None:
         model=TINY,
         grpo=GRPOConfig(group_size=4, groups_per_step=1, async_level=2),
         max_trainer_steps=4,  # GRPO steps per trainer: 2 outer steps of H = 2
-        diloco=RLDiLoCoConfig(inner_steps=2, target_group_size=2, averaging_timeout_s=240.0),
+        diloco=RLDiLoCoConfig(inner_steps=2, averaging_timeout_s=240.0),
     )
     fetched: dict[str, tuple[Manifest, dict[str, torch.Tensor]]] = {}
 

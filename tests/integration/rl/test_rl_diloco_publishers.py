@@ -52,7 +52,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoTrainers]:
         None,
         async_level=2,
         authorized_publishers=publishers,
-        diloco=RLDiLoCoConfig(inner_steps=1, target_group_size=2, averaging_timeout_s=120.0),
+        diloco=RLDiLoCoConfig(inner_steps=1, averaging_timeout_s=120.0),
     )
     nodes = LoopbackNodes(root, config.run_id)
     trainers: list[RLTrainer] = []

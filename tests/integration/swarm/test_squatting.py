@@ -54,19 +54,14 @@ def test_a_squatted_node_records_key_does_not_hide_the_nodes(swarm: SquatSwarm) 
     _check(run_squat_attack(swarm, "node records"))
 
 
-def test_a_squatted_matchmaking_key_does_not_make_trainers_average_alone(swarm: SquatSwarm) -> None:
-    """Both averagers still form a group of two for the outer step whose key was squatted."""
-    _check(run_squat_attack(swarm, "matchmaking"))
-
-
-def test_a_squatted_all_averagers_key_does_not_hide_the_peers(swarm: SquatSwarm) -> None:
-    """Each averager still sees the other in `peer_steps`, and a new declaration gets through."""
-    _check(run_squat_attack(swarm, "all_averagers"))
+def test_a_squatted_round_declarations_key_does_not_make_trainers_average_alone(swarm: SquatSwarm) -> None:
+    """Both averagers still see each other's declarations and average together at the squatted key."""
+    _check(run_squat_attack(swarm, "round declarations"))
 
 
 def test_declarations_forged_in_a_trainers_name_are_refused(swarm: SquatSwarm) -> None:
-    """hivemind's unsigned declarations, written for a victim: its peer still sees its real step,
-    and the two still average together at the step where it was marked as gone."""
+    """An unsigned declaration of a step the victim never reached, in its subkey: its peer still sees
+    its real step, and the two still average together."""
     _check(run_squat_attack(swarm, "forged declarations"))
 
 

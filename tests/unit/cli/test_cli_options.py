@@ -56,14 +56,21 @@ def test_a_trainers_publishers_are_checked_peer_ids(tmp_path: Path) -> None:
         build_trainer_config("r", authorized_publishers=["not a peer"])
 
 
-def test_the_gather_averager_and_its_sparse_codec_are_trainer_options(tmp_path: Path) -> None:
+def test_the_sparse_codec_and_the_group_size_are_trainer_options(tmp_path: Path) -> None:
     config_file = tmp_path / "node.toml"
-    config_file.write_text('[trainer]\naverager = "gather"\ncompression = "sparse"\nsparse_density = 0.02\n')
+    config_file.write_text('[trainer]\ncompression = "sparse"\nsparse_density = 0.02\nmax_group_size = 8\n')
     options = resolve_trainer_options(config_file, {})
     config = build_trainer_config("r", **options)
-    assert (config.averager, config.compression, config.sparse_density) == ("gather", "sparse", 0.02)
-    with pytest.raises(ConfigError, match=r"compression 'sparse' does not work with averager 'allreduce'"):
-        build_trainer_config("r", compression="sparse")
+    assert (config.compression, config.sparse_density, config.max_group_size) == ("sparse", 0.02, 8)
+    with pytest.raises(ConfigError, match=r"compression"):
+        build_trainer_config("r", compression="fp16")
+
+
+def test_a_config_naming_the_removed_all_reduce_averager_gets_a_clear_error(tmp_path: Path) -> None:
+    config_file = tmp_path / "node.toml"
+    config_file.write_text('[trainer]\naverager = "allreduce"\n')
+    with pytest.raises(ConfigError, match=r"averager"):
+        resolve_trainer_options(config_file, {})
 
 
 class LevelProbe:

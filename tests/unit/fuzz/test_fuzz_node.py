@@ -1,5 +1,6 @@
-"""Fuzzing the node-side readers of network bytes: broadcast stream frames and requests, the
-dial-back request (target choice and the whole stream handler), and the averager's tensor codecs.
+"""Fuzzing the node-side readers of network bytes: broadcast stream frames and requests, and the
+dial-back request (target choice and the whole stream handler). The averaging service's codecs are
+fuzzed in tests/unit/node/collective/test_codecs.py.
 
 Stream readers are fed from an `asyncio.StreamReader` and bounded by `asyncio.wait_for`, so a
 reader that waits for bytes that never come fails as a hang; a header declaring a huge length
@@ -12,12 +13,9 @@ import asyncio
 from dataclasses import dataclass, field
 
 import pytest
-import torch
-from hivemind.proto import runtime_pb2
 from hypothesis import strategies as st
 from multiaddr import Multiaddr
 
-from node.averaging.codecs import codec_for, decode_tensor
 from node.broadcast.service import parse_request
 from node.broadcast.wire import encode_frame, read_frame, read_payload
 from node.reachability import MAX_DIAL_BACK_REQUEST_BYTES, DialBackService, dial_targets
@@ -235,58 +233,6 @@ test_dial_back_huge_header_fast, test_dial_back_huge_header_slow = fuzz_variants
 )
 
 
-# --- averager tensor codecs ---------------------------------------------------------------------
-
-_VALID_TENSORS = [
-    codec_for(name).compress(torch.linspace(-3, 3, 600).reshape(20, 30), None)  # type: ignore[arg-type]
-    for name in ("fp32", "fp16", "int8")
-]
-
-
-@st.composite
-def _tensor_messages(draw: st.DrawFn) -> runtime_pb2.Tensor:
-    message = runtime_pb2.Tensor()
-    message.CopyFrom(draw(st.sampled_from(_VALID_TENSORS)))
-    if draw(st.booleans()):
-        message.buffer = draw(arbitrary_or_mutated(message.buffer, max_size=3000))
-    if draw(st.booleans()):
-        message.ClearField("size")
-        message.size.extend(draw(st.lists(st.integers(0, (1 << 32) - 1), max_size=10)))
-    if draw(st.booleans()):
-        message.size[:] = draw(st.permutations(list(message.size)))
-    if draw(st.booleans()):
-        message.compression = draw(st.integers(0, 8))
-    if draw(st.booleans()):
-        message.dtype = draw(st.sampled_from(["float32", "float16", "bfloat16", "int8", "", "float64", "x"]))
-    return message
-
-
-def _decode_tensor_property(message: runtime_pb2.Tensor) -> None:
-    try:
-        tensor = decode_tensor(message)
-    except InvalidMessage:
-        return
-    assert tensor.dtype == torch.float32 and tuple(tensor.shape) == tuple(message.size)
-
-
-test_decode_tensor_fast, test_decode_tensor_slow = fuzz_variants(_decode_tensor_property, _tensor_messages())
-
-
-def _decode_tensor_bytes_property(data: bytes) -> None:
-    # what actually arrives: a serialized runtime_pb2.Tensor from a peer
-    try:
-        message = runtime_pb2.Tensor.FromString(data)
-    except Exception:
-        return
-    _decode_tensor_property(message)
-
-
-test_decode_tensor_bytes_fast, test_decode_tensor_bytes_slow = fuzz_variants(
-    _decode_tensor_bytes_property,
-    st.one_of(*(arbitrary_or_mutated(m.SerializeToString(), max_size=3000) for m in _VALID_TENSORS)),
-)
-
-
 def test_dial_back_seed_request_is_dialled() -> None:
     service = DialBackService(allow_private=False, cooldown_s=0.0)
 
@@ -304,8 +250,3 @@ def test_dial_back_seed_request_is_dialled() -> None:
     run_bounded(serve())
     frame = run_bounded(_read_answer(bytes(writer.written)))
     assert frame is not None and pb.DialBackResponse.FromString(frame).code == pb.DIAL_BACK_REACHABLE
-
-
-def test_decode_tensor_seeds_decode() -> None:
-    for message in _VALID_TENSORS:
-        assert decode_tensor(message).shape == (20, 30)

@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 from protocol import broadcast_pb2 as bpb
 from protocol import hivenet_pb2 as pb
 from protocol import record_validator
+from protocol.averaging_round import ROUND_DECLARATION_TTL_S
 from protocol.chunk_bitmap import parse_bitmap
 from protocol.dht_keys import node_records_key, signed_subkey
 from protocol.envelope import open_envelope, peek_domain, seal
 from protocol.errors import InvalidMessage, InvalidProofError
 from protocol.limits import (
-    MAX_AVERAGER_DECLARATION_TTL_S,
     MAX_CLOCK_SKEW_S,
     MAX_ENVELOPE_BYTES,
     MAX_MANIFEST_BYTES,
@@ -320,13 +320,13 @@ _UNSIGNED_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), 1
     MSGPackSerializer.dumps
 )
 
-# hivemind averager declarations: the one shape accepted outside the signed namespace
+# unsigned values in every shape hivemind writes (plain values, raw PeerID subkeys): never accepted
 test_record_validator_unsigned_fast, test_record_validator_unsigned_slow = fuzz_variants(
     _validator_property,
     st.binary(min_size=20, max_size=20),
     st.one_of(_UNSIGNED_SUBKEYS, arbitrary_or_mutated(MSGPackSerializer.dumps(b"\x12\x20" + bytes(32)))),
     st.one_of(_UNSIGNED_VALUES, st.binary(max_size=20)),
-    st.one_of(EDGE_FLOATS, st.floats(), st.floats(NOW - 100, NOW + 2 * MAX_AVERAGER_DECLARATION_TTL_S)),
+    st.one_of(EDGE_FLOATS, st.floats(), st.floats(NOW - 100, NOW + 2 * ROUND_DECLARATION_TTL_S)),
 )
 
 

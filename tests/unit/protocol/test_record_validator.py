@@ -12,8 +12,8 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import PeerID
 from hivemind.utils.serializer import MSGPackSerializer
 
-from protocol import hivenet_pb2 as pb
-from protocol.averager_declaration import AVERAGER_DECLARATION_DOMAIN, declaration_payload
+from protocol import collective_pb2 as pb_round
+from protocol.averaging_round import ROUND_DECLARATION_DOMAIN, RoundDeclaration
 from protocol.dht_keys import signed_subkey
 from protocol.envelope import seal
 from protocol.errors import InvalidMessage
@@ -55,12 +55,16 @@ def _unsigned(subkey: object, value: object, ttl_s: float = 5.0) -> DHTRecord:
 
 
 @pytest.mark.parametrize("value", [True, False, 12.5, 7, None])
-def test_hivemind_unsigned_averager_declarations_are_refused(value: object) -> None:
-    # anyone could write them under anyone's PeerID: hivenet's averagers sign theirs
+def test_unsigned_declarations_are_refused(value: object) -> None:
+    # anyone could write them under anyone's PeerID: hivenet's trainers sign theirs
     assert not SignedRecordValidator().validate(_unsigned(A_ID, value))
 
 
-GROUP_KEY = "hivenet_diloco_validator-test.0b0"
+GROUP_KEY = "hivenet_diloco_validator-test.rounds"
+
+
+def _round(step: int = 3, serves_state: bool = True) -> bytes:
+    return RoundDeclaration(step, "0123456789abcdef", "int8", time.time() + 5, serves_state).payload()
 
 
 def _declaration(
@@ -69,7 +73,7 @@ def _declaration(
     expires = time.time() + 30
     envelope = seal(
         signer,
-        domain=AVERAGER_DECLARATION_DOMAIN,
+        domain=ROUND_DECLARATION_DOMAIN,
         run_id="",
         dht_key=key,
         expires_at=expires,
@@ -85,25 +89,22 @@ def _declaration(
     )
 
 
-def test_signed_averager_declarations_pass_and_forged_ones_are_refused() -> None:
-    looking = declaration_payload(looking_for_group=True)
-    assert SignedRecordValidator().validate(_declaration(ALICE, looking))
-    assert SignedRecordValidator().validate(
-        _declaration(ALICE, declaration_payload(shares_state=True, state_priority=7))
-    )
+def test_signed_round_declarations_pass_and_forged_ones_are_refused() -> None:
+    assert SignedRecordValidator().validate(_declaration(ALICE, _round()))
+    assert SignedRecordValidator().validate(_declaration(ALICE, _round(step=7, serves_state=False)))
     mallory = Ed25519PrivateKey.generate()
-    # Mallory marks Alice as having left her group: signed by Mallory under Alice's subkey
-    assert not SignedRecordValidator().validate(
-        _declaration(mallory, declaration_payload(looking_for_group=False), subkey_of=A_ID)
-    )
+    # Mallory declares a step for Alice: signed by Mallory under Alice's subkey
+    assert not SignedRecordValidator().validate(_declaration(mallory, _round(step=10**6), subkey_of=A_ID))
     # a declaration signed for another key, replayed under this one
-    replayed = _declaration(ALICE, looking, key="hivenet_diloco_other.0b0")
+    replayed = _declaration(ALICE, _round(), key="hivenet_diloco_other.rounds")
     moved = DHTRecord(
         DHTID.generate(source=GROUP_KEY).to_bytes(), replayed.subkey, replayed.value, replayed.expiration_time
     )
     assert not SignedRecordValidator().validate(moved)
-    # a priority that is not a finite step
-    bad = pb.AveragerDeclaration(shares_state=True, state_priority=float("inf")).SerializeToString()
+    # a gather time that is not a finite time
+    bad = pb_round.RoundDeclaration(
+        step=1, outer_hash="0123456789abcdef", codec="int8", gather_at=float("inf")
+    ).SerializeToString()
     assert not SignedRecordValidator().validate(_declaration(ALICE, bad))
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from node.averaging.outer_state import OuterState
+from node.collective.outer_state import OuterState
 from training.checkpoint import (
     CheckpointError,
     latest_checkpoint,

@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from node.averaging.outer_state import OuterState, state_hash
-from node.averaging.rounds import DoneAverage, RoundOutcome
+from node.collective.outer_state import OuterState, state_hash
+from node.collective.round_types import DoneAverage, RoundOutcome
 from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterStepReport, outer_update, pseudo_gradient
 from training.model import ModelConfig, TinyGPT
 

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import pytest
 import torch
 
-from node.averaging.outer_state import OuterState
-from node.averaging.rounds import RoundOutcome
+from node.collective.outer_state import OuterState
+from node.collective.round_types import RoundOutcome
 from training.diloco import DiLoCoConfig, DiLoCoTrainer
 from training.model import ModelConfig, TinyGPT
 

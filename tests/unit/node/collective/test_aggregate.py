@@ -1,18 +1,20 @@
 """The round's aggregation (`node.collective.aggregate.aggregate_contributions`): the same bits on
 every member whatever its thread count or the inputs' memory layout, the mean and CenteredClip as
-`node.averaging.robust` defines them, and the norm cap.
+`node.collective.rules` defines them, and the norm cap.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 import pytest
 import torch
 
-from node.averaging.robust import AggregationRule, centered_clip, clip_radius, coordinate_median
 from node.collective.aggregate import aggregate_contributions
+from node.collective.rules import AggregationRule
+from tests.helpers.robust_reference import centered_clip, clip_radius, coordinate_median
 
 SHAPES: list[tuple[int, ...]] = [(3, 40), (257,), (), (2, 1, 5)]
 
@@ -119,7 +121,7 @@ def test_one_attacker_among_five_moves_centered_clip_by_at_most_tau_over_n_minus
     inputs = _rows(contributions)
     honest_mean = _rows(honest).mean(dim=0)
     tau = clip_radius(inputs, coordinate_median(inputs))
-    bound = tau / (n - 1)  # f * tau / (n - f), f = 1 (node.averaging.robust)
+    bound = tau / (n - 1)  # f * tau / (n - f), f = 1 (node.collective.rules)
     robust = _cat(aggregate_contributions(contributions, rule="centered_clip").tensors)
     mean = _cat(aggregate_contributions(contributions, rule="mean").tensors)
     assert float((robust - honest_mean).norm()) <= 1.01 * bound
@@ -183,3 +185,30 @@ def test_no_contribution_or_an_unknown_rule_is_refused() -> None:
         aggregate_contributions([], rule="mean")
     with pytest.raises(ValueError):
         aggregate_contributions(_honest(2), rule="median")  # type: ignore[arg-type]
+
+
+def test_a_norm_floor_keeps_ordinary_contributions_where_most_members_sent_zeros() -> None:
+    """RL trainers whose groups all had equal rewards send zero pseudo-gradients: with the median
+    norm alone as the cap's base, the cap would be zero and refuse every ordinary contribution."""
+    ordinary = _honest(1, seed=7)[0]
+    zeros = [torch.zeros_like(t) for t in ordinary]
+    contributions = [zeros, ordinary, zeros]
+    assert aggregate_contributions(contributions, rule="mean", max_norm_ratio=10.0).refused == [1]
+    floor = float(_cat(ordinary).norm())  # the floor, e.g. `min_norm_per_value` * sqrt(values)
+    kept = aggregate_contributions(contributions, rule="mean", max_norm_ratio=10.0, min_norm=floor)
+    assert kept.refused == []
+    assert torch.allclose(_cat(kept.tensors), _cat(ordinary) / 3, atol=1e-6)
+    huge = [t * 1e4 for t in ordinary]
+    assert aggregate_contributions(
+        [zeros, huge, zeros], rule="mean", max_norm_ratio=10.0, min_norm=floor
+    ).refused == [1]
+
+
+def test_a_contribution_at_the_centre_raises_no_floating_point_warning() -> None:
+    """A row exactly at the coordinate-wise median has distance 0; dividing by it overflowed (a
+    RuntimeWarning, an error under `-W error`) although that branch is never taken."""
+    contributions = [[torch.full((4,), v)] for v in (0.0, 10.0, 20.0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = aggregate_contributions(contributions, rule="centered_clip").tensors
+    assert torch.equal(got[0], torch.full((4,), 10.0))

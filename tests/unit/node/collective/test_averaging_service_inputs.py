@@ -13,7 +13,8 @@ declared window; an equivocator (banned, out of the aggregate); a contribution a
 a commit naming too many peers; frames of neither kind and fuzzed bytes; a peer the run does not
 admit; an oversized frame. After each attack an honest contribution is still taken. An honest
 round: a member's contribution is taken, answers carry the service's own contribution once it has
-one, and the round aggregates what every committer holds.
+one (to members it did not reach with its own request), and the round aggregates what every
+committer holds.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.p2p import PeerID
 from hypothesis import strategies as st
 
-from node.averaging.rounds import RoundOutcome
 from node.broadcast.wire import encode_frame
 from node.collective.codecs import DenseInt8Codec
 from node.collective.config import AveragingConfig
+from node.collective.round_types import RoundOutcome
 from node.collective.service import AveragingService
 from protocol import collective_pb2 as pb
 from protocol.averaging_round import (
@@ -796,8 +797,17 @@ def test_a_contribution_after_the_gather_gets_an_error_without_a_ban() -> None:
 
 
 def test_an_honest_exchange_takes_a_members_contribution_and_answers_with_the_services_own() -> None:
+    """Answers carry the service's own contribution to a member that did not get it from the service's
+    own request (here B, whose service was not ready for the round yet), and only to such a member:
+    two members that send to each other at once must not each get the other's payload twice."""
+    not_ready = pb.RoundReply(error=f"not averaging for outer step {STEP} (at {STEP - 1})")
+
+    def respond(peer: bytes, message: pb.RoundMessage) -> pb.RoundReply:
+        if peer == peer_bytes(MEMBER_B) and message.HasField("contribution"):
+            return not_ready
+        return p2p.agreeing(peer, message)
+
     async def main() -> None:
-        p2p = StandInP2P()
         service = await make_service(p2p=p2p)
         a, b = peer_bytes(MEMBER_A), peer_bytes(MEMBER_B)
         from_a, from_b = contribution(MEMBER_A, seed=1), contribution(MEMBER_B, seed=2)
@@ -808,7 +818,7 @@ def test_an_honest_exchange_takes_a_members_contribution_and_answers_with_the_se
         await service.start()
         try:
             task = asyncio.ensure_future(service.average(STEP, tensors(50), HASH))
-            await async_wait_until(lambda: len(p2p.sent("contribution")) == 2 or task.done(), 10, 0.01)
+            await async_wait_until(lambda: {p for p, _ in p2p.sent("contribution")} == {a, b}, 10, 0.01)
             assert not task.done()  # B has not contributed: the gather goes on
             sent = {p: m.contribution for p, m in p2p.sent("contribution")}
             assert set(sent) == {a, b}
@@ -830,8 +840,8 @@ def test_an_honest_exchange_takes_a_members_contribution_and_answers_with_the_se
                 atol=0.05,
             )
 
-            # once it has its own, an answer carries it: to A sending again, and to B sending late
-            assert await send(service, MEMBER_A, from_a) == pb.RoundReply(contribution=own)
+            # A took the service's own from its request; B refused it, so B's answer carries it
+            assert await send(service, MEMBER_A, from_a) == pb.RoundReply()
             assert await send(service, MEMBER_B, from_b) == pb.RoundReply(contribution=own)
             outcome = await asyncio.wait_for(task, 10)
         finally:
@@ -856,6 +866,7 @@ def test_an_honest_exchange_takes_a_members_contribution_and_answers_with_the_se
         assert reply == pb.RoundReply(commit=commits[a])
         assert not any(service.bans.is_banned(pid(k)) for k in (MEMBER_A, MEMBER_B))
 
+    p2p = StandInP2P(respond)
     asyncio.run(main())
 
 

@@ -21,10 +21,10 @@ import torch
 from hivemind.p2p import PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
 
-from node.averaging.outer_state import OuterState
 from node.bans import BanList
 from node.broadcast.wire import encode_frame, read_frame
 from node.collective import state_wire as wire
+from node.collective.outer_state import OuterState
 from node.collective.state_service import StateService, StateServiceConfig
 from tests.helpers.rollouts import key, peer_bytes
 from tests.helpers.waiting import async_wait_until

@@ -1,7 +1,7 @@
 """The outer state that the trainers of a run agree on and share: parameters, momentum, step.
 
 It is what a late joiner or an out-of-sync peer downloads from the others
-(`node.averaging.state_sync`), what a checkpoint holds and what `training.diloco` updates
+(`node.collective.state_service`), what a checkpoint holds and what `training.diloco` updates
 every outer step. `state_hash` fingerprints it, so peers can tell whether they agree.
 """
 
