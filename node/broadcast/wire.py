@@ -83,16 +83,17 @@ class RateLimiter:
             return
         async with self._lock:  # FIFO: uploads share the rate fairly
             while True:
+                rate = self.bytes_per_s  # lifted (None) while this upload waited: no cap any more
+                if rate is None:
+                    return
                 now = time.monotonic()
-                self._tokens = min(self.burst_bytes, self._tokens + (now - self._updated) * self.bytes_per_s)
+                self._tokens = min(self.burst_bytes, self._tokens + (now - self._updated) * rate)
                 self._updated = now
                 if self._tokens >= num_bytes or self._tokens >= self.burst_bytes:
                     self._tokens -= num_bytes
                     return
                 # a wait is re-checked often: a new rate (or no cap) applies to the uploads already waiting
-                await asyncio.sleep(min(RATE_RECHECK_S, (num_bytes - self._tokens) / self.bytes_per_s))
-                if self.bytes_per_s is None:
-                    return
+                await asyncio.sleep(min(RATE_RECHECK_S, (num_bytes - self._tokens) / rate))
 
 
 async def write_payload(

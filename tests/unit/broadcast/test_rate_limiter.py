@@ -27,3 +27,20 @@ def test_an_upload_waiting_for_the_cap_takes_a_new_rate_at_once() -> None:
         await asyncio.wait_for(waiting, HANG_GUARD_S)
 
     asyncio.run(main())
+
+
+def test_an_upload_queued_behind_another_passes_when_the_cap_is_lifted() -> None:
+    """An upload waiting for the limiter's lock (another one holds it, waiting for tokens) computed
+    its refill with a rate of None once the cap was lifted, and failed with a TypeError."""
+
+    async def main() -> None:
+        limiter = RateLimiter(1.0, burst_bytes=10)
+        await limiter.consume(10)
+        first = asyncio.create_task(limiter.consume(1000))
+        queued = asyncio.create_task(limiter.consume(1000))
+        await asyncio.sleep(0)  # the first waits for tokens, the second for the lock
+        assert not first.done() and not queued.done()
+        limiter.bytes_per_s = None
+        await asyncio.wait_for(asyncio.gather(first, queued), HANG_GUARD_S)
+
+    asyncio.run(main())
