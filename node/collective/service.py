@@ -126,10 +126,16 @@ class AveragingService(FramedService):
         self._renewer: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()
         self._last_members: set[bytes] = set()
-        self.bytes_sent = 0
+        self.bytes_requested = 0
+        """Bytes of the request frames this service sent (its contributions and commits)."""
         self.standing: set[bytes] = set()
         """Peers that averaged with us in a round where we both held the group's state: evidence
         that cannot be minted with a fresh identity."""
+
+    @property
+    def bytes_sent(self) -> int:
+        """Every byte this service wrote: its requests, its answers and its refusals."""
+        return self.bytes_requested + self.bytes_responded
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -219,9 +225,7 @@ class AveragingService(FramedService):
             reply = self._take_commit(peer.to_bytes(), message.commit)
         else:
             raise InvalidMessage("averaging message holds neither a contribution nor a commit")
-        data = reply.SerializeToString()
-        self.bytes_sent += len(data) + 4
-        return data
+        return reply.SerializeToString()
 
     def _open(self, sealed: bytes, domain: str, peer: bytes, max_bytes: int) -> tuple[int, bytes]:
         """(step, payload) of an envelope `peer` signed for one of this run's rounds."""
@@ -404,7 +408,7 @@ class AveragingService(FramedService):
     async def _send(self, peer: bytes, message: pb.RoundMessage, book: RoundBook) -> None:
         """Send `message` to `peer` and take the contribution or commit its answer carries."""
         request = message.SerializeToString()
-        self.bytes_sent += len(request) + 4
+        self.bytes_requested += len(request) + 4
         try:
             data = await exchange(
                 self.p2p,

@@ -226,7 +226,9 @@ class StateService:
     async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, error: str) -> None:
         """Answer `error`, then drain what the peer still sends (bounded): closing a stream with unread
         inbound data resets it, and the reset can overtake the answer."""
-        await asyncio.wait_for(write_frame(writer, wire.encode_error(error)), self.config.frame_timeout_s)
+        frame = wire.encode_error(error)
+        await asyncio.wait_for(write_frame(writer, frame), self.config.frame_timeout_s)
+        self.bytes_sent += len(frame) + 4
         budget = wire.MAX_REQUEST_BYTES + 4
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self.config.refusal_linger_s):

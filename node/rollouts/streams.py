@@ -77,6 +77,8 @@ class FramedService:
         """The streams being served (counts, preemptions)."""
         self.streams_ended = 0
         """Inbound streams served to their end, however they ended (answered, refused, cut short)."""
+        self.bytes_responded = 0
+        """Bytes of every response frame written (answers and refusals), length prefixes included."""
 
     @property
     def p2p(self) -> P2P:
@@ -140,6 +142,7 @@ class FramedService:
 
     async def _respond(self, writer: asyncio.StreamWriter, response: bytes) -> None:
         await asyncio.wait_for(write_frame(writer, response), self.config.frame_timeout_s)
+        self.bytes_responded += len(response) + 4
 
     async def _refuse(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, error: str) -> None:
         """Answer `error`, then discard what the peer still sends until it hangs up (bounded in time and

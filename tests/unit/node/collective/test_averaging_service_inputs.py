@@ -703,6 +703,8 @@ def test_a_peer_the_run_does_not_admit_is_refused_before_its_frame_is_read() -> 
         assert reply == pb.RoundReply(error=refusal)
         assert writer.unread_at_first_write == 4 + len(frame)  # refused before a byte was read
         assert not service.bans.is_banned(pid(OUTSIDER))
+        # the refusal is a frame the service sent: bytes per token counts it
+        assert service.bytes_sent == 4 + len(reply.SerializeToString())
         await assert_honest_taken(service)
 
     asyncio.run(main())
