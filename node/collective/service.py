@@ -28,8 +28,6 @@ import asyncio
 import hashlib
 import logging
 import math
-import re
-import statistics
 import time
 from collections import Counter
 from collections.abc import Collection, Coroutine, Sequence
@@ -43,8 +41,10 @@ from node.bans import BanList
 from node.collective.book import Received, RoundBook
 from node.collective.codecs import PseudoGradCodec
 from node.collective.config import AveragingConfig
+from node.collective.members import left_behind, round_candidates
 from node.collective.outcome import tally_round
 from node.collective.round_types import RoundOutcome
+from node.collective.sealing import RUN_ID, open_for_round, seal_for_round
 from node.identity import Identity
 from node.rollouts.errors import RolloutTransportError
 from node.rollouts.streams import FramedService, exchange
@@ -64,7 +64,6 @@ from protocol.averaging_round import (
     parse_round_declaration,
 )
 from protocol.dht_keys import averaging_round_key, round_channel_key
-from protocol.envelope import open_envelope, seal
 from protocol.errors import InvalidMessage
 from protocol.untrusted import parse_untrusted
 
@@ -79,8 +78,6 @@ _MAX_SEND_ATTEMPTS = 3
 """Most times a gather sends our contribution to one member whose service did not take it."""
 _REDISCOVER_S = 1.0
 """While a gather waits, how often it looks for members that declared the round since it started."""
-_RUN_ID = ""
-"""Messages are bound to their run by the key they are signed for (it holds the run's prefix)."""
 
 
 class AveragingService(FramedService):
@@ -175,7 +172,7 @@ class AveragingService(FramedService):
             await self._records.store(
                 self.round_key,
                 domain=ROUND_DECLARATION_DOMAIN,
-                run_id=_RUN_ID,
+                run_id=RUN_ID,
                 payload=declaration.payload(),
                 ttl_s=self.averaging.declaration_ttl_s,
             )
@@ -191,7 +188,7 @@ class AveragingService(FramedService):
     async def declarations(self) -> dict[bytes, RoundDeclaration]:
         """Every live trainer's verified declaration (ours excluded; only admitted trainers in a closed run)."""
         values = await self._records.get(
-            self.round_key, domain=ROUND_DECLARATION_DOMAIN, run_id=_RUN_ID, max_ttl_s=ROUND_DECLARATION_TTL_S
+            self.round_key, domain=ROUND_DECLARATION_DOMAIN, run_id=RUN_ID, max_ttl_s=ROUND_DECLARATION_TTL_S
         )
         found: dict[bytes, RoundDeclaration] = {}
         for value in values:
@@ -228,15 +225,7 @@ class AveragingService(FramedService):
         return reply.SerializeToString()
 
     def _open(self, sealed: bytes, domain: str, peer: bytes, max_bytes: int) -> tuple[int, bytes]:
-        """(step, payload) of an envelope `peer` signed for one of this run's rounds."""
-        envelope = open_envelope(sealed, domain=domain, run_id=_RUN_ID, signer=peer, max_bytes=max_bytes)
-        prefix = round_channel_key(self.prefix, 0)[:-1]
-        if not envelope.dht_key.startswith(prefix):
-            raise InvalidMessage(f"{domain} is signed for another run or key")
-        suffix = envelope.dht_key[len(prefix) :]
-        if not re.fullmatch(r"[1-9][0-9]{0,15}|0", suffix):
-            raise InvalidMessage(f"{domain} is signed for a malformed round key")
-        return int(suffix), envelope.payload
+        return open_for_round(sealed, prefix=self.prefix, domain=domain, signer=peer, max_bytes=max_bytes)
 
     def _book_for(self, step: int) -> RoundBook | None:
         """The round of `step`, if it is one we take messages for (ours now, or the next)."""
@@ -309,7 +298,7 @@ class AveragingService(FramedService):
         book.add_contribution(self.me, Received(header, payload))
 
         declared = await self.declarations()
-        if self._left_behind(declared, step):
+        if left_behind(declared, step, self.standing):
             logger.info("%s: most trainers of the run are past outer step %d: resyncing", self.label, step)
             self._last_members = set()
             return RoundOutcome(None, 1, in_sync=False)
@@ -371,37 +360,29 @@ class AveragingService(FramedService):
             for p in candidates
         )
 
-    def _left_behind(self, declared: dict[bytes, RoundDeclaration], step: int) -> bool:
-        """Whether most live trainers are past `step`. Once we have averaged in sync with others, only
-        their declarations count: a step is what its trainer says, and identities cost nothing."""
-        counted = [d.step for p, d in declared.items() if not self.standing or p in self.standing]
-        return bool(counted) and statistics.median_low([*counted, step]) > step
-
     def _candidates(
         self, declared: dict[bytes, RoundDeclaration], step: int, also: Collection[bytes] = ()
     ) -> list[bytes]:
-        """The members every trainer of the round picks alike (those declared for `step`, and `also`):
-        peers with standing first, then the rest in an order fixed by the step, up to the group size."""
-        eligible = [
-            p
-            for p, d in declared.items()
-            if d.step == step and d.codec == self.codec.name and not self.bans.is_banned(p)
-        ]
-        eligible += [p for p in also if p not in eligible and p != self.me and not self.bans.is_banned(p)]
-        eligible.sort(
-            key=lambda p: (p not in self.standing, hashlib.sha256(step.to_bytes(8, "big") + p).digest())
+        return round_candidates(
+            declared,
+            step,
+            codec=self.codec.name,
+            me=self.me,
+            standing=self.standing,
+            excluded=self.bans.is_banned,
+            max_others=self.averaging.max_group_size - 1,
+            also=also,
         )
-        return eligible[: self.averaging.max_group_size - 1]
 
     def _seal(self, step: int, domain: str, payload: bytes) -> bytes:
-        return seal(
+        return seal_for_round(
             self._key,
+            prefix=self.prefix,
+            step=step,
             domain=domain,
-            run_id=_RUN_ID,
-            dht_key=round_channel_key(self.prefix, step),
-            expires_at=time.time() + self.averaging.averaging_timeout_s + 60.0,
-            seq=self._records.next_seq(),
             payload=payload,
+            ttl_s=self.averaging.averaging_timeout_s + 60.0,
+            seq=self._records.next_seq(),
             max_bytes=_MAX_COMMIT_ENVELOPE_BYTES,
         )
 

@@ -1,0 +1,44 @@
+"""Who a trainer averages with in a round, and whether the run has left its round behind.
+
+Pure functions of the round declarations a trainer reads (`AveragingService.declarations`) and
+of its standing (the peers it has averaged with in sync): every member of a round computes the
+same candidates from the same declarations, so they contact the same peers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+from collections.abc import Callable, Collection, Mapping
+
+from protocol.averaging_round import RoundDeclaration
+
+__all__ = ["left_behind", "round_candidates"]
+
+
+def left_behind(declared: Mapping[bytes, RoundDeclaration], step: int, standing: Collection[bytes]) -> bool:
+    """Whether most live trainers are past `step`. Once a trainer has averaged in sync with others
+    (`standing`), only their declarations count: a step is what its trainer says, and identities
+    cost nothing."""
+    counted = [d.step for p, d in declared.items() if not standing or p in standing]
+    return bool(counted) and statistics.median_low([*counted, step]) > step
+
+
+def round_candidates(
+    declared: Mapping[bytes, RoundDeclaration],
+    step: int,
+    *,
+    codec: str,
+    me: bytes,
+    standing: Collection[bytes],
+    excluded: Callable[[bytes], bool],
+    max_others: int,
+    also: Collection[bytes] = (),
+) -> list[bytes]:
+    """The members every trainer of the round picks alike: those declared for `step` with `codec`,
+    and `also` (last round's members, whose declaration may lag), except `me` and `excluded` peers;
+    peers with standing first, then the rest in an order fixed by the step, at most `max_others`."""
+    eligible = [p for p, d in declared.items() if d.step == step and d.codec == codec and not excluded(p)]
+    eligible += [p for p in also if p not in eligible and p != me and not excluded(p)]
+    eligible.sort(key=lambda p: (p not in standing, hashlib.sha256(step.to_bytes(8, "big") + p).digest()))
+    return eligible[:max_others]
