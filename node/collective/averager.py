@@ -51,9 +51,12 @@ _MAX_HELD_STATES = 4
 class _Pending:
     """A round in flight on the event loop; `result` never raises (a failed round is averaged alone)."""
 
-    def __init__(self, future: concurrent.futures.Future[RoundOutcome], label: str) -> None:
+    def __init__(
+        self, future: concurrent.futures.Future[RoundOutcome], label: str, codec: PseudoGradCodec
+    ) -> None:
         self.future = future
         self.label = label
+        self.codec = codec
 
     def done(self) -> bool:
         return self.future.done()
@@ -63,6 +66,7 @@ class _Pending:
             return self.future.result()
         except Exception as exc:
             logger.warning("%s: averaging round failed (%r); stepping alone", self.label, exc)
+            self.codec.reset()  # the whole pseudo-gradient is applied: nothing is owed to later rounds
             return RoundOutcome(None, 1)
 
 
@@ -141,12 +145,16 @@ class GatherAverager:
         if self._closed:
             return DoneAverage(RoundOutcome(None, 1))
         future = self.runtime.submit(self._average(step, list(pseudo_grads), outer_hash))
-        return _Pending(future, self.label)
+        return _Pending(future, self.label, self.rounds.codec)
 
     async def _average(self, step: int, tensors: list[torch.Tensor], outer_hash: str) -> RoundOutcome:
         if self.rounds.declared_step != step:  # a round not prepared is declared now
             await self.rounds.declare(step, outer_hash, time.time(), serves_state=not self._doubtful)
         outcome = await self.rounds.average(step, tensors, outer_hash)
+        if outcome.averaged is None:
+            # Averaged alone, the trainer applies its whole pseudo-gradient: the error feedback of
+            # what the codec did not send would be applied a second time by the next round.
+            self.rounds.codec.reset()
         if not outcome.in_sync:
             self._doubtful = True
             self.states.set_state(None)
@@ -208,6 +216,7 @@ class GatherAverager:
                 )
                 if result.state is not None:
                     self._doubtful = False
+                    self.rounds.codec.reset()  # the error feedback was of our own, abandoned trajectory
                     self.states.set_state(result.state)
                     return result.state
                 while len(held) > _MAX_HELD_STATES:  # an attacker's ever-new states are not hoarded

@@ -81,7 +81,7 @@ class PseudoGradCodec(Protocol):
         ...
 
     def reset(self) -> None:
-        """Forget the error feedback (after the trainer downloads another state)."""
+        """Forget the error feedback (after a round averaged alone, or a downloaded state)."""
         ...
 
     def compression_ratio(self) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from node.collective.codecs import codec_for
 from node.swarm import wait_until
 from tests.helpers.gather import SHAPES, gather_swarm, run_round
 
@@ -80,3 +81,24 @@ def test_a_dead_trainers_declaration_lapses_within_its_short_lifetime() -> None:
         dead.shutdown()
         assert alive.config.declaration_ttl_s <= 15
         assert wait_until(lambda: not alive.peer_steps(), timeout_s=30), "the dead trainer is still listed"
+
+
+def test_a_round_averaged_alone_leaves_no_error_feedback_behind() -> None:
+    """A trainer that averages alone applies its whole pseudo-gradient; the sparse codec's error
+    feedback used to keep what it had not sent of it, so the next round sent that part again (it
+    was applied twice). After a lone round, the next contribution is the fresh encoding of the next
+    pseudo-gradient."""
+    with gather_swarm(2, "sparse", aggregation="mean") as (lonely, other):
+        other.prepare_round(5, 0.0, "00" * 8)  # another round: not a member of step 0's
+        assert wait_until(lambda: 5.0 in lonely.peer_steps().values(), timeout_s=60)
+        first = [torch.randn(s) for s in SHAPES]
+        alone = lonely.start_average(first, step=0, outer_hash="00" * 8).result()
+        assert alone.num_peers == 1 and alone.averaged is None
+        second = [torch.randn(s) for s in SHAPES]
+        outcomes = run_round([lonely, other], 1, [second, second], ["00" * 8] * 2)
+        assert [o.num_peers for o in outcomes] == [2, 2]
+        fresh = codec_for("sparse", SHAPES, density=0.1, chunk_values=64)  # as `other` encodes, first time
+        expected = fresh.decode(fresh.encode(second))
+        for outcome in outcomes:
+            assert outcome.averaged is not None
+            assert all(torch.equal(a, e) for a, e in zip(outcome.averaged, expected, strict=True))
