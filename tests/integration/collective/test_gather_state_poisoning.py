@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from node.collective import state_wire as wire
-from node.collective.averager import _PEER_POLL_S
+from node.collective.averager import _PEER_POLL_S, GatherAverager
 from node.collective.outer_state import OuterState
 from node.swarm import wait_until
 from tests.helpers.gather import gather_swarm
@@ -43,6 +43,13 @@ from tests.helpers.poisoning import (
 )
 
 AVERAGER_LOG = "node.collective.averager"
+
+
+def _serve_honest_state(averager: GatherAverager) -> None:
+    """`averager` declares the honest step and serves the honest state."""
+    averager.set_state_provider(HONEST.clone)
+    averager.prepare_round(HONEST_STEP, 0.0, HONEST.hash())
+    averager.publish_step(HONEST_STEP)
 
 
 @pytest.fixture(params=POISONING_VARIANTS)
@@ -65,32 +72,19 @@ def test_the_joiner_refuses_a_poisoned_state(run: PoisonedRun) -> None:
 
 
 def test_with_a_single_other_trainer_no_state_is_taken(caplog: pytest.LogCaptureFixture) -> None:
+    """The joiner downloads the one source's state whole and refuses it for want of a second source;
+    its warning names the refused state (source, step and hash), so that an operator can tell
+    "nobody serves a state" from "one peer's state was refused"."""
     torch.set_num_threads(1)
     with gather_swarm(2, shapes=SHAPES) as (other, joiner):
-        other.set_state_provider(HONEST.clone)
-        other.prepare_round(HONEST_STEP, 0.0, HONEST.hash())
-        other.publish_step(HONEST_STEP)
+        _serve_honest_state(other)
         assert wait_until(lambda: list(joiner.peer_steps().values()) == [HONEST_STEP], timeout_s=60)
         with caplog.at_level(logging.WARNING, logger=AVERAGER_LOG):
             assert joiner.fetch_state(newer_than=0, timeout_s=10.0, wait_s=2.0) is None
-        # Refused for want of a second source, not for want of a state: it was downloaded whole.
         assert joiner.states.bytes_received >= wire.payload_bytes(SHAPES)
         assert not joiner.bans.is_banned(other.p2p.peer_id)
-    assert "keeping our own" in caplog.text
-
-
-def test_the_refusal_of_an_unconfirmed_state_names_it(caplog: pytest.LogCaptureFixture) -> None:
-    """The old averager's warning named each state it refused for want of confirmation (its source, step
-    and hash); an operator can then tell "nobody serves a state" from "one peer's state was refused"."""
-    torch.set_num_threads(1)
-    with gather_swarm(2, shapes=SHAPES) as (other, joiner):
-        other.set_state_provider(HONEST.clone)
-        other.prepare_round(HONEST_STEP, 0.0, HONEST.hash())
-        other.publish_step(HONEST_STEP)
-        assert wait_until(lambda: list(joiner.peer_steps().values()) == [HONEST_STEP], timeout_s=60)
-        with caplog.at_level(logging.WARNING, logger=AVERAGER_LOG):
-            assert joiner.fetch_state(newer_than=0, timeout_s=10.0, wait_s=2.0) is None
     warnings = "\n".join(r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING)
+    assert "keeping our own" in warnings
     assert f"step {HONEST_STEP}" in warnings and HONEST.hash() in warnings, warnings
 
 
@@ -98,9 +92,7 @@ def test_a_single_authorised_publisher_is_taken_on_its_own() -> None:
     """A run of two trainers that name each other recovers from a diverged round (the only way it can)."""
     torch.set_num_threads(1)
     with gather_swarm(2, shapes=SHAPES, trust_each_other=True) as (other, joiner):
-        other.set_state_provider(HONEST.clone)
-        other.prepare_round(HONEST_STEP, 0.0, HONEST.hash())
-        other.publish_step(HONEST_STEP)
+        _serve_honest_state(other)
         assert wait_until(lambda: list(joiner.peer_steps().values()) == [HONEST_STEP], timeout_s=60)
         fetched = joiner.fetch_state(newer_than=0, timeout_s=10.0, wait_s=2.0)
     assert fetched is not None, "the joiner refused the state of the run's authorised publisher"
@@ -163,9 +155,7 @@ def test_an_unconfirmed_state_is_downloaded_once_while_the_joiner_waits_for_conf
     second source appears, its offer confirms the state already held."""
     torch.set_num_threads(1)
     with gather_swarm(3, shapes=SHAPES) as (first, second, joiner):
-        first.set_state_provider(HONEST.clone)
-        first.prepare_round(HONEST_STEP, 0.0, HONEST.hash())
-        first.publish_step(HONEST_STEP)
+        _serve_honest_state(first)
         assert wait_until(lambda: list(joiner.peer_steps().values()) == [HONEST_STEP], timeout_s=60)
         fetched: list[OuterState | None] = []
         waiting = threading.Thread(
@@ -176,9 +166,7 @@ def test_an_unconfirmed_state_is_downloaded_once_while_the_joiner_waits_for_conf
             assert wait_until(lambda: first.states.answered.total() >= 3, timeout_s=60), (
                 "the joiner stopped polling"
             )
-            second.set_state_provider(HONEST.clone)
-            second.prepare_round(HONEST_STEP, 0.0, HONEST.hash())
-            second.publish_step(HONEST_STEP)
+            _serve_honest_state(second)
         finally:
             waiting.join(timeout=150)
         assert fetched and fetched[0] is not None and fetched[0].hash() == HONEST.hash()
