@@ -45,6 +45,7 @@ from node.collective.outer_state import OuterState
 from node.collective.round_types import PendingAverage
 from training.causal_lm import CausalLM
 from training.outer_step import DiLoCoConfig, outer_update, pseudo_gradient
+from training.state_check import held_out_loss, plausible_state
 
 __all__ = [
     "DiLoCoConfig",
@@ -236,21 +237,11 @@ class DiLoCoTrainer:
         self.tokens += batch.shape[0] * (batch.shape[1] - 1)
         return float(loss.detach())
 
-    @torch.no_grad()
     def evaluate(self) -> float | None:
         """Mean held-out loss of the current outer parameters (None without eval batches)."""
         if not self.eval_batches:
             return None
-        self.model.eval()
-        saved = [p.detach().clone() for p in self.model.parameters()]
-        self._load_into_model(self.state)
-        device = self.model.device
-        losses = [
-            float(self.model.loss(b[:, :-1].to(device), b[:, 1:].to(device))) for b in self.eval_batches
-        ]
-        for p, s in zip(self.model.parameters(), saved, strict=True):
-            p.copy_(s)
-        return sum(losses) / len(losses)
+        return held_out_loss(self.model, self.state.params, self.eval_batches)
 
     def _note_step_time(self, seconds: float, steps: int) -> None:
         per_step = seconds / max(1, steps)
@@ -285,7 +276,11 @@ class DiLoCoTrainer:
         resynced = False
         if not outcome.in_sync and self.state_source is not None:
             fetched = self.state_source.fetch_state(newer_than=pending.state.step)
-            if fetched is not None and fetched.matches(self.model):
+            if (
+                fetched is not None
+                and fetched.matches(self.model)
+                and plausible_state(self.model, self.state, fetched, self.eval_batches, name=self.name)
+            ):
                 logger.warning("%s: outer state disagreed with the group; adopted a peer's state", self.name)
                 self.adopt_state(fetched)
                 resynced = True

@@ -50,6 +50,7 @@ from training.devices import resolve_device
 from training.diloco import DiLoCoConfig, DiLoCoTrainer, OuterStepReport
 from training.model import ModelConfig, TinyGPT
 from training.run_model import HFModelRef, load_run_model, run_tokenizer
+from training.state_check import plausible_state
 
 __all__ = ["TrainerConfig", "TrainerRuntime", "run_trainer", "trainer_corpus", "trainer_model"]
 
@@ -276,6 +277,8 @@ class TrainerRuntime:
         )
         if fetched is None or not fetched.matches(self.model):
             logger.warning("%s: could not download the run's state; starting from our own", self.name)
+            return state
+        if not plausible_state(self.model, state, fetched, self.eval_batches, name=self.name):
             return state
         logger.info("%s: joined at outer step %d (state %s)", self.name, fetched.step, fetched.hash())
         return fetched
