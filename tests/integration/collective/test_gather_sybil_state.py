@@ -3,7 +3,8 @@
 Three fresh identities declare a far later outer step and serve the same poisoned state (its hash
 consistent, so it verifies). Before, every running trainer took their steps for the run's, gave
 its round up as left behind, and downloaded the state two of them agreed on. Now a trainer that
-has averaged in sync with others counts only those others' steps and only their word on a state.
+has averaged in sync with others counts only those others' steps and only their word on a state;
+a joiner, which has no such history, refuses the state by its loss on its own held-out text.
 """
 
 from __future__ import annotations
@@ -11,10 +12,15 @@ from __future__ import annotations
 import torch
 
 from node.collective.averager import GatherAverager
+from node.collective.codecs import codec_for
+from node.collective.config import AveragingConfig
 from node.collective.outer_state import OuterState
 from node.collective.round_types import RoundOutcome
+from node.dht_node import start_loopback_dht
 from node.swarm import wait_until
+from protocol.dht_keys import averaging_prefix
 from tests.helpers.gather import SHAPES, gather_swarm, run_round
+from tests.helpers.trainers import finished, harness, tiny_config
 
 HONEST_HASH = "00" * 8
 
@@ -39,3 +45,43 @@ def test_sybils_agreeing_on_a_later_state_move_no_running_trainer() -> None:
         assert all(o.in_sync and o.num_peers == 2 for o in outcomes), outcomes
         assert a0.fetch_state(newer_than=1, wait_s=0.0) is None
         assert a1.fetch_state(newer_than=1, wait_s=0.0) is None
+
+
+def test_a_joiner_refuses_the_poisoned_state_sybils_agree_on() -> None:
+    """A joiner has no standing: three fresh identities agreeing on a state are two agreeing sources
+    to it. What it checks itself is the state's loss on its own held-out text: a poisoned state
+    (large random weights) is far worse than even its untrained model, and it starts from its own."""
+    config = tiny_config(1, join_wait_s=1.0)
+    with harness() as h:
+        joiner = h.prepare(config, "joiner")
+        shapes = [p.shape for p in joiner.runtime.model.parameters()]
+        gen = torch.Generator().manual_seed(3)
+        params = [torch.randn(s, generator=gen) * 50.0 for s in shapes]
+        poisoned = OuterState(params, [torch.zeros(s) for s in shapes], 50)
+        sybils: list[GatherAverager] = []
+        try:
+            for i in range(3):
+                sybil = GatherAverager(
+                    shapes,
+                    start_loopback_dht(h.peers),
+                    prefix=averaging_prefix(config.run_id),
+                    codec=codec_for("int8", shapes),
+                    config=AveragingConfig(),
+                    name=f"sybil{i}",
+                )
+                sybils.append(sybil)
+                sybil.set_state_provider(poisoned.clone)
+                sybil.prepare_round(50, 0.0, poisoned.hash())
+                sybil.publish_step(50)
+            averager = joiner.runtime.averager
+            assert wait_until(lambda: sum(v == 50 for v in averager.peer_steps().values()) == 3, timeout_s=60)
+            joiner.start()
+            assert wait_until(finished(joiner, 1), timeout_s=180)
+            assert joiner.error is None
+            assert [r.outer_step for r in joiner.reports] == [1], "the joiner took the sybils' state"
+        finally:
+            for sybil in sybils:
+                sybil.shutdown()
+                dht = sybil.rounds.dht
+                if dht is not None:
+                    dht.shutdown()
