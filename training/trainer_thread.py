@@ -26,6 +26,7 @@ from collections.abc import Callable
 
 import psutil
 
+from node.collective.outer_state import OuterState
 from protocol.errors import HivenetError
 from training.diloco import OuterStepReport
 from training.trainer import TrainerRuntime
@@ -92,11 +93,13 @@ class TrainerThread:
         """Hold the first inner step until `others` other trainers' averagers are up as well.
 
         A node record appears before its trainer can average; a trainer that reached its first
-        outer step while the others were still loading would step alone. Advertising step 0
-        here is harmless: training re-advertises the real step before its first round.
+        outer step while the others were still loading would step alone. Trainers see each other
+        by their round declarations, so a waiting trainer declares the round of a fresh model's
+        state (step 0) now; training declares its real round before it averages.
         """
         averager = self.runtime.averager
-        averager.publish_step(0)
+        fresh = OuterState.from_model(self.runtime.model)
+        averager.prepare_round(fresh.step, 0.0, fresh.hash())
         while (
             not self.stop_event.is_set() and not self._should_stop() and len(averager.peer_steps()) < others
         ):

@@ -82,10 +82,13 @@ class Harness:
             trainer.start()
         return trainers
 
-    def prepare(self, config: TrainerConfig, name: str, dht: DHT | None = None) -> TrainerThread:
-        """Build a trainer (DHT, model, averager) without starting its thread."""
+    def prepare(
+        self, config: TrainerConfig, name: str, dht: DHT | None = None, *, wait_for_peers: int = 0
+    ) -> TrainerThread:
+        """Build a trainer (DHT, model, averager) without starting its thread; with `wait_for_peers`,
+        its first inner step waits until that many other trainers are up (`--wait-for-trainers`)."""
         dht = dht or start_loopback_dht(self.peers)
-        trainer = TrainerThread(TrainerRuntime(config, dht, name))
+        trainer = TrainerThread(TrainerRuntime(config, dht, name), wait_for_peers=wait_for_peers)
         self.trainers.append(trainer)
         return trainer
 

@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 
 from node.dht_node import start_loopback_dht
+from node.swarm import wait_until
 from tests.helpers.trainers import (
     AVERAGING_MODES,
     averaging_mode,
+    finished,
+    harness,
     tiny_config,
 )
 from training.checkpoint import latest_checkpoint, load_checkpoint
@@ -61,3 +64,18 @@ def test_single_trainer_runs_and_resumes_from_its_checkpoint(tmp_path: Path) -> 
         assert final is not None and load_checkpoint(final).hash() == second[-1].outer_hash
     finally:
         dht.shutdown()
+
+
+def test_trainers_that_wait_for_each_other_start_together() -> None:
+    """`--wait-for-trainers`: each trainer holds its first inner step until the other's averager is
+    up. The averaging service lists trainers by their round declarations, which a waiting trainer
+    had not made yet: two trainers waiting for each other waited for ever."""
+    config = tiny_config(1)
+    with harness() as h:
+        handles = [h.prepare(config, name, wait_for_peers=1) for name in ("w0", "w1")]
+        for handle in handles:
+            handle.start()
+        for handle in handles:
+            assert wait_until(finished(handle, 1), timeout_s=120), "a trainer never started"
+        assert [t.error for t in handles] == [None, None]
+        assert [r.num_peers for t in handles for r in t.reports] == [2, 2]
