@@ -16,20 +16,28 @@
   gather modes were called `gather-int8`, `gather-sparse`, `gather-sparse-ef`.)
 
 The sparse codec on this bench's 21.6k-parameter model (held-out loss; no data-parallel in the
-sweep rows, so compare with int8 of the same length; measured with the gather modes, before the
-data-parallel baseline became analytic, which does not change these columns):
+sweep rows, so compare with int8 of the same length). The rows marked * were measured before an
+answer stopped carrying a contribution its asker had already been sent (each payload crossed
+each link twice when two members sent to each other at once), so their bytes are up to twice
+today's; the full rows after it are the figures of today's code:
 
     run                         density  outer momentum/lr  loss    bytes/token
-    full (H=125, 100 steps)     int8     0.8 / 0.7          1.900   3.186
-    full                        0.015    0.8 / 0.7          2.764   0.196
-    quick (H=50, 12 steps)      int8     0.8 / 0.7          2.829   8.167
-    quick                       0.015    0.8 / 0.7          3.641   0.517
-    quick                       0.05     0.8 / 0.7          6.081   0.947   (diverged)
-    quick                       0.2      0.8 / 0.7          3.050   2.951
-    quick                       0.015    0   / 0.7          3.991   0.507
-    quick                       0.05     0   / 1.0          3.999   0.922
+    full (H=125, 100 steps)     int8     0.8 / 0.7          1.959   2.156   (dp 1.846: ratio 1.061, 235x)
+    full                        0.015    0.8 / 0.7          2.749   0.153   (ratio 1.489, 3305x)
+    full *                      int8     0.8 / 0.7          1.900   3.186
+    full *                      0.015    0.8 / 0.7          2.764   0.196
+    quick (H=50, 12 steps)      int8     0.8 / 0.7          2.935   5.388   (94x)
+    quick                       0.015    0.8 / 0.7          4.182   0.392   (1292x)
+    quick *                     int8     0.8 / 0.7          2.829   8.167
+    quick *                     0.015    0.8 / 0.7          3.641   0.517
+    quick *                     0.05     0.8 / 0.7          6.081   0.947   (diverged)
+    quick *                     0.2      0.8 / 0.7          3.050   2.951
+    quick *                     0.015    0   / 0.7          3.991   0.507
+    quick *                     0.05     0   / 1.0          3.999   0.922
 
 Error feedback with Nesterov momentum diverged at density 0.05; without momentum it learns slowly.
+In the full sparse run the training loss fell to 2.49 by outer step 40 and then rose again
+(2.66 at step 100): the same instability, slower.
 On a model this small the sparse codec costs far more loss than it does in SparseLoCo's runs
 (hundreds of millions of parameters); the H sweep is not measured.
 - **dp**: data-parallel training of the same model on the same four data shards
@@ -70,8 +78,8 @@ trainers (~250x at H=125) before the rounds' other frames and state uploads. The
 measured 481x at H=125 with the removed all-reduce averager against a measured (framed)
 data-parallel all-reduce; that figure is no longer valid for any mode. The sparse codec sends
 about 16x fewer bytes than int8 on this model at the default density (bytes/token in the table
-above): against the analytic bound, a quick run (H=50) measured 63x for int8 and 1055x for
-sparse, the latter at a large loss cost on this model (ratio to data-parallel 1.64 vs 1.19).
+above): against the analytic bound, the full run measured 235x for int8 and 3305x for sparse,
+the latter at a large loss cost on this model (ratio to data-parallel 1.489 vs 1.061).
 
 Every mode uses the same inner learning-rate schedule, `DiLoCoConfig.inner_lr_at` (linear
 warmup, then by default a cosine decay to 10% of the peak at the run's last step; DiLoCo and
