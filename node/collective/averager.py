@@ -10,7 +10,11 @@ no averager process: a trainer is its node's process and that node's p2pd.
 Who counts as a witness for a downloaded state: a trainer that has averaged in sync with us
 (`AveragingService.standing`) or that the run names. A trainer with such evidence never takes a
 state that only identities without it agree on; a newcomer with none falls back to two agreeing
-sources, or an authorised publisher, as before.
+sources, or an authorised publisher, as before. One exception: a trainer whose only live partner
+is a trainer it has averaged in sync with takes that partner's state on its word
+(`_sole_partner`). Two survivors of a run whose states diverged (a member died mid-round) have no
+second source and would otherwise never reconverge; a sole partner already holds half of every
+average the trainer takes, and the trainer's own loss check (`training.state_check`) still applies.
 """
 
 from __future__ import annotations
@@ -208,7 +212,7 @@ class GatherAverager:
                     self.states.fetch(
                         [PeerID(p) for p in candidates],
                         newer_than=newer_than,
-                        trusted=self.trusted,
+                        trusted=self.trusted | self._sole_partner(),
                         counts_as_witness=self.witness,
                         timeout_s=timeout_s,
                         held=held,
@@ -234,6 +238,11 @@ class GatherAverager:
                 )
                 return None
             time.sleep(_PEER_POLL_S)
+
+    def _sole_partner(self) -> frozenset[bytes]:
+        """The live trainer we have averaged in sync with, if it is the only one (see module docstring)."""
+        partners = self.rounds.standing.intersection(self._declarations())
+        return frozenset(partners) if len(partners) == 1 else frozenset()
 
     def _state_sources(self, newer_than: int) -> list[bytes]:
         """Trainers serving a later state, best first: those with standing, then nearest the median step."""

@@ -89,7 +89,8 @@ def test_with_a_single_other_trainer_no_state_is_taken(caplog: pytest.LogCapture
 
 
 def test_a_single_authorised_publisher_is_taken_on_its_own() -> None:
-    """A run of two trainers that name each other recovers from a diverged round (the only way it can)."""
+    """A joiner of a run of two takes the state of the trainer it names as a publisher on its own
+    (a trainer with no standing takes no other single source: the test above)."""
     torch.set_num_threads(1)
     with gather_swarm(2, shapes=SHAPES, trust_each_other=True) as (other, joiner):
         _serve_honest_state(other)
