@@ -25,7 +25,7 @@ from node.signed_records import SignedRecords, verified_values
 from protocol.dht_keys import node_records_key
 from protocol.errors import IdentityError, InvalidMessage
 from protocol.limits import MAX_NODE_RECORD_TTL_S
-from protocol.node_record import NODE_RECORD_DOMAIN, Capabilities, NodeRecord, NodeStatus, Role
+from protocol.node_record import NODE_RECORD_DOMAIN, Capabilities, NodeRecord, NodeStatus, Reachability, Role
 from protocol.text import name_text
 
 logger = logging.getLogger(__name__)
@@ -182,6 +182,13 @@ class Membership:
     async def announce_roles(self, roles: list[Role]) -> bool:
         """Publish the record again, now with `roles` (a role is announced once what serves it is ready)."""
         self.record = self.record.model_copy(update={"roles": tuple(roles)})
+        return await self.publish()
+
+    async def report_reachability(self, reachability: Reachability) -> bool:
+        """Publish the record again if the dial-back check changed what it says about reaching us."""
+        if reachability == self.record.reachability:
+            return True
+        self.record = self.record.model_copy(update={"reachability": reachability})
         return await self.publish()
 
     async def publish(self, status: NodeStatus = NodeStatus.ONLINE) -> bool:

@@ -39,7 +39,7 @@ from node.receipts.client import PullResult
 from node.receipts.seeds import bootstrap_receipts, dial_back_receipt
 from node.runtime import NodeRuntime, Service, in_dht
 from node.status import NodeStatusSnapshot, StatusServer, write_status_file
-from protocol.node_record import Role
+from protocol.node_record import Reachability, Role
 from protocol.version import PROTOCOL_VERSION, SOFTWARE_VERSION
 
 logger = logging.getLogger(__name__)
@@ -227,6 +227,9 @@ class HivenetNode:
         outcome = self.call(
             in_dht(self.dht, request_dial_back, seeds=seeds, addresses=addresses), timeout_s=timeout_s
         )
+        if self.membership is not None and outcome.answered:  # the swarm table shows it (self-reported)
+            found = Reachability.PUBLIC if outcome.reachable else Reachability.PRIVATE
+            self.call(self.membership.report_reachability(found), timeout_s=timeout_s)
         sink = self.receipt_sink
         if outcome.reachable and outcome.seed is not None and sink is not None:
             receipt = dial_back_receipt(self.identity, self.config.run_id, outcome.seed)

@@ -238,6 +238,8 @@ class DialBackOutcome:
     detail: str
     seed: bytes | None = None
     """The PeerID of the seed that reached this node back (None unless `reachable`)."""
+    answered: bool = True
+    """Whether a seed tried to dial back at all (False: no seed offered the service; nothing is known)."""
 
 
 async def request_dial_back(
@@ -245,6 +247,7 @@ async def request_dial_back(
 ) -> DialBackOutcome:
     """Ask each seed in turn to dial `addresses` back, until one reaches them (run via `in_dht`)."""
     details = []
+    answered = False
     for seed in seeds:
         peer_id = PeerID.from_base58(Multiaddr(seed)["p2p"])
         try:
@@ -254,6 +257,7 @@ async def request_dial_back(
         except Exception as exc:
             details.append(f"{seed[-12:]}: no dial-back service ({type(exc).__name__})")
             continue
+        answered = True
         if response.code == pb.DIAL_BACK_REACHABLE:
             return DialBackOutcome(
                 True,
@@ -261,7 +265,7 @@ async def request_dial_back(
                 peer_id.to_bytes(),
             )
         details.append(f"{peer_id.to_base58()[-8:]}: {pb.DialBackCode.Name(response.code)} {response.detail}")
-    return DialBackOutcome(False, "; ".join(details) or "no seed to ask")
+    return DialBackOutcome(False, "; ".join(details) or "no seed to ask", answered=answered)
 
 
 async def call_dial_back(

@@ -13,6 +13,12 @@ class NodeStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     NODE_STATUS_ONLINE: _ClassVar[NodeStatus]
     NODE_STATUS_LEFT: _ClassVar[NodeStatus]
 
+class Reachability(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REACHABILITY_UNKNOWN: _ClassVar[Reachability]
+    REACHABILITY_PUBLIC: _ClassVar[Reachability]
+    REACHABILITY_PRIVATE: _ClassVar[Reachability]
+
 class DialBackCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     DIAL_BACK_UNSPECIFIED: _ClassVar[DialBackCode]
@@ -23,6 +29,9 @@ class DialBackCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 NODE_STATUS_UNSPECIFIED: NodeStatus
 NODE_STATUS_ONLINE: NodeStatus
 NODE_STATUS_LEFT: NodeStatus
+REACHABILITY_UNKNOWN: Reachability
+REACHABILITY_PUBLIC: Reachability
+REACHABILITY_PRIVATE: Reachability
 DIAL_BACK_UNSPECIFIED: DialBackCode
 DIAL_BACK_REACHABLE: DialBackCode
 DIAL_BACK_UNREACHABLE: DialBackCode
@@ -68,7 +77,7 @@ class Capabilities(_message.Message):
     def __init__(self, cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., accelerator: _Optional[str] = ...) -> None: ...
 
 class NodeRecord(_message.Message):
-    __slots__ = ("peer_id", "roles", "public_name", "run_id", "software_version", "protocol_version", "capabilities", "addresses", "started_at", "instance_id", "status")
+    __slots__ = ("peer_id", "roles", "public_name", "run_id", "software_version", "protocol_version", "capabilities", "addresses", "started_at", "instance_id", "status", "reachability")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +89,7 @@ class NodeRecord(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    REACHABILITY_FIELD_NUMBER: _ClassVar[int]
     peer_id: bytes
     roles: _containers.RepeatedScalarFieldContainer[str]
     public_name: str
@@ -91,7 +101,8 @@ class NodeRecord(_message.Message):
     started_at: float
     instance_id: bytes
     status: NodeStatus
-    def __init__(self, peer_id: _Optional[bytes] = ..., roles: _Optional[_Iterable[str]] = ..., public_name: _Optional[str] = ..., run_id: _Optional[str] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., addresses: _Optional[_Iterable[str]] = ..., started_at: _Optional[float] = ..., instance_id: _Optional[bytes] = ..., status: _Optional[_Union[NodeStatus, str]] = ...) -> None: ...
+    reachability: Reachability
+    def __init__(self, peer_id: _Optional[bytes] = ..., roles: _Optional[_Iterable[str]] = ..., public_name: _Optional[str] = ..., run_id: _Optional[str] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., addresses: _Optional[_Iterable[str]] = ..., started_at: _Optional[float] = ..., instance_id: _Optional[bytes] = ..., status: _Optional[_Union[NodeStatus, str]] = ..., reachability: _Optional[_Union[Reachability, str]] = ...) -> None: ...
 
 class DialBackRequest(_message.Message):
     __slots__ = ("addresses",)

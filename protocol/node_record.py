@@ -44,6 +44,14 @@ class NodeStatus(enum.IntEnum):
     LEFT = pb.NODE_STATUS_LEFT
 
 
+class Reachability(enum.IntEnum):
+    """What the node's own dial-back check found: self-reported, for people to read, never relied on."""
+
+    UNKNOWN = pb.REACHABILITY_UNKNOWN
+    PUBLIC = pb.REACHABILITY_PUBLIC
+    PRIVATE = pb.REACHABILITY_PRIVATE
+
+
 class Capabilities(BaseModel):
     """Hardware a node offers."""
 
@@ -86,6 +94,8 @@ class NodeRecord(BaseModel):
     """Random per process; two processes with one identity have different ones."""
     status: NodeStatus = NodeStatus.ONLINE
     """ONLINE while alive, LEFT after a clean leave."""
+    reachability: Reachability = Reachability.UNKNOWN
+    """What its own dial-back check through a seed found (self-reported)."""
 
     @field_validator("public_name")
     @classmethod
@@ -122,6 +132,7 @@ class NodeRecord(BaseModel):
             started_at=self.started_at,
             instance_id=self.instance_id,
             status=int(self.status),  # type: ignore[arg-type]
+            reachability=int(self.reachability),  # type: ignore[arg-type]
         ).SerializeToString()
 
     @classmethod
@@ -145,6 +156,7 @@ class NodeRecord(BaseModel):
                 started_at=message.started_at,
                 instance_id=message.instance_id,
                 status=NodeStatus(message.status),
+                reachability=Reachability(message.reachability),
             )
         except (ValidationError, ValueError) as exc:
             raise InvalidMessage(f"invalid node record: {exc}") from None

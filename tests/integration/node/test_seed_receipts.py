@@ -21,7 +21,7 @@ from node.node import HivenetNode
 from node.receipts.seeds import bootstrap_receipts, seed_peer_id
 from node.swarm import wait_until
 from protocol import receipts_pb2
-from protocol.node_record import Role
+from protocol.node_record import Reachability, Role
 from protocol.receipts import Receipt, ReceiptKind, open_receipt
 
 RUN = "seed-receipts"
@@ -124,6 +124,10 @@ def test_the_seed_that_dials_a_node_back_earns_a_dial_back_receipt(nodes: Nodes)
         nodes.seed.identity.peer_id_bytes,
         joiner.identity.peer_id_bytes,
     )
+    # its record now says so, for the dashboard's swarm table
+    assert wait_until(
+        lambda: _published_reachability(nodes.seed, joiner) is Reachability.PUBLIC, timeout_s=30
+    )
 
 
 def test_a_dial_back_that_fails_earns_no_receipt(nodes: Nodes) -> None:
@@ -137,6 +141,13 @@ def test_a_dial_back_that_fails_earns_no_receipt(nodes: Nodes) -> None:
         lambda: len(_seed_receipts(other, receipts_pb2.SEED_SERVICE_BOOTSTRAP)) == 1, timeout_s=10
     )
     assert _seed_receipts(other, receipts_pb2.SEED_SERVICE_DIAL_BACK) == []
+    assert wait_until(
+        lambda: _published_reachability(nodes.seed, other) is Reachability.PRIVATE, timeout_s=30
+    )
+    # a check no seed could answer changes nothing it published
+    outcome = other.check_reachability(seeds=[nodes.absent_address], timeout_s=60)
+    assert not outcome.answered and not outcome.reachable
+    assert other.membership is not None and other.membership.record.reachability is Reachability.PRIVATE
 
 
 def test_bootstrap_receipts_name_each_distinct_answering_seed_once_and_never_the_signer(
@@ -155,3 +166,9 @@ def test_bootstrap_receipts_name_each_distinct_answering_seed_once_and_never_the
         assert ledger.add_many(receipts).added == 1
         (receipt,) = ledger.receipts()
     assert receipt.contributor == seed_peer_id(answered[0]) and receipt.signer == me.peer_id_bytes
+
+
+def _published_reachability(reader: HivenetNode, node: HivenetNode) -> Reachability | None:
+    """What `node`'s record, as `reader` finds it in the DHT, says about reaching it."""
+    me = node.identity.peer_id_bytes
+    return next((n.record.reachability for n in reader.discover() if n.record.peer_id == me), None)
