@@ -138,10 +138,12 @@ class DashboardData:
     # --- panels ---
 
     def swarm(self) -> Json:
-        """The live nodes (by role, with their online time, when each last published its record and its
-        recent credit per day from the last ledger snapshot, null before the first), or `connected:
-        false` without discovery. A node without a public name is labelled by its first role and
-        short PeerID (`label`)."""
+        """The live nodes (by role, with their online time, when each last published its record, and
+        from the last ledger snapshot, null before the first: its recent credit per day, the newest
+        policy version of its accepted rollouts and its verified tokens per minute), or `connected:
+        false` without discovery. `reachability` is what the node's own dial-back check found
+        (self-reported). A node without a public name is labelled by its first role and short PeerID
+        (`label`)."""
         now = self.clock()
         nodes = self._live or []
         latest = self.view.latest()  # the swarm is polled often: it never waits for a snapshot
@@ -154,6 +156,7 @@ class DashboardData:
                 by_role[role.value] = by_role.get(role.value, 0) + 1
             peer = self._peer(record.peer_id)
             credit = contributors.get(record.peer_id) if contributors is not None else None
+            work = latest.work.get(record.peer_id) if latest is not None else None
             rows.append(
                 {
                     **peer,
@@ -165,6 +168,9 @@ class DashboardData:
                     else credit.recent
                     if credit is not None
                     else 0.0,
+                    "policy_version": work.policy_version if work is not None else None,
+                    "tokens_per_min": None if latest is None else work.tokens_per_min if work else 0.0,
+                    "reachability": record.reachability.name.lower(),
                     "roles": [role.value for role in record.roles],
                     "software_version": record.software_version,
                     "online_s": max(0.0, now - record.started_at),

@@ -19,6 +19,7 @@ from itertools import accumulate
 
 from node.dashboard.bans_view import BanTally, WorkerBans
 from node.dashboard.training_view import TrainingFigures, TrainingTally
+from node.dashboard.work_view import NodeWork, WorkTally
 from node.ledger import CreditRates, CreditReport, RunSigners, compute_credit
 from protocol.receipts import Receipt, ReceiptKind
 
@@ -104,6 +105,8 @@ class LedgerSnapshot:
     """Workers the run's trusted validators banned, latest ban first (`node.dashboard.bans_view`)."""
     timelines: dict[bytes, ContributorTimeline] = field(default_factory=dict)
     """Each contributor's receipts in time, with the credit they earned."""
+    work: dict[bytes, NodeWork] = field(default_factory=dict)
+    """Each contributor's recent verified work (`node.dashboard.work_view`)."""
 
     def behind(self, figure: str, value: str) -> list[Receipt]:
         """The newest receipts (newest first) behind a figure, at most `RECENT_PER_FIGURE`."""
@@ -138,6 +141,7 @@ def take_snapshot(
     timeline: list[tuple[float, bytes, bool, bytes]] = []
     training = TrainingTally()
     bans = BanTally(run_signers.validators)
+    work = WorkTally(run_signers, now)
 
     def note(receipt: Receipt) -> Receipt:
         nonlocal accepted, tokens_accepted, first_at, last_at
@@ -162,6 +166,7 @@ def take_snapshot(
             spread.add(receipt)
             recent[("version", str(receipt.step))].append(receipt)
         training.add(receipt)
+        work.add(receipt)
         latest.append(receipt)
         rejection = receipt.kind is ReceiptKind.ROLLOUT and not receipt.accepted
         timeline.append((receipt.issued_at, receipt.receipt_id, rejection, receipt.contributor))
@@ -193,6 +198,7 @@ def take_snapshot(
         training=training.finish(report),
         bans=bans.ranked(),
         timelines=_timelines(timeline, report),
+        work=work.finish(),
     )
 
 

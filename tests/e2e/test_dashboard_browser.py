@@ -125,6 +125,17 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
         e.get_attribute("data-role"): e.text for e in driver.find_elements(By.CSS_SELECTOR, "#by-role .role")
     }
     assert roles == {role: f"{role} {n}" for role, n in swarm["by_role"].items()}
+    # the worker's row: its 64 tokens accepted just now (per minute of the last ten), policy version 3
+    # of those verdicts, and the reachability its record reports
+    wait.until(lambda d: swarm_cells(d, worker)[7] == "v3")
+    listed = next(n for n in fetch(url + "api/swarm")["list"] if n["peer_id"] == worker)
+    assert listed["policy_version"] == 3 and listed["tokens_per_min"] >= 6.4
+    cells = swarm_cells(driver, worker)
+    assert float(cells[6].replace(",", "")) == pytest.approx(listed["tokens_per_min"], abs=0.05)
+    assert (
+        cells[8]
+        == {"public": "public", "private": "behind NAT", "unknown": "unchecked"}[listed["reachability"]]
+    )
     cells = leaderboard_cells(driver, worker)
     assert (
         cells[1] == name
@@ -176,6 +187,14 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
     rejection = table_rows(driver, "#node-rejections tbody tr")[0]
     assert rejection[1] == "sampling"
     screenshot(driver, tmp_path, "dashboard-node.png")
+
+
+def swarm_cells(driver: Any, peer: str) -> list[str]:
+    """The texts of the swarm table's row for `peer` (its PeerID link's title)."""
+    row = driver.find_element(By.CSS_SELECTOR, f"#swarm-table a.peer[title='{peer}']").find_element(
+        By.XPATH, "./ancestor::tr"
+    )
+    return [td.text for td in row.find_elements(By.TAG_NAME, "td")]
 
 
 def check_training(driver: Any, url: str) -> None:

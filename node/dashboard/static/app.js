@@ -57,6 +57,8 @@ function bytes(n) {
   return fmt(n, 1) + " " + units[i];
 }
 
+const REACHABILITY = { public: "public", private: "behind NAT", unknown: "unchecked" };
+
 function when(unix) { return new Date(unix * 1000).toISOString().replace("T", " ").slice(0, 19); }
 
 function shortPeer(peer) { return peer.slice(0, 6) + "…" + peer.slice(-8); }
@@ -166,7 +168,7 @@ async function drawSwarm() {
   $("run").textContent = "run " + swarm.run_id;
   $("node-count").textContent = swarm.nodes;
   $("by-role").replaceChildren(...Object.entries(swarm.by_role).map(([role, n]) => el("span", `${role} ${n}`, { class: "role", "data-role": role })));
-  fillRows("swarm-table", swarm.list.map((n) => [n.label, peerLink(n.peer_id), n.roles.join(", "), duration(n.online_s), duration(n.last_seen_s) + " ago", n.credit_recent === null ? "" : fmt(n.credit_recent, 0), n.software_version]));
+  fillRows("swarm-table", swarm.list.map((n) => [n.label, peerLink(n.peer_id), n.roles.join(", "), duration(n.online_s), duration(n.last_seen_s) + " ago", n.credit_recent === null ? "" : fmt(n.credit_recent, 0), n.tokens_per_min === null ? "" : fmt(n.tokens_per_min, 1), n.policy_version === null ? "" : "v" + n.policy_version, REACHABILITY[n.reachability] || n.reachability, n.software_version]));
   $("swarm-note").textContent = swarm.connected ? "" : "not connected to a swarm (no --initial-peers): showing the ledger only";
 }
 

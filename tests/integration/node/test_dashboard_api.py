@@ -19,6 +19,7 @@ from node.dashboard import DashboardData, DashboardServer, peer_text
 from node.ledger import Ledger
 from node.swarm import wait_until
 from protocol import rollouts_pb2
+from protocol.node_record import Reachability
 from protocol.peer_keys import peer_id_from_private_key
 from protocol.receipts import open_receipt
 from protocol.rollout_messages import seal_verdict
@@ -62,7 +63,8 @@ def row_of(board: dict[str, Any], name: str) -> dict[str, Any]:
 
 def test_swarm_counts_live_nodes_by_role(served: Any) -> None:
     run, data, server = served
-    assert all(n["credit_recent"] is None for n in get(server, "/api/swarm")[1]["list"])  # no snapshot yet
+    before = get(server, "/api/swarm")[1]["list"]  # no snapshot yet
+    assert all(n["credit_recent"] is None and n["tokens_per_min"] is None for n in before)
     get(server, "/api/leaderboard")
     status, swarm = get(server, "/api/swarm")
     assert status == 200
@@ -77,6 +79,15 @@ def test_swarm_counts_live_nodes_by_role(served: Any) -> None:
         peer = run.peers[row["name"]].peer_id
         assert row["credit_recent"] == pytest.approx(credit[peer].recent if peer in credit else 0.0, rel=1e-3)
     assert any(row["credit_recent"] > 0 for row in swarm["list"])
+    # the validators' accepted verdicts (policy version 3); only mallory's is of the last ten minutes
+    by_name = {row["name"]: row for row in swarm["list"]}
+    assert {name: row["policy_version"] for name, row in by_name.items()} == {
+        **dict.fromkeys(("val-a", "val-b", "trainer-a", "trainer-b")),
+        **dict.fromkeys(("alice", "bob", "mallory"), 3),
+    }
+    assert by_name["mallory"]["tokens_per_min"] == pytest.approx(30 / 10)
+    assert all(row["tokens_per_min"] == 0.0 for name, row in by_name.items() if name != "mallory")
+    assert all(row["reachability"] == "unknown" for row in swarm["list"])  # no record reports a check
 
 
 def test_a_node_without_a_public_name_is_labelled_by_its_role(served: Any) -> None:
@@ -91,6 +102,22 @@ def test_a_node_without_a_public_name_is_labelled_by_its_role(served: Any) -> No
     row = next(n for n in get(server, "/api/swarm")[1]["list"] if n["peer_id"] == peer_text(seed))
     assert row["name"] == ""
     assert row["label"] == f"{nameless.record.roles[0].value} {row['peer_id'][-8:]}"
+
+
+def test_the_swarm_lists_what_each_record_says_of_its_reachability(served: Any) -> None:
+    run, data, server = served
+    public, private, *rest = run.live_nodes()
+    data.set_live_nodes(
+        [
+            dataclasses.replace(public, record=public.record.model_copy(update={"reachability": Reachability.PUBLIC})),
+            dataclasses.replace(private, record=private.record.model_copy(update={"reachability": Reachability.PRIVATE})),
+            *rest,
+        ]
+    )  # fmt: skip
+    rows = {row["peer_id"]: row["reachability"] for row in get(server, "/api/swarm")[1]["list"]}
+    assert rows[peer_text(public.record.peer_id)] == "public"
+    assert rows[peer_text(private.record.peer_id)] == "private"
+    assert {rows[peer_text(n.record.peer_id)] for n in rest} == {"unknown"}
 
 
 def test_leaderboard_credit_matches_the_receipts(served: Any) -> None:
