@@ -10,7 +10,9 @@ thousand cannot draw the curves.
   step), so one lying signer among honest ones cannot move it. A loss of 0 means "not reported"
   (receipts from before the field existed, or a loss that was not a number) and is left out.
 - Reward curve: per policy version, the mean reward the validators recomputed for the rollouts
-  they accepted.
+  they accepted; with it the RL figures: accepted rollouts, the newest policy version and its
+  mean reward (an RL run without DiLoCo rounds has no training receipts, and the page then
+  shows these in place of the outer-step figures).
 - Tokens trained: the tokens of the training receipts that counted for credit (one per trainer
   and round, however many members of the group signed for it). Bytes exchanged: what each counted
   signer received from each member of its rounds. Bytes per token: the one over the other.
@@ -77,6 +79,12 @@ class TrainingFigures:
     """Training receipts and accepted verdicts whose signer does not count."""
     loss: list[LossPoint] = field(default_factory=list)
     reward: list[RewardPoint] = field(default_factory=list)
+    rollouts_accepted: int = 0
+    """Accepted rollouts of counted validators, every policy version."""
+    latest_version: int | None = None
+    """Newest policy version with an accepted rollout."""
+    latest_reward: float | None = None
+    """Mean reward of the accepted rollouts of `latest_version`."""
 
     @property
     def bytes_per_token(self) -> float | None:
@@ -175,7 +183,11 @@ class TrainingTally:
             )
             for version in _spread(sorted(by_version))
         ]
+        latest = max(by_version, default=None)
         return TrainingFigures(
+            rollouts_accepted=sum(rewards.count for rewards in by_version.values()),
+            latest_version=latest,
+            latest_reward=None if latest is None else by_version[latest].total / by_version[latest].count,
             outer_steps=len(step_receipts),
             latest_step=max(step_receipts, default=None),
             tokens_trained=tokens,
@@ -233,4 +245,10 @@ def panel_json(figures: TrainingFigures, receipts_url: Callable[..., str]) -> di
             for point in figures.reward
         ],
         "rewards_url": receipts_url(kind=ReceiptKind.ROLLOUT.value),
+        "rollouts_accepted": figures.rollouts_accepted,
+        "latest_version": figures.latest_version,
+        "latest_reward": None if figures.latest_reward is None else round(figures.latest_reward, 6),
+        "latest_version_url": None
+        if figures.latest_version is None
+        else receipts_url(kind=ReceiptKind.ROLLOUT.value, step=figures.latest_version),
     }

@@ -28,9 +28,9 @@ from node.ledger import Ledger
 from node.swarm import LocalSwarm, wait_until
 from tests.helpers import receipts
 from tests.helpers.dashboard import DashboardRun, build_run
-from tests.helpers.dashboard_training import training_round
+from tests.helpers.dashboard_training import rewarded_verdict, training_round
 from tests.helpers.paths import REPO
-from tests.helpers.receipts import RUN
+from tests.helpers.receipts import RUN, new_peer
 
 ARTIFACTS = REPO / "tests" / "artifacts"
 CHROMIUM = shutil.which("chromium")
@@ -190,11 +190,14 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
 
 
 def swarm_cells(driver: Any, peer: str) -> list[str]:
-    """The texts of the swarm table's row for `peer` (its PeerID link's title)."""
-    row = driver.find_element(By.CSS_SELECTOR, f"#swarm-table a.peer[title='{peer}']").find_element(
-        By.XPATH, "./ancestor::tr"
-    )
-    return [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+    """The texts of the swarm table's row for `peer`, read in one script call (see `table_rows`)."""
+    script = """
+        const link = Array.from(document.querySelectorAll('#swarm-table a.peer')).find((a) => a.title === arguments[0]);
+        return link ? Array.from(link.closest('tr').cells, (cell) => cell.textContent.trim()) : [];
+    """
+    cells: list[str] = driver.execute_script(script, peer)
+    assert cells, f"{peer} is not in the swarm table"
+    return cells
 
 
 def check_training(driver: Any, url: str) -> None:
@@ -210,6 +213,35 @@ def check_training(driver: Any, url: str) -> None:
     for plot, points in (("loss-plot", panel["loss"]), ("reward-plot", panel["reward"])):
         links = [a.get_dom_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, f"#{plot} svg a")]
         assert links == [p["receipts_url"] for p in points], (plot, links)
+
+
+def test_an_rl_run_shows_its_policy_figures_in_place_of_outer_steps(browser: Any, tmp_path: Path) -> None:
+    """An RL run whose trainer averages with nobody signs no training receipts: the panel showed
+    zero outer steps and tokens; it shows the policy version, accepted rollouts and reward."""
+    (val, val_id), (_, worker) = new_peer(), new_peer()
+    ledger = Ledger(tmp_path / "ledger.db", RUN)
+    ledger.add_many(
+        [
+            rewarded_verdict(val, worker, version=1, reward=0.25),
+            rewarded_verdict(val, worker, version=2, reward=0.5),
+            rewarded_verdict(val, worker, version=2, reward=0.75),
+        ]
+    )
+    data = DashboardData(ledger, trusted=[val_id])
+    with DashboardServer(data, port=0) as server:
+        browser.get(server.url)
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+        wait.until(lambda d: d.find_element(By.ID, "latest-version").text == "v2")
+        assert browser.find_element(By.ID, "rollouts-accepted").text == "3"
+        assert browser.find_element(By.ID, "latest-reward").text == "0.625"
+        assert browser.find_element(By.ID, "reward-plot").is_displayed()
+        assert not browser.find_element(By.ID, "diloco-figures").is_displayed()
+        assert not browser.find_element(By.ID, "loss-plot").is_displayed()
+        link = browser.find_element(By.ID, "version-link").get_dom_attribute("href")
+        assert link == fetch(server.url + "api/training")["latest_version_url"]
+        screenshot(browser, tmp_path, "dashboard-rl.png")
+    ledger.close()
 
 
 def test_the_page_matches_the_api_and_the_ledger_and_updates_live(browser: Any, tmp_path: Path) -> None:

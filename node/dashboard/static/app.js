@@ -233,6 +233,18 @@ async function drawTraining() {
   curve($("reward-plot"), t.reward.map((p) => ({
     x: p.version, y: p.reward, href: p.receipts_url, title: `policy version ${p.version}: mean reward ${fmt(p.reward, 3)} over ${p.rollouts} accepted rollout(s)`,
   })), "mean reward", "version");
+  // An RL run without DiLoCo rounds signs no training receipts: its figures replace the outer steps'.
+  const rl = t.reward.length > 0;
+  const diloco = t.outer_steps > 0 || !rl;
+  $("diloco-figures").hidden = !diloco;
+  $("loss-block").hidden = !diloco;
+  $("rl-figures").hidden = !rl;
+  $("reward-block").hidden = !rl;
+  $("latest-version").textContent = t.latest_version === null ? "-" : "v" + t.latest_version;
+  $("rollouts-accepted").textContent = fmt(t.rollouts_accepted, 0);
+  $("latest-reward").textContent = t.latest_reward === null ? "-" : fmt(t.latest_reward, 3);
+  $("rollouts-link").href = t.rewards_url;
+  if (t.latest_version_url) { $("version-link").href = t.latest_version_url; }
   $("training-note").textContent = t.left_out ? `${t.left_out} receipt(s) from signers the run neither trusts nor vouches for are left out.` : "";
 }
 

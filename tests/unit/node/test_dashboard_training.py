@@ -80,6 +80,16 @@ def test_reward_is_the_mean_of_accepted_rollouts_per_policy_version(
     assert reward[2]["reward"] == pytest.approx(0.9) and reward[2]["rollouts"] == 1  # the rejection left out
 
 
+def test_the_rl_figures_count_the_validators_accepted_rollouts(
+    trained: tuple[DashboardData, dict[str, bytes]],
+) -> None:
+    data, _ = trained
+    panel = data.training()
+    assert panel["rollouts_accepted"] == 3  # not the rejection, nor the sybil validator's verdict
+    assert panel["latest_version"] == 2 and panel["latest_reward"] == pytest.approx(0.9)
+    assert panel["latest_version_url"] == "/api/receipts?kind=rollout&step=2"
+
+
 def test_each_point_links_to_the_receipts_behind_it(trained: tuple[DashboardData, dict[str, bytes]]) -> None:
     data, peer = trained
     panel = data.training()
