@@ -13,8 +13,9 @@ outer parameters. Modules:
 - `outcome`: `tally_round`, decoding and aggregating a round's final set.
 - `aggregate`, `rules`: the aggregation arithmetic (numpy float64, CenteredClip or mean, norm
   cap) and the rules' names and bounds.
-- `codecs`: pseudo-gradient codecs chosen by the run's config (dense int8; SparseLoCo-style
-  top-k with 2-bit values and error feedback).
+- `codecs`, `bitfields`: pseudo-gradient codecs chosen by the run's config (dense int8;
+  SparseLoCo-style top-k with Elias-Fano offsets, 2-bit values and error feedback) and their
+  strictly decoded bit fields.
 - `state_service`, `state_wire`, `budgets`: serving and downloading the outer state (late
   joiners, resyncs), under per-peer and total upload budgets.
 - `outer_state`, `round_types`: what trainers agree on (`OuterState`) and what a round gives

@@ -7,8 +7,8 @@ raises `InvalidMessage` on any malformed input. Its arithmetic is elementwise fl
 reduction), so every machine decodes a payload to bit-identical tensors.
 
 Both codecs work on the flattened concatenation of all tensors (`numel` values). Numbers are
-little-endian; bit fields are packed most significant bit first, and the padding bits of a field
-(up to its last byte) must be zero.
+little-endian; bit fields are packed most significant bit first (bit j of a field is bit 7 - j % 8
+of its byte j // 8), and the padding bits of a field (up to its last byte) must be zero.
 
 ``int8`` (`DenseInt8Codec`), stateless; blocks of 256 values, the last one possibly shorter:
 
@@ -21,12 +21,20 @@ little-endian; bit fields are packed most significant bit first, and the padding
 error feedback; chunks of `chunk_values` values, the last one possibly shorter (L values); a chunk
 of L values keeps k_L = max(1, round(density * L)) of them:
 
-    header   b"HV", codec id 2, version 1, chunk_values (uint32), k of a full chunk (uint32)  12 bytes
+    header   b"HV", codec id 2, version 2, chunk_values (uint32), k of a full chunk (uint32)  12 bytes
     then per chunk:
       scale    float32 s, 1.5 * s finite, sign bit clear             4 bytes
-      indices  k_L offsets in the chunk, strictly increasing, log2(chunk_values) bits each
+      indices  the k_L kept offsets o_0 < ... < o_{k_L - 1} in [0, L), Elias-Fano coded; l, the
+               low bits of each, is the smallest l >= 0 minimising k_L * l + k_L + ((L - 1) >> l),
+               the field's bits before padding:
+        low    k_L fields of l bits, o_i & (2^l - 1)                  k_L * l bits
+        high   bit (o_i >> l) + i set for each i, all others clear    k_L + ((L - 1) >> l) bits
+        pad    zero bits up to a whole byte
       codes    k_L 2-bit codes; 0, 1, 2, 3 decode to (-1.5, -0.5, +0.5, +1.5) * s
     positions not kept decode to 0. The length is fixed by the shapes: `max_payload_bytes()`.
+    A full chunk of 4096 at the default density (k = 61, l = 6) takes 4 + 62 + 16 bytes (plain
+    12-bit offsets would take 92 index bytes). `bitfields` encodes and strictly decodes the
+    fields: a payload decodes only if it is the canonical encoding of k_L increasing offsets < L.
 
 The 2-bit quantizer sends each kept value v as the nearest of the levels ±0.5s, ±1.5s (magnitude
 threshold at s), s fitted per chunk by Lloyd steps from s = 2 * mean|v| (the inner level is the mean
@@ -44,6 +52,13 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
+from node.collective.bitfields import (
+    elias_fano_bytes,
+    elias_fano_decode,
+    elias_fano_encode,
+    pack_bits,
+    unpack_bits,
+)
 from protocol.errors import ConfigError, InvalidMessage
 
 __all__ = ["CODEC_NAMES", "DenseInt8Codec", "PseudoGradCodec", "SparseLoCoCodec", "codec_for"]
@@ -52,9 +67,10 @@ CODEC_NAMES = ("int8", "sparse")
 """Names accepted by `codec_for`."""
 
 MAGIC = b"HV"
-VERSION = 1
 INT8_ID = 1
 SPARSE_ID = 2
+INT8_VERSION = 1
+SPARSE_VERSION = 2  # 1 sent plain log2(chunk_values)-bit offsets
 INT8_BLOCK = 256
 _INT8_HEADER = struct.Struct("<2sBB")
 _SPARSE_HEADER = struct.Struct("<2sBBII")
@@ -155,7 +171,7 @@ class _ShapedCodec:
         parts = torch.split(flat, self._sizes)
         return [part.view(shape) for part, shape in zip(parts, self.shapes, strict=True)]
 
-    def _check_header(self, data: bytes, header: struct.Struct, codec_id: int) -> tuple[int, ...]:
+    def _check_header(self, data: bytes, header: struct.Struct, codec_id: int, known: int) -> tuple[int, ...]:
         if not isinstance(data, bytes | bytearray | memoryview):
             raise InvalidMessage(f"{self.name} payload must be bytes, got {type(data).__name__}")
         if len(data) < header.size:
@@ -167,8 +183,8 @@ class _ShapedCodec:
             )
         if got_id != codec_id:
             raise InvalidMessage(f"payload is for codec id {got_id}; this {self.name} codec is id {codec_id}")
-        if version != VERSION:
-            raise InvalidMessage(f"{self.name} payload has version {version}; only {VERSION} is known")
+        if version != known:
+            raise InvalidMessage(f"{self.name} payload has version {version}; only {known} is known")
         return tuple(rest)
 
     def _check_length(self, data: bytes) -> None:
@@ -200,11 +216,11 @@ class DenseInt8Codec(_ShapedCodec):
             raise ValueError("the pseudo-gradient has values too large for the int8 codec")
         safe = torch.where(scales > 0, scales, torch.ones_like(scales))
         codes = torch.round(blocks / safe[:, None]).clamp_(-127, 127).to(torch.int8)
-        header = _INT8_HEADER.pack(MAGIC, INT8_ID, VERSION)
+        header = _INT8_HEADER.pack(MAGIC, INT8_ID, INT8_VERSION)
         return header + _le_f32(scales).tobytes() + codes.reshape(-1)[: self.numel].numpy().tobytes()
 
     def decode(self, payload: bytes) -> list[torch.Tensor]:
-        self._check_header(payload, _INT8_HEADER, INT8_ID)
+        self._check_header(payload, _INT8_HEADER, INT8_ID, INT8_VERSION)
         self._check_length(payload)
         raw = np.frombuffer(payload, dtype=np.uint8)
         start = _INT8_HEADER.size
@@ -242,7 +258,6 @@ class SparseLoCoCodec(_ShapedCodec):
         self.chunk_values = chunk_values
         self.error_feedback = error_feedback
         self.ef_decay = float(ef_decay)
-        self.index_bits = chunk_values.bit_length() - 1
         self.k_full = _kept(self.density, chunk_values)
         full, last = divmod(self.numel, chunk_values)
         # Groups of equal chunks: (offset of the first value, chunk count, chunk length, kept per chunk).
@@ -253,11 +268,8 @@ class SparseLoCoCodec(_ShapedCodec):
             self._groups.append((full * chunk_values, 1, last, _kept(self.density, last)))
         self._ef = torch.zeros(self.numel, dtype=torch.float32)
 
-    def _record_bytes(self, k: int) -> int:
-        return 4 + -(-k * self.index_bits // 8) + -(-k // 4)
-
     def max_payload_bytes(self) -> int:
-        return _SPARSE_HEADER.size + sum(n * self._record_bytes(k) for _, n, _, k in self._groups)
+        return _SPARSE_HEADER.size + sum(n * _record_bytes(length, k) for _, n, length, k in self._groups)
 
     def reset(self) -> None:
         self._ef.zero_()
@@ -268,7 +280,7 @@ class SparseLoCoCodec(_ShapedCodec):
             acc = (self._ef * self.ef_decay if self.ef_decay != 1.0 else self._ef) + pg
         else:
             acc = pg
-        parts = [_SPARSE_HEADER.pack(MAGIC, SPARSE_ID, VERSION, self.chunk_values, self.k_full)]
+        parts = [_SPARSE_HEADER.pack(MAGIC, SPARSE_ID, SPARSE_VERSION, self.chunk_values, self.k_full)]
         residual = acc  # a fresh tensor when error feedback is on; only written then
         for start, n, length, k in self._groups:
             chunks = acc[start : start + n * length].view(n, length)
@@ -277,8 +289,8 @@ class SparseLoCoCodec(_ShapedCodec):
             if not bool(torch.isfinite(scales * 1.5).all()):
                 raise ValueError("the pseudo-gradient has values too large for the sparse codec")
             scale_bytes = _le_f32(scales).view(np.uint8).reshape(n, 4)
-            index_bytes = _pack_bits(idx.numpy(), self.index_bits)
-            code_bytes = _pack_bits(codes.numpy(), 2)
+            index_bytes = elias_fano_encode(idx.numpy(), length)
+            code_bytes = pack_bits(codes.numpy(), 2)
             parts.append(np.concatenate([scale_bytes, index_bytes, code_bytes], axis=1).tobytes())
             if self.error_feedback:
                 positions = (idx + start + length * torch.arange(n)[:, None]).reshape(-1)
@@ -288,7 +300,7 @@ class SparseLoCoCodec(_ShapedCodec):
         return b"".join(parts)
 
     def decode(self, payload: bytes) -> list[torch.Tensor]:
-        chunk_values, k_full = self._check_header(payload, _SPARSE_HEADER, SPARSE_ID)
+        chunk_values, k_full = self._check_header(payload, _SPARSE_HEADER, SPARSE_ID, SPARSE_VERSION)
         if chunk_values != self.chunk_values or k_full != self.k_full:
             raise InvalidMessage(
                 f"sparse payload has chunks of {chunk_values} values keeping {k_full}; this run uses "
@@ -299,17 +311,13 @@ class SparseLoCoCodec(_ShapedCodec):
         flat = torch.zeros(self.numel, dtype=torch.float32)
         offset = _SPARSE_HEADER.size
         for start, n, length, k in self._groups:
-            record = self._record_bytes(k)
+            record = _record_bytes(length, k)
             block = raw[offset : offset + n * record].reshape(n, record)
             offset += n * record
-            index_end = 4 + -(-k * self.index_bits // 8)
+            index_end = 4 + elias_fano_bytes(length, k)
             scales = _scales_from(block[:, :4], 1.5, self.name)
-            idx = _unpack_bits(block[:, 4:index_end], k, self.index_bits)
-            if bool((idx >= length).any()):
-                raise InvalidMessage(f"sparse payload has an index past its chunk's {length} values")
-            if k > 1 and bool((np.diff(idx, axis=1) <= 0).any()):
-                raise InvalidMessage("sparse payload has indices that are not strictly increasing in a chunk")
-            codes = torch.from_numpy(_unpack_bits(block[:, index_end:], k, 2))
+            idx = elias_fano_decode(block[:, 4:index_end], k, length)
+            codes = torch.from_numpy(unpack_bits(block[:, index_end:], k, 2))
             positions = torch.from_numpy(idx + start + length * np.arange(n, dtype=np.int64)[:, None])
             flat[positions.reshape(-1)] = _dequantize(codes, scales).reshape(-1)
         return self._unflatten(flat)
@@ -331,6 +339,11 @@ def _check_sparse_config(density: float, chunk_values: int) -> None:
 
 def _kept(density: float, length: int) -> int:
     return max(1, round(density * length))
+
+
+def _record_bytes(length: int, k: int) -> int:
+    """Bytes of one chunk of `length` values keeping k: scale, Elias-Fano indices, 2-bit codes."""
+    return 4 + elias_fano_bytes(length, k) + -(-k // 4)
 
 
 def _padded(flat: torch.Tensor, size: int) -> torch.Tensor:
@@ -385,22 +398,3 @@ def _quantize(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def _dequantize(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """level * scale in float32, elementwise: the one arithmetic of decode and of the error feedback."""
     return _LEVELS[codes] * scales[:, None]
-
-
-def _pack_bits(values: npt.NDArray[np.int64] | npt.NDArray[np.uint8], width: int) -> npt.NDArray[np.uint8]:
-    """[n, k] unsigned values of `width` bits -> [n, ceil(k * width / 8)] bytes, MSB first."""
-    shifts = np.arange(width - 1, -1, -1, dtype=np.uint32)
-    bits = ((values.astype(np.uint32)[..., None] >> shifts) & 1).astype(np.uint8)
-    return np.packbits(bits.reshape(values.shape[0], -1), axis=1)
-
-
-def _unpack_bits(raw: npt.NDArray[np.uint8], k: int, width: int) -> npt.NDArray[np.int64]:
-    """Inverse of `_pack_bits`; InvalidMessage if a padding bit is set."""
-    bits = np.unpackbits(raw, axis=1)
-    if bool(bits[:, k * width :].any()):
-        raise InvalidMessage("sparse payload has nonzero padding bits after a bit field")
-    weights = np.left_shift(1, np.arange(width - 1, -1, -1, dtype=np.int64))
-    fields: npt.NDArray[np.int64] = (
-        bits[:, : k * width].reshape(raw.shape[0], k, width).astype(np.int64) @ weights
-    )
-    return fields
