@@ -19,7 +19,7 @@ from cli.train import (
     resolve_trainer_options,
     trainer_options,
 )
-from protocol.node_record import Role
+from protocol.node_record import Reachability, Role
 
 if TYPE_CHECKING:
     from node.node import HivenetNode
@@ -89,6 +89,10 @@ def _build_config(config_file: Path | None, **flags: Any) -> Any:
         elif key in flags:
             flags[key] = list(flags[key])
     return load_config(config_file, **flags)
+
+
+_REACHABLE = {Reachability.PUBLIC: "yes", Reachability.PRIVATE: "no (NAT)", Reachability.UNKNOWN: "?"}
+"""What a record's self-reported dial-back outcome reads as in the table."""
 
 
 @click.command()
@@ -327,6 +331,7 @@ def peers(
                         "version": node.record.software_version,
                         "addresses": list(node.record.addresses),
                         "age_s": round(now - node.record.started_at, 1),
+                        "reachability": node.record.reachability.name.lower(),
                     }
                     for node in nodes
                 ],
@@ -335,7 +340,7 @@ def peers(
         )
         return
     table = Table(title=f"live nodes of run {run_id!r}: {len(nodes)}")
-    for column in ("peer", "name", "role", "version", "address", "age"):
+    for column in ("peer", "name", "role", "version", "address", "reachable", "age"):
         table.add_column(column)
     for node in nodes:
         table.add_row(
@@ -344,6 +349,7 @@ def peers(
             ",".join(node.record.roles),
             node.record.software_version,
             node.record.addresses[0].split("/p2p/")[0] if node.record.addresses else "-",
+            _REACHABLE[node.record.reachability],
             f"{now - node.record.started_at:,.0f} s",
         )
     Console().print(table)

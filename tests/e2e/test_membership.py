@@ -99,8 +99,10 @@ def test_peers_command_lists_the_swarm(swarm: LocalSwarm) -> None:
     listed = {entry["name"]: entry for entry in json.loads(result.stdout)}
     assert {"node1", "node2", "node3"} <= set(listed)
     assert listed["node2"]["roles"] == ["relay"]
+    assert listed["node2"]["reachability"] == "unknown"  # every seed is on loopback: no dial-back check
     table = hivenet("peers", "--initial-peers", swarm.seed_multiaddr, "--run", RUN, "--role", "relay")
     assert table.returncode == 0 and "node2" in table.stdout and "node1" not in table.stdout
+    assert "reachable" in table.stdout
 
 
 def test_doctor_reports_reachable_seed_and_insecure_key(swarm: LocalSwarm, tmp_path: Path) -> None:
