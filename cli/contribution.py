@@ -30,6 +30,8 @@ def contribution_line(figures: MetricsFigures, credit: CreditFigures | None) -> 
     judged = figures.rollouts.get("accepted", 0) + figures.rollouts.get("rejected", 0)
     if judged:
         parts.append(f"{judged:,} rollouts judged")
+    if figures.tokens.get("validator"):
+        parts.append(f"{figures.tokens['validator']:,} validated tokens taken by trainers")
     if figures.chunks_served:
         parts.append(f"{figures.chunks_served:,} weight chunks served")
     work = ", ".join(parts) or "nothing yet"

@@ -7,8 +7,8 @@
 - `verify FILE [--run R] [--trainer P ...] [--validator P ...] [--trusted P ...] [--json]`:
   re-check every signature and recompute every total from the receipts alone, then print the
   per-contributor credit table. A receipt counts only when signed by a peer whose role the run
-  gives its kind (rollout verdicts: the run's validators and trainers; training receipts: its
-  trainers; `--trusted` peers: every kind), or, for transfer and seed receipts only and capped, by
+  gives its kind (rollout verdicts: the run's validators and trainers; training and validation
+  receipts: its trainers; `--trusted` peers: every kind), or, for transfer and seed receipts only and capped, by
   a signer that earned credit from them; other receipts show in the "untrusted" column. Exits 1
   when any line fails or the file is shorter than its header says.
 - `credit --db PATH [--trainer ...] [--validator ...] [--trusted ...] [--json]`: the same table
@@ -32,7 +32,7 @@ from cli.errors import friendly_errors
 if TYPE_CHECKING:
     from node.ledger import AuditReport, CreditReport, RunSigners
 
-_ROLES = ("inference", "trainer", "broadcast", "seed")
+_ROLES = ("inference", "trainer", "broadcast", "seed", "validator")
 _MAX_SHOWN_INVALID = 20
 _IMPORT_BATCH = 5000
 

@@ -5,7 +5,8 @@ process in tests and simulations) and defines every metric a node exports:
 
 - `hivenet_outer_steps_total`, `hivenet_train_loss`: DiLoCo outer steps applied and the last
   mean inner training loss;
-- `hivenet_tokens_total{role}`: tokens processed (`trainer`: trained, `inference`: generated);
+- `hivenet_tokens_total{role}`: tokens processed (`trainer`: trained, `inference`: generated,
+  `validator`: completion tokens of verified groups a trainer took, per its validation receipts);
 - `hivenet_bytes_sent_total{channel}`, `hivenet_bytes_received_total{channel}`: payload bytes
   (`averaging`: pseudo-gradients, `broadcast`: weight chunks and manifests);
 - `hivenet_chunks_served_total`, `hivenet_chunks_fetched_total`: weight-broadcast chunks;
@@ -169,7 +170,8 @@ class NodeMetrics:
         self._rl: tuple[Counter, Gauge, Gauge, Gauge] | None = None  # registered with the first GRPO step
         self._credit: Gauge | None = None  # registered once the node has a ledger to count from
         self._tokens = Counter(
-            "hivenet_tokens", "Tokens processed, by role (trainer: trained, inference: generated).",
+            "hivenet_tokens",
+            "Tokens processed, by role (trainer: trained, inference: generated, validator: validated).",
             ["role"], registry=registry,
         )  # fmt: skip
         self._bytes_sent = Counter(

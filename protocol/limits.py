@@ -151,5 +151,5 @@ MAX_TICKET_RESPONSE_BYTES = MAX_OPEN_TICKETS * (TICKET_NONCE_BYTES + 32) + 4 * M
 MAX_ROLLOUT_FORWARD_BYTES = MAX_ROLLOUT_GROUP_BYTES + MAX_ROLLOUTS_PER_GROUP * (MAX_ENVELOPE_BYTES + 8) + 4096
 """Largest sealed forward accepted: the worker's group, the verdicts and the forward envelope's own fields."""
 
-MAX_FORWARD_RESPONSE_BYTES = 4 * MAX_SUBMIT_ERROR_CHARS + 16
-"""Largest forward response frame a validator reads."""
+MAX_FORWARD_RESPONSE_BYTES = 4 * MAX_SUBMIT_ERROR_CHARS + MAX_RECEIPT_ENVELOPE_BYTES + 32
+"""Largest forward response frame a validator reads: an error, or the trainer's validation receipt."""

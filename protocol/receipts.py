@@ -4,10 +4,12 @@ A receipt is signed by whoever received the work, never by the contributor: a va
 verdict per rollout (`RolloutVerdict`, domain "rollout-verdict", sealed and checked by
 `protocol.rollout_messages.seal_verdict` / `check_verdict`), an averaging peer signs another
 trainer's participation in an outer step ("receipt-training"), a fetcher signs what it received
-from a source in the weight broadcast ("receipt-transfer") and a node signs a seed's bootstrap or
-dial-back service ("receipt-seed"). Every receipt is an envelope (`protocol.envelope`), so it is
+from a source in the weight broadcast ("receipt-transfer"), a node signs a seed's bootstrap or
+dial-back service ("receipt-seed") and a trainer signs a standalone validator's forward of a group
+it verified ("receipt-validation"). Every receipt is an envelope (`protocol.envelope`), so it is
 bound to the run and the protocol version, and it names its evidence (rollout hash, round id,
-manifest hash, service session id).
+manifest hash, service session id, forwarded group hash). Each kind's payload fields and their
+caps are checked by `protocol.receipt_fields`.
 
 `open_receipt` verifies any of them strictly: canonical encoding, size caps, signature, run,
 expiry, field caps, and refuses a receipt whose signer is its contributor (self-issued). The
@@ -22,39 +24,41 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from google.protobuf.message import Message
 
-from protocol import hivenet_pb2, rollouts_pb2
+from protocol import hivenet_pb2
 from protocol import receipts_pb2 as pb
 from protocol.envelope import open_parsed, parse_envelope, seal
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_CLOCK_SKEW_S, MAX_RECEIPT_ENVELOPE_BYTES, RECEIPT_TTL_S
-from protocol.peer_keys import check_ed25519_peer_id, peer_id_from_private_key
-from protocol.rollout_messages import DOMAIN_VERDICT, check_verdict
+from protocol.peer_keys import peer_id_from_private_key
+from protocol.receipt_fields import (
+    MAX_ROUND_ID_BYTES,
+    MIN_SESSION_ID_BYTES,
+    Fields,
+    fields_of_seed,
+    fields_of_training,
+    fields_of_transfer,
+    fields_of_validation,
+    fields_of_verdict,
+)
+from protocol.rollout_messages import DOMAIN_VERDICT
 from protocol.untrusted import capped_bytes, parse_untrusted
 
 DOMAIN_TRAINING = "receipt-training"
 DOMAIN_TRANSFER = "receipt-transfer"
 DOMAIN_SEED = "receipt-seed"
 
+DOMAIN_VALIDATION = "receipt-validation"
+
 MAX_RECEIPT_BYTES = MAX_RECEIPT_ENVELOPE_BYTES
 """Largest receipt envelope accepted (the biggest, a verdict with its detail, is well under 1 KiB)."""
-MAX_PEER_ID_BYTES = 64
-MAX_ROUND_ID_BYTES = 64
-MAX_SESSION_ID_BYTES = 64
-MIN_SESSION_ID_BYTES = 16
-HASH_BYTES = 32
-MAX_TOKENS = 1 << 40
-"""Cap on any token count in a receipt (far above any real outer step or rollout)."""
-MAX_BYTES = 1 << 50
-MAX_CHUNKS = 1 << 24
-MAX_SERVICE_COUNT = 1 << 20
 
 
 class ReceiptKind(enum.StrEnum):
@@ -64,6 +68,7 @@ class ReceiptKind(enum.StrEnum):
     TRAINING = "training"
     TRANSFER = "transfer"
     SEED = "seed"
+    VALIDATION = "validation"
 
     @property
     def role(self) -> str:
@@ -75,6 +80,7 @@ ROLE_OF_KIND = {
     ReceiptKind.TRAINING: "trainer",
     ReceiptKind.TRANSFER: "broadcast",
     ReceiptKind.SEED: "seed",
+    ReceiptKind.VALIDATION: "validator",
 }
 ROLES = tuple(ROLE_OF_KIND.values())
 
@@ -83,6 +89,7 @@ DOMAIN_OF_KIND = {
     ReceiptKind.TRAINING: DOMAIN_TRAINING,
     ReceiptKind.TRANSFER: DOMAIN_TRANSFER,
     ReceiptKind.SEED: DOMAIN_SEED,
+    ReceiptKind.VALIDATION: DOMAIN_VALIDATION,
 }
 KIND_OF_DOMAIN = {domain: kind for kind, domain in DOMAIN_OF_KIND.items()}
 
@@ -96,6 +103,7 @@ class Receipt:
       (its `signer_loss`, checked here, is read from the envelope by whoever shows it).
     - transfer: `step` = weights version, `chunks`, `byte_count`.
     - seed: `step` = the `SeedService` value, `count` = requests served.
+    - validation: `tokens` = completion tokens of the forwarded group, `count` = its rollouts.
     """
 
     receipt_id: bytes
@@ -105,7 +113,7 @@ class Receipt:
     contributor: bytes
     run_id: str
     evidence: bytes
-    """Rollout hash, round id, manifest hash or service session id."""
+    """Rollout hash, round id, manifest hash, service session id or forwarded group hash."""
     issued_at: float
     step: int = 0
     tokens: int = 0
@@ -223,98 +231,35 @@ def seal_seed_receipt(
     return _seal(private_key, ReceiptKind.SEED, run_id, payload, issued)
 
 
+def seal_validation_receipt(
+    private_key: Ed25519PrivateKey,
+    *,
+    run_id: str,
+    contributor: bytes,
+    group_hash: bytes,
+    rollouts: int,
+    tokens: int,
+    issued_at: float | None = None,
+) -> bytes:
+    """Attest that the signer, a trainer, took the group (sha256 `group_hash` of the worker's sealed
+    group) that validator `contributor` verified and forwarded: `rollouts` rollouts holding `tokens`
+    completion tokens, both counted by the signer from the group it checked."""
+    issued = _issued(issued_at)
+    payload = pb.ValidationReceipt(
+        contributor=contributor, group_hash=group_hash, rollouts=rollouts, tokens=tokens, issued_at=issued
+    ).SerializeToString()
+    return _seal(private_key, ReceiptKind.VALIDATION, run_id, payload, issued)
+
+
 # --- opening ---
 
 
-def _check_peer_id(value: bytes, what: str) -> bytes:
-    if not 0 < len(value) <= MAX_PEER_ID_BYTES:
-        raise InvalidMessage(f"receipt {what} is {len(value)} bytes, expected a PeerID")
-    check_ed25519_peer_id(value)  # only Ed25519 PeerIDs name a peer that can sign
-    return value
-
-
-def _check_id(value: bytes, what: str, low: int, high: int) -> bytes:
-    if not low <= len(value) <= high:
-        size = str(low) if low == high else f"{low}-{high}"
-        raise InvalidMessage(f"receipt {what} is {len(value)} bytes, expected {size}")
-    return value
-
-
-def _check_count(value: int, cap: int, what: str) -> int:
-    if value > cap:
-        raise InvalidMessage(f"receipt {what} {value} exceeds the cap of {cap}")
-    return value
-
-
-def _check_time(value: float) -> float:
-    if not math.isfinite(value) or value <= 0:
-        raise InvalidMessage(f"receipt issue time {value!r} is not a valid unix time")
-    return value
-
-
-def _check_loss(value: float) -> float:
-    if not (math.isfinite(value) and value >= 0.0):
-        raise InvalidMessage(f"receipt signer loss {value!r} is not a finite non-negative number")
-    return value
-
-
-def _fields_of_verdict(payload: bytes) -> dict[str, object]:
-    verdict = parse_untrusted(rollouts_pb2.RolloutVerdict, payload, "rollout verdict")
-    check_verdict(verdict)  # the transport's own check: a ledger admits what workers accept
-    return dict(
-        contributor=_check_peer_id(verdict.worker, "worker"),
-        evidence=_check_id(verdict.rollout_hash, "rollout hash", HASH_BYTES, HASH_BYTES),
-        issued_at=_check_time(verdict.issued_at),
-        step=verdict.policy_version,
-        tokens=_check_count(verdict.tokens, MAX_TOKENS, "tokens"),
-        accepted=verdict.accepted,
-        reason=verdict.reason,
-    )
-
-
-def _fields_of_training(payload: bytes) -> dict[str, object]:
-    message = parse_untrusted(pb.TrainingReceipt, payload, "training receipt")
-    _check_loss(message.signer_loss)  # not a `Receipt` field: the dashboard decodes it from the envelope
-    return dict(
-        contributor=_check_peer_id(message.contributor, "contributor"),
-        evidence=_check_id(message.round_id, "round id", 1, MAX_ROUND_ID_BYTES),
-        issued_at=_check_time(message.issued_at),
-        step=message.outer_step,
-        tokens=_check_count(message.tokens_trained, MAX_TOKENS, "tokens trained"),
-        byte_count=_check_count(message.bytes_exchanged, MAX_BYTES, "bytes exchanged"),
-    )
-
-
-def _fields_of_transfer(payload: bytes) -> dict[str, object]:
-    message = parse_untrusted(pb.TransferReceipt, payload, "transfer receipt")
-    return dict(
-        contributor=_check_peer_id(message.contributor, "contributor"),
-        evidence=_check_id(message.manifest_hash, "manifest hash", HASH_BYTES, HASH_BYTES),
-        issued_at=_check_time(message.issued_at),
-        step=message.version,
-        chunks=_check_count(message.chunks, MAX_CHUNKS, "chunks"),
-        byte_count=_check_count(message.byte_count, MAX_BYTES, "bytes"),
-    )
-
-
-def _fields_of_seed(payload: bytes) -> dict[str, object]:
-    message = parse_untrusted(pb.SeedServiceReceipt, payload, "seed service receipt")
-    if message.service not in (pb.SEED_SERVICE_BOOTSTRAP, pb.SEED_SERVICE_DIAL_BACK):
-        raise InvalidMessage(f"seed service receipt names an unknown service {message.service}")
-    return dict(
-        contributor=_check_peer_id(message.contributor, "contributor"),
-        evidence=_check_id(message.session_id, "session id", MIN_SESSION_ID_BYTES, MAX_SESSION_ID_BYTES),
-        issued_at=_check_time(message.issued_at),
-        step=message.service,
-        count=_check_count(message.count, MAX_SERVICE_COUNT, "service count"),
-    )
-
-
-_FIELDS_OF_KIND = {
-    ReceiptKind.ROLLOUT: _fields_of_verdict,
-    ReceiptKind.TRAINING: _fields_of_training,
-    ReceiptKind.TRANSFER: _fields_of_transfer,
-    ReceiptKind.SEED: _fields_of_seed,
+_FIELDS_OF_KIND: dict[ReceiptKind, Callable[[bytes], Fields]] = {
+    ReceiptKind.ROLLOUT: fields_of_verdict,
+    ReceiptKind.TRAINING: fields_of_training,
+    ReceiptKind.TRANSFER: fields_of_transfer,
+    ReceiptKind.SEED: fields_of_seed,
+    ReceiptKind.VALIDATION: fields_of_validation,
 }
 
 
@@ -392,7 +337,11 @@ __all__ = [
     "DOMAIN_SEED",
     "DOMAIN_TRAINING",
     "DOMAIN_TRANSFER",
+    "DOMAIN_VALIDATION",
     "DOMAIN_VERDICT",
+    "MAX_RECEIPT_BYTES",
+    "MAX_ROUND_ID_BYTES",
+    "MIN_SESSION_ID_BYTES",
     "RECEIPT_TTL_S",
     "ROLES",
     "ROLE_OF_KIND",
@@ -403,5 +352,6 @@ __all__ = [
     "seal_seed_receipt",
     "seal_training_receipt",
     "seal_transfer_receipt",
+    "seal_validation_receipt",
     "stored_payload",
 ]

@@ -24,19 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17protocol/receipts.proto\x12\x10hivenet.receipts\"\xa5\x01\n\x0fTrainingReceipt\x12\x13\n\x0b\x63ontributor\x18\x01 \x01(\x0c\x12\x12\n\nouter_step\x18\x02 \x01(\x04\x12\x10\n\x08round_id\x18\x03 \x01(\x0c\x12\x16\n\x0etokens_trained\x18\x04 \x01(\x04\x12\x17\n\x0f\x62ytes_exchanged\x18\x05 \x01(\x04\x12\x11\n\tissued_at\x18\x06 \x01(\x01\x12\x13\n\x0bsigner_loss\x18\x07 \x01(\x01\"\x85\x01\n\x0fTransferReceipt\x12\x13\n\x0b\x63ontributor\x18\x01 \x01(\x0c\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x15\n\rmanifest_hash\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63hunks\x18\x04 \x01(\r\x12\x12\n\nbyte_count\x18\x05 \x01(\x04\x12\x11\n\tissued_at\x18\x06 \x01(\x01\"\x8f\x01\n\x12SeedServiceReceipt\x12\x13\n\x0b\x63ontributor\x18\x01 \x01(\x0c\x12.\n\x07service\x18\x02 \x01(\x0e\x32\x1d.hivenet.receipts.SeedService\x12\x12\n\nsession_id\x18\x03 \x01(\x0c\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12\x11\n\tissued_at\x18\x05 \x01(\x01*c\n\x0bSeedService\x12\x1c\n\x18SEED_SERVICE_UNSPECIFIED\x10\x00\x12\x1a\n\x16SEED_SERVICE_BOOTSTRAP\x10\x01\x12\x1a\n\x16SEED_SERVICE_DIAL_BACK\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17protocol/receipts.proto\x12\x10hivenet.receipts\"\xa5\x01\n\x0fTrainingReceipt\x12\x13\n\x0b\x63ontributor\x18\x01 \x01(\x0c\x12\x12\n\nouter_step\x18\x02 \x01(\x04\x12\x10\n\x08round_id\x18\x03 \x01(\x0c\x12\x16\n\x0etokens_trained\x18\x04 \x01(\x04\x12\x17\n\x0f\x62ytes_exchanged\x18\x05 \x01(\x04\x12\x11\n\tissued_at\x18\x06 \x01(\x01\x12\x13\n\x0bsigner_loss\x18\x07 \x01(\x01\"\x85\x01\n\x0fTransferReceipt\x12\x13\n\x0b\x63ontributor\x18\x01 \x01(\x0c\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12\x15\n\rmanifest_hash\x18\x03 \x01(\x0c\x12\x0e\n\x06\x63hunks\x18\x04 \x01(\r\x12\x12\n\nbyte_count\x18\x05 \x01(\x04\x12\x11\n\tissued_at\x18\x06 \x01(\x01\"\x8f\x01\n\x12SeedServiceReceipt\x12\x13\n\x0b\x63ontributor\x18\x01 \x01(\x0c\x12.\n\x07service\x18\x02 \x01(\x0e\x32\x1d.hivenet.receipts.SeedService\x12\x12\n\nsession_id\x18\x03 \x01(\x0c\x12\r\n\x05\x63ount\x18\x04 \x01(\r\x12\x11\n\tissued_at\x18\x05 \x01(\x01\"q\n\x11ValidationReceipt\x12\x13\n\x0b\x63ontributor\x18\x01 \x01(\x0c\x12\x12\n\ngroup_hash\x18\x02 \x01(\x0c\x12\x10\n\x08rollouts\x18\x03 \x01(\r\x12\x0e\n\x06tokens\x18\x04 \x01(\x04\x12\x11\n\tissued_at\x18\x05 \x01(\x01*c\n\x0bSeedService\x12\x1c\n\x18SEED_SERVICE_UNSPECIFIED\x10\x00\x12\x1a\n\x16SEED_SERVICE_BOOTSTRAP\x10\x01\x12\x1a\n\x16SEED_SERVICE_DIAL_BACK\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protocol.receipts_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_SEEDSERVICE']._serialized_start=495
-  _globals['_SEEDSERVICE']._serialized_end=594
+  _globals['_SEEDSERVICE']._serialized_start=610
+  _globals['_SEEDSERVICE']._serialized_end=709
   _globals['_TRAININGRECEIPT']._serialized_start=46
   _globals['_TRAININGRECEIPT']._serialized_end=211
   _globals['_TRANSFERRECEIPT']._serialized_start=214
   _globals['_TRANSFERRECEIPT']._serialized_end=347
   _globals['_SEEDSERVICERECEIPT']._serialized_start=350
   _globals['_SEEDSERVICERECEIPT']._serialized_end=493
+  _globals['_VALIDATIONRECEIPT']._serialized_start=495
+  _globals['_VALIDATIONRECEIPT']._serialized_end=608
 # @@protoc_insertion_point(module_scope)

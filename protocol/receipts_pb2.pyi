@@ -61,3 +61,17 @@ class SeedServiceReceipt(_message.Message):
     count: int
     issued_at: float
     def __init__(self, contributor: _Optional[bytes] = ..., service: _Optional[_Union[SeedService, str]] = ..., session_id: _Optional[bytes] = ..., count: _Optional[int] = ..., issued_at: _Optional[float] = ...) -> None: ...
+
+class ValidationReceipt(_message.Message):
+    __slots__ = ("contributor", "group_hash", "rollouts", "tokens", "issued_at")
+    CONTRIBUTOR_FIELD_NUMBER: _ClassVar[int]
+    GROUP_HASH_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_AT_FIELD_NUMBER: _ClassVar[int]
+    contributor: bytes
+    group_hash: bytes
+    rollouts: int
+    tokens: int
+    issued_at: float
+    def __init__(self, contributor: _Optional[bytes] = ..., group_hash: _Optional[bytes] = ..., rollouts: _Optional[int] = ..., tokens: _Optional[int] = ..., issued_at: _Optional[float] = ...) -> None: ...

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotocol/rollout_forward.proto\x12\x10hivenet.rollouts\"1\n\x0eRolloutForward\x12\r\n\x05group\x18\x01 \x01(\x0c\x12\x10\n\x08verdicts\x18\x02 \x03(\x0c\" \n\x0f\x46orwardResponse\x12\r\n\x05\x65rror\x18\x01 \x01(\tb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1eprotocol/rollout_forward.proto\x12\x10hivenet.rollouts\"1\n\x0eRolloutForward\x12\r\n\x05group\x18\x01 \x01(\x0c\x12\x10\n\x08verdicts\x18\x02 \x03(\x0c\"1\n\x0f\x46orwardResponse\x12\r\n\x05\x65rror\x18\x01 \x01(\t\x12\x0f\n\x07receipt\x18\x02 \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,5 +34,5 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ROLLOUTFORWARD']._serialized_start=52
   _globals['_ROLLOUTFORWARD']._serialized_end=101
   _globals['_FORWARDRESPONSE']._serialized_start=103
-  _globals['_FORWARDRESPONSE']._serialized_end=135
+  _globals['_FORWARDRESPONSE']._serialized_end=152
 # @@protoc_insertion_point(module_scope)

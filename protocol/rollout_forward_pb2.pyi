@@ -15,7 +15,9 @@ class RolloutForward(_message.Message):
     def __init__(self, group: _Optional[bytes] = ..., verdicts: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ForwardResponse(_message.Message):
-    __slots__ = ("error",)
+    __slots__ = ("error", "receipt")
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_FIELD_NUMBER: _ClassVar[int]
     error: str
-    def __init__(self, error: _Optional[str] = ...) -> None: ...
+    receipt: bytes
+    def __init__(self, error: _Optional[str] = ..., receipt: _Optional[bytes] = ...) -> None: ...

@@ -67,6 +67,7 @@ __all__ = [
     "check_group",
     "check_verdict",
     "check_verdicts_match",
+    "group_hash",
     "open_forward",
     "open_group",
     "open_verdict",
@@ -356,6 +357,18 @@ class Forwarded:
     verdict_envelopes: tuple[bytes, ...]
     """The validator's sealed verdicts as received (the receipts), one per rollout."""
     verdicts: tuple[rpb.RolloutVerdict, ...]
+    sealed_group: bytes = b""
+    """The worker's sealed group exactly as forwarded."""
+
+    @property
+    def group_hash(self) -> bytes:
+        """sha256 of the worker's sealed group as forwarded: what names it in a validation receipt."""
+        return group_hash(self.sealed_group)
+
+
+def group_hash(sealed_group: bytes) -> bytes:
+    """How a validation receipt names a forwarded group: sha256 of the worker's sealed group bytes."""
+    return hashlib.sha256(sealed_group).digest()
 
 
 def seal_forward(
@@ -421,4 +434,5 @@ def open_forward(
         group=group,
         verdict_envelopes=tuple(forward.verdicts),
         verdicts=tuple(verdicts),
+        sealed_group=forward.group,
     )

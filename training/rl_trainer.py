@@ -271,6 +271,7 @@ class RLTrainer(RoleThread):
                     run_id=config.run_id,
                     handler=self._handle_forward,
                     config=ForwardConfig(trusted_validators=list(config.trusted_validators)),
+                    on_receipts=node.receipt_sink,  # a copy of each validation receipt it signs
                 )
             )
             if config.trusted_validators

@@ -10,8 +10,9 @@
   policy versions through the weight broadcast (the newest `async_level + 1`; the newest
   published version is its staleness reference), issues tickets and judges the groups workers
   submit for them, and forwards each accepted group to one of the run's trainers (the next if
-  that one fails, so that it is trained on once), which re-checks every signature and accepts
-  forwards only from validators it trusts. A worker hears "accepted" once the group is queued
+  that one fails, so that it is trained on once), which re-checks every signature, accepts
+  forwards only from validators it trusts and answers one it took with a validation receipt (the
+  validator's credit, kept in its ledger). A worker hears "accepted" once the group is queued
   durably (`node.rollouts.forward_queue`): a busy or restarting trainer loses nothing.
 """
 
@@ -262,7 +263,7 @@ class StandaloneValidator:
         for trainer in trainers:
             try:
                 await connect_member(self.broadcast.dialer, trainer)
-                await forward_group(
+                receipt = await forward_group(
                     self.broadcast.p2p,
                     trainer.peer_id,
                     private_key=self.node.identity.private_key,
@@ -271,11 +272,14 @@ class StandaloneValidator:
                     sealed_verdicts=verdicts,
                     timeout_s=FORWARD_TIMEOUT_S,
                     seq=next(self._forward_seq),
+                    on_receipts=self.node.receipt_sink,  # the trainer's validation receipt, checked
                 )
             except Exception as exc:
                 logger.warning(
                     "[%s] could not forward to trainer %s: %s", self.node.short_id, trainer.short_id, exc
                 )
             else:
+                if receipt is not None:
+                    self.node.metrics.tokens_processed("validator", receipt.tokens)
                 return True
         return False

@@ -40,6 +40,7 @@ _POINTS = {
     "trainer": f"{_RATES.per_token_trained:g} per token trained",
     "broadcast": f"{_RATES.per_mib_delivered:g} per MiB of weights delivered",
     "seed": f"{_RATES.per_seed_service:g} per seed service",
+    "validator": f"{_RATES.per_token_validated:g} per token of a verified group a trainer took",
 }
 """What one point of credit is, per role (the ledger's default rates, which the dashboard counts with)."""
 """Most receipts or leaderboard rows one answer lists."""

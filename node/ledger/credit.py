@@ -1,22 +1,25 @@
 """Credit: what verified receipts are worth, per contributor and role, and how sybils are kept out.
 
 Each receipt is worth points in its contributor's role (`CreditRates`): accepted rollout tokens
-("inference"), tokens trained ("trainer"), MiB delivered ("broadcast"), services ("seed"). A
-rejected verdict is worth nothing. The same work is counted once: one claim per rollout hash and
-per training round for a contributor (however many validators or group members signed it), one
-per (signer, source, manifest) transfer and per seed service session.
+("inference"), tokens trained ("trainer"), MiB delivered ("broadcast"), services ("seed"),
+completion tokens of the groups a standalone validator verified that a trainer took
+("validator"). A rejected verdict is worth nothing. The same work is counted once: one claim per
+rollout hash, per training round and per forwarded group for a contributor (however many
+validators, group members or trainers signed it), one per (signer, source, manifest) transfer and
+per seed service session.
 
 Sybils. Anyone can mint keys and sign receipts for each other, so a receipt's credit counts only
 when its signer is vouched for:
 1. a signer whose role the run gives that kind of receipt counts in full
-   (`node.ledger.signers.RunSigners`: rollout verdicts from its validators, training receipts
-   from its trainers, transfer and seed receipts from any of them);
+   (`node.ledger.signers.RunSigners`: rollout verdicts from its validators, training and
+   validation receipts from its trainers, transfer and seed receipts from any of them);
 2. a signer that itself holds credit from a trusted signer (one hop) counts too, but all the
    credit it grants is capped at the credit it earned from trusted signers, so a sybil ring
    bootstrapped by one honest contribution can mint no more than that contribution. This holds
    for transfer and seed receipts, and for training receipts only when the signer earned trainer
-   credit (`node.ledger.signers.VOUCHING_ROLE`); its rollout verdicts count zero, since a credited
-   worker could otherwise sign "accepted" for identities that did no work;
+   credit (`node.ledger.signers.VOUCHING_ROLE`); its rollout verdicts and validation receipts
+   count zero, since a credited worker could otherwise sign "accepted" for identities that did no
+   work;
 3. receipts from anyone else are kept and shown, but count zero ("untrusted").
 
 The recent average is BOINC's RAC: credit decayed exponentially with a half-life (default one
@@ -49,6 +52,12 @@ class CreditRates:
     per_token_trained: float = 1.0
     per_mib_delivered: float = 100.0
     per_seed_service: float = 10.0
+    per_token_validated: float = 0.25
+    """Per completion token of a group a trainer took from a standalone validator. A worker decodes
+    its completion one token at a time; the validator checks it in one prefill per rollout (the
+    TOPLOC proofs and the reward recomputed over the whole sequence at once), batched, so a
+    validated token costs a fraction of a generated one. A quarter of a generated token's rate
+    pays for that pass and keeps validating worth less than generating the same tokens."""
 
     def of(self, receipt: Receipt) -> float:
         """The points `receipt` is worth if its signer counts."""
@@ -58,6 +67,8 @@ class CreditRates:
             return receipt.tokens * self.per_token_trained
         if receipt.kind is ReceiptKind.TRANSFER:
             return receipt.byte_count / _MIB * self.per_mib_delivered
+        if receipt.kind is ReceiptKind.VALIDATION:
+            return receipt.tokens * self.per_token_validated
         return receipt.count * self.per_seed_service
 
 
@@ -80,7 +91,7 @@ class Standing(enum.StrEnum):
 
 def claim_of(receipt: Receipt) -> tuple[Any, ...]:
     """What makes two receipts attest the same work (only one of them counts)."""
-    if receipt.kind in (ReceiptKind.ROLLOUT, ReceiptKind.TRAINING):
+    if receipt.kind in (ReceiptKind.ROLLOUT, ReceiptKind.TRAINING, ReceiptKind.VALIDATION):
         return (receipt.kind, receipt.contributor, receipt.evidence)
     return (receipt.kind, receipt.signer, receipt.contributor, receipt.evidence)
 

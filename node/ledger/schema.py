@@ -12,7 +12,14 @@ from __future__ import annotations
 from protocol.receipts import ReceiptKind
 
 SCHEMA_VERSION = 1
-KIND_CODES = {ReceiptKind.ROLLOUT: 1, ReceiptKind.TRAINING: 2, ReceiptKind.TRANSFER: 3, ReceiptKind.SEED: 4}
+KIND_CODES = {
+    ReceiptKind.ROLLOUT: 1,
+    ReceiptKind.TRAINING: 2,
+    ReceiptKind.TRANSFER: 3,
+    ReceiptKind.SEED: 4,
+    ReceiptKind.VALIDATION: 5,
+}
+"""How each kind is stored: a code, once given, never changes (a new kind takes a new code)."""
 KIND_OF_CODE = {code: kind for kind, code in KIND_CODES.items()}
 
 SCHEMA = """

@@ -1,14 +1,16 @@
 """Who a run trusts to sign each kind of receipt.
 
 A receipt is only as good as its signer's place in the run: a rollout verdict means something
-when one of the run's validators signed it, a training receipt when one of its trainers did.
+when one of the run's validators signed it, a training receipt when one of its trainers did, and
+a validation receipt (a trainer took a group a standalone validator forwarded) when one of its
+trainers did.
 Transfer and seed receipts attest services any node can render and receive, so any signer the
 run trusts counts for them, and a signer vouched for by a trusted one counts capped (see
 `node.ledger.credit`). A training receipt from a signer the run does not name counts only when
 that signer earned trainer credit from the run's trainers (an open run's volunteer trainer,
-vouched for by the named trainers it averaged with), capped the same way. Rollout verdicts are
-never vouched for. So a worker that earned credit cannot pass it on to identities that did no
-work by signing verdicts or training receipts for them.
+vouched for by the named trainers it averaged with), capped the same way. Rollout verdicts and
+validation receipts are never vouched for. So a worker that earned credit cannot pass it on to
+identities that did no work by signing verdicts, training or validation receipts for them.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ VOUCHING_ROLE: dict[ReceiptKind, str | None] = {
     ReceiptKind.TRAINING: ReceiptKind.TRAINING.role,
 }
 """The kinds a signer without a role may sign when vouched for, and the role whose credit vouches
-for it (None: credit in any role); rollout verdicts are absent: never vouched for."""
+for it (None: credit in any role); rollout verdicts and validation receipts are absent: never
+vouched for."""
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class RunSigners:
     validators: frozenset[bytes] = frozenset()
     """Signers of rollout verdicts: the run's validators (its trainers validate too)."""
     trainers: frozenset[bytes] = frozenset()
-    """Signers of training receipts: the run's trainers."""
+    """Signers of training and validation receipts: the run's trainers."""
     services: frozenset[bytes] = frozenset()
     """Further signers trusted for transfer and seed receipts only."""
 
@@ -66,6 +69,6 @@ class RunSigners:
         """Whether a receipt of `kind` signed by `signer` counts in full."""
         if kind is ReceiptKind.ROLLOUT:
             return signer in self.validators
-        if kind is ReceiptKind.TRAINING:
+        if kind in (ReceiptKind.TRAINING, ReceiptKind.VALIDATION):
             return signer in self.trainers
         return signer in self.everyone

@@ -140,7 +140,7 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
     assert (
         cells[1] == name
         and cells[3] == f"{credit.roles['inference'].total:,.0f}"
-        and cells[7] == f"{credit.total:,.0f}"
+        and cells[8] == f"{credit.total:,.0f}"
     )
     reasons = {cells[0]: cells[1] for cells in table_rows(driver, "#reasons tbody tr")}
     api_reasons = {r["reason"]: str(r["count"]) for r in fetch(url + "api/verification")["by_reason"]}
@@ -170,7 +170,7 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
     # a new receipt lands in the ledger: the page redraws by itself (server-sent events)
     ledger.add(_verdict(run, "val-a", worker_bytes, 1000))
     total = credit.total + 1000
-    wait.until(lambda d: leaderboard_cells(d, worker)[7] == f"{total:,.0f}")
+    wait.until(lambda d: leaderboard_cells(d, worker)[8] == f"{total:,.0f}")
     assert driver.find_element(By.ID, "accepted").text == str(fetch(url + "api/verification")["accepted"])
     # and so does the training panel when a round's receipts arrive
     steps = fetch(url + "api/training")["outer_steps"]

@@ -9,7 +9,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from protocol import receipts_pb2, rollouts_pb2
 from protocol.peer_keys import peer_id_from_private_key
-from protocol.receipts import seal_seed_receipt, seal_training_receipt, seal_transfer_receipt
+from protocol.receipts import (
+    seal_seed_receipt,
+    seal_training_receipt,
+    seal_transfer_receipt,
+    seal_validation_receipt,
+)
 from protocol.rollout_messages import seal_verdict
 
 RUN = "run-receipts"
@@ -102,5 +107,27 @@ def seed(
         contributor=contributor,
         service=receipts_pb2.SEED_SERVICE_BOOTSTRAP,
         session_id=os.urandom(16),
+        issued_at=issued_at,
+    )
+
+
+def validation(
+    trainer: Ed25519PrivateKey,
+    validator: bytes,
+    *,
+    tokens: int = 400,
+    rollouts: int = 4,
+    group_hash: bytes | None = None,
+    issued_at: float | None = None,
+    run_id: str = RUN,
+) -> bytes:
+    """A trainer's validation receipt for a group `validator` forwarded."""
+    return seal_validation_receipt(
+        trainer,
+        run_id=run_id,
+        contributor=validator,
+        group_hash=group_hash or os.urandom(32),
+        rollouts=rollouts,
+        tokens=tokens,
         issued_at=issued_at,
     )

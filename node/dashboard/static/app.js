@@ -178,7 +178,7 @@ async function drawLeaderboard() {
   $("leaderboard-note").textContent = `${board.contributors} contributors, ${board.receipts} receipts. Credit is in points: ${points}; recent average per day, with a half-life of ${duration(board.half_life_s)}`;
   fillRows("leaderboard", board.rows.map((r) => [
     r.rank, r.name, peerLink(r.peer_id),
-    fmt(r.roles.inference), fmt(r.roles.trainer), fmt(r.roles.broadcast), fmt(r.roles.seed),
+    fmt(r.roles.inference), fmt(r.roles.trainer), fmt(r.roles.broadcast), fmt(r.roles.seed), fmt(r.roles.validator),
     fmt(r.total), fmt(r.recent), r.untrusted ? fmt(r.untrusted) : "", link(r.receipts, r.receipts_url),
   ]));
 }
@@ -256,6 +256,7 @@ function amount(r) {
   if (r.kind === "rollout") { return `${r.tokens} tokens` + (r.accepted ? "" : ` (rejected: ${r.reason})`); }
   if (r.kind === "training") { return `${r.tokens} tokens, step ${r.step}`; }
   if (r.kind === "transfer") { return `${bytes(r.bytes)} of v${r.step}`; }
+  if (r.kind === "validation") { return `${r.count} rollouts, ${r.tokens} tokens validated`; }
   return `${r.count} service(s)`;
 }
 

@@ -128,7 +128,7 @@ def test_leaderboard_credit_matches_the_receipts(served: Any) -> None:
     assert row_of(board, "mallory")["total"] == run.worker_tokens["mallory"] == 30
     # trainer-a: 1000 tokens trained (trusted signer) + 1 MiB delivered to alice, vouched by alice's credit
     trainer = row_of(board, "trainer-a")
-    assert trainer["roles"] == {"inference": 0, "trainer": 1000, "broadcast": 100, "seed": 0}
+    assert trainer["roles"] == {"inference": 0, "trainer": 1000, "broadcast": 100, "seed": 0, "validator": 0}
     assert board["rows"][0]["name"] == "trainer-a"
     bob = row_of(board, "bob")
     assert bob["total"] == 50 and bob["untrusted"] == 400  # a transfer receipt from an unknown signer
@@ -206,6 +206,28 @@ def test_new_receipts_show_at_once(served: Any) -> None:
     assert wait_until(lambda: data.version()["receipts"] == before["receipts"] + 1, timeout_s=10)
     _, board = get(server, "/api/leaderboard")
     assert row_of(board, "bob")["total"] == 75
+
+
+def test_a_standalone_validators_credit_shows_in_the_validator_role(served: Any) -> None:
+    run, data, server = served
+    before = data.version()
+    # trainer-a took a group val-b forwarded (counts); mallory, a worker with credit, vouches for
+    # no validation: its receipt counts zero
+    data.ledger.add(receipts.validation(run.peers["trainer-a"].key, run.peers["val-b"].peer_id, tokens=400))
+    data.ledger.add(receipts.validation(run.peers["mallory"].key, run.peers["val-b"].peer_id, tokens=400))
+    assert wait_until(lambda: data.version()["receipts"] == before["receipts"] + 2, timeout_s=10)
+    _, board = get(server, "/api/leaderboard")
+    assert "validator" in board["points"] and "0.25 per token" in board["points"]["validator"]
+    assert all(
+        set(row["roles"]) == {"inference", "trainer", "broadcast", "seed", "validator"}
+        for row in board["rows"]
+    )
+    validator = row_of(board, "val-b")
+    assert validator["roles"]["validator"] == validator["total"] == 100
+    assert validator["untrusted"] == 100 and validator["receipts"] == 2
+    _, listed = get(server, validator["receipts_url"])
+    assert {r["kind"] for r in listed["receipts"]} == {"validation"}
+    assert {r["role"] for r in listed["receipts"]} == {"validator"}
 
 
 def test_events_stream_sends_the_ledger_version(served: Any) -> None:

@@ -8,7 +8,8 @@ transport under test moves bytes and checks them, it does not judge.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import hashlib
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -39,10 +40,11 @@ from protocol import rollout_forward_pb2 as fpb
 from protocol import rollouts_pb2 as rpb
 from protocol.envelope import Envelope
 from protocol.errors import InvalidMessage
+from protocol.receipts import ReceiptKind, open_receipt, seal_validation_receipt
 from protocol.rollout_messages import Forwarded, open_verdict, rollout_hash, seal_group
 from tests.helpers.broadcast import Swarm, SwarmNode, open_swarm
 from tests.helpers.members import live_member
-from tests.helpers.rollouts import RUN, key, make_group, verdicts_for
+from tests.helpers.rollouts import RUN, key, make_group, peer_bytes, verdicts_for
 from tests.helpers.waiting import async_wait_until
 
 SMALL_GROUP_CAP = 64 * 1024
@@ -279,17 +281,29 @@ def test_streams_per_peer_are_capped_a_new_one_replacing_an_idle_one(swarm: Swar
 
 @asynccontextmanager
 async def forward_intake_on(
-    node: SwarmNode, trusted: list[SwarmNode], received: list[Forwarded]
+    node: SwarmNode,
+    trusted: list[SwarmNode],
+    received: list[Forwarded],
+    *,
+    refuse: str = "",
+    kept: list[bytes] | None = None,
+    intake_type: type[ForwardIntake] = ForwardIntake,
 ) -> AsyncIterator[ForwardIntake]:
+    """A trainer's forward intake on `node`; `refuse`: its handler refuses every forward with this
+    reason; `kept`: where the trainer keeps the validation receipts it signs."""
+
     async def handler(validator: bytes, forwarded: Forwarded) -> None:
+        if refuse:
+            raise GroupRefused(refuse)
         received.append(forwarded)
 
-    intake = ForwardIntake(
+    intake = intake_type(
         dht=node.dht,
         identity=node.identity,
         run_id=RUN,
         handler=handler,
         config=ForwardConfig(trusted_validators=[t.identity.peer_id.to_base58() for t in trusted]),
+        on_receipts=None if kept is None else kept.extend,
     )
     await intake.start()
     try:
@@ -387,6 +401,120 @@ def test_forward_signed_by_another_validator_than_the_stream_is_refused(swarm: S
                     timeout_s=20,
                 )
             assert not received and intake.bans.is_banned(validator.identity.peer_id)
+
+    asyncio.run(main())
+
+
+async def _forward(
+    p2p: P2P, validator: SwarmNode, trainer: SwarmNode, worker: SwarmNode, sink: list[bytes], **kw: Any
+) -> Any:
+    group, sealed = kw.pop("sealed_group", None) or _sealed(worker)
+    return await forward_group(
+        p2p,
+        trainer.identity.peer_id,
+        private_key=validator.identity.private_key,
+        run_id=RUN,
+        sealed_group=sealed,
+        sealed_verdicts=verdicts_for(validator.identity.private_key, worker.identity.peer_id_bytes, group),
+        timeout_s=20,
+        on_receipts=sink.extend,
+        **kw,
+    )
+
+
+def test_a_trainer_that_takes_a_forward_gives_the_validator_one_validation_receipt(swarm: Swarm) -> None:
+    worker, validator, trainer = _ids(swarm)
+
+    async def main() -> None:
+        received: list[Forwarded] = []
+        sink: list[bytes] = []
+        kept: list[bytes] = []
+        async with (
+            forward_intake_on(trainer, [validator], received, kept=kept),
+            client_of(validator) as p2p,
+        ):
+            group, sealed = _sealed(worker, make_group(3, counter=21))
+            returned = await _forward(p2p, validator, trainer, worker, sink, sealed_group=(group, sealed))
+            assert len(received) == 1 and len(sink) == 1
+            receipt = open_receipt(sink[0], run_id=RUN)
+            assert returned == receipt and kept == sink  # the trainer keeps its own copy
+            assert receipt.kind is ReceiptKind.VALIDATION and receipt.role == "validator"
+            assert receipt.signer == trainer.identity.peer_id_bytes
+            assert receipt.contributor == validator.identity.peer_id_bytes
+            assert receipt.evidence == hashlib.sha256(sealed).digest()
+            # counted by the trainer from the group: 3 rollouts of 40 completion tokens
+            assert (receipt.count, receipt.tokens) == (3, 3 * 40)
+            # the same group forwarded again: its receipt makes the same claim (counted once)
+            await _forward(p2p, validator, trainer, worker, sink, sealed_group=(group, sealed))
+            again = open_receipt(sink[1], run_id=RUN)
+            assert (again.kind, again.contributor, again.evidence) == (
+                receipt.kind,
+                receipt.contributor,
+                receipt.evidence,
+            )
+        # a trainer that refuses the forward signs nothing
+        async with (
+            forward_intake_on(trainer, [validator], received, refuse="stale", kept=kept),
+            client_of(validator) as p2p,
+        ):
+            with pytest.raises(SubmissionRefused, match="forward refused: stale"):
+                await _forward(p2p, validator, trainer, worker, sink)
+            assert len(sink) == 2 and len(kept) == 2
+
+    asyncio.run(main())
+
+
+def _forging_intake(forge: Callable[[ForwardIntake, bytes, Forwarded], bytes]) -> type[ForwardIntake]:
+    class Forging(ForwardIntake):
+        def _receipt(self, validator: bytes, forwarded: Forwarded) -> bytes:
+            return forge(self, validator, forwarded)
+
+    return Forging
+
+
+def _validation_by(
+    key: Any, *, contributor: bytes | None = None, group_hash: bytes | None = None, run_id: str = RUN
+) -> Callable[[ForwardIntake, bytes, Forwarded], bytes]:
+    def forge(intake: ForwardIntake, validator: bytes, forwarded: Forwarded) -> bytes:
+        return seal_validation_receipt(
+            key or intake.identity.private_key,
+            run_id=run_id,
+            contributor=contributor or validator,
+            group_hash=group_hash or forwarded.group_hash,
+            rollouts=len(forwarded.group.rollouts),
+            tokens=10_000,
+        )
+
+    return forge
+
+
+@pytest.mark.parametrize(
+    "forge",
+    [
+        pytest.param(_validation_by(key("impostor")), id="signed-by-another-peer"),
+        pytest.param(
+            _validation_by(None, contributor=peer_bytes(key("another validator"))), id="another-contributor"
+        ),
+        pytest.param(_validation_by(None, group_hash=b"x" * 32), id="another-group"),
+        pytest.param(_validation_by(None, run_id="another-run"), id="another-run"),
+        pytest.param(lambda intake, validator, forwarded: b"\x0a\x03junk", id="garbage"),
+    ],
+)
+def test_a_forged_validation_receipt_is_not_kept(
+    swarm: Swarm, forge: Callable[[ForwardIntake, bytes, Forwarded], bytes]
+) -> None:
+    worker, validator, trainer = _ids(swarm)
+
+    async def main() -> None:
+        received: list[Forwarded] = []
+        sink: list[bytes] = []
+        async with (
+            forward_intake_on(trainer, [validator], received, intake_type=_forging_intake(forge)),
+            client_of(validator) as p2p,
+        ):
+            # the forward itself went through: only the receipt is ignored
+            assert await _forward(p2p, validator, trainer, worker, sink) is None
+            assert len(received) == 1 and sink == []
 
     asyncio.run(main())
 

@@ -2,7 +2,7 @@
 
 - A group judged by one is refused by the other (tickets are a validator's own: replaying a group
   at a second validator of the run earns nothing), and the one trainer it is forwarded to trains
-  on it once.
+  on it once and signs the standalone validator one validation receipt for it, which both keep.
 - A worker submits only to those two, never to a third node that claims the validator role.
 - A real inference worker spreads its groups over both; when the standalone validator stops
   answering (its node still listed in membership), the worker fails over to the trainer's
@@ -12,15 +12,19 @@
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 
 from node.identity import create_identity
+from node.ledger import Ledger
 from node.swarm import wait_until
 from protocol.node_record import Role
-from protocol.rollout_messages import rollout_hash
+from protocol.receipts import Receipt, ReceiptKind
+from protocol.rollout_messages import parse_rollout, rollout_hash
 from tests.helpers.rl_loop import (
     TINY,
     LoopbackNodes,
@@ -37,6 +41,15 @@ from training.rl_worker import InferenceWorker
 from verification.rl_roles import StandaloneValidator, start_rl_trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _validations(ledger: Ledger, evidence: bytes) -> list[Receipt]:
+    """The validation receipts in `ledger` for the group of sha256 `evidence`."""
+    return [r for r in ledger.receipts() if r.kind is ReceiptKind.VALIDATION and r.evidence == evidence]
+
+
+def _holds_validation(ledger: Ledger, evidence: bytes) -> bool:
+    return bool(_validations(ledger, evidence))
 
 
 @dataclass
@@ -61,8 +74,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoValidators]:
     try:
         policy = TinyGPT(TINY)
         policy_v0 = copy.deepcopy(policy).eval()
-        trainer, _ = start_rl_trainer(nodes.add("trainer", [Role.TRAINER, Role.VALIDATOR]), config, policy)
-        standalone = StandaloneValidator(nodes.add("validator", [Role.VALIDATOR]), config).start()
+        trainer, _ = start_rl_trainer(
+            nodes.add("trainer", [Role.TRAINER, Role.VALIDATOR], ledger=True), config, policy
+        )
+        standalone = StandaloneValidator(
+            nodes.add("validator", [Role.VALIDATOR], ledger=True), config
+        ).start()
         yield TwoValidators(nodes, config, policy_v0, trainer, standalone)
     finally:
         if trainer is not None:
@@ -93,6 +110,20 @@ def test_a_group_judged_by_one_validator_is_refused_by_the_other_and_trained_on_
         assert_steps_settle_at(run.trainer, 1)
         assert run.trainer.trained_from[scripted.peer] == 4
         assert {rollout_hash(r) for r in group.rollouts} <= run.trainer.trained_hashes
+        # the trainer signed the standalone validator one receipt for the group; each keeps it
+        trainer_id = run.trainer.node.identity.peer_id_bytes
+        validator_id = run.standalone.node.identity.peer_id_bytes
+        evidence = hashlib.sha256(sealed).digest()
+        tokens = sum(len(parse_rollout(raw).completion_ids) for raw in group.rollouts)
+        for ledger in (run.standalone.node.ledger, run.trainer.node.ledger):
+            assert ledger is not None
+            assert wait_until(functools.partial(_holds_validation, ledger, evidence), 30.0)
+            [receipt] = _validations(ledger, evidence)
+            assert (receipt.signer, receipt.contributor) == (trainer_id, validator_id)
+            assert (receipt.count, receipt.tokens) == (4, tokens)
+        assert wait_until(
+            lambda: run.standalone.node.metrics.figures().tokens.get("validator", 0) >= tokens, 10.0
+        )
     finally:
         scripted.close()
 

@@ -70,3 +70,11 @@ def test_own_credit_is_recounted_only_when_stale_or_asked_fresh(tmp_path: Path) 
         now[0] += own.max_age_s
         assert own.figures().total == 15  # type: ignore[union-attr]
     assert OwnCredit(lambda: None, me).figures() is None
+
+
+def test_a_standalone_validator_sees_the_tokens_trainers_took_from_it() -> None:
+    metrics = NodeMetrics()
+    metrics.rollout_judged("accepted")
+    metrics.tokens_processed("validator", 160)
+    line = contribution_line(metrics.figures(), None)
+    assert line.startswith("contributed: 1 rollouts judged, 160 validated tokens taken by trainers |")

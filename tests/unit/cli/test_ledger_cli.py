@@ -156,3 +156,26 @@ def test_the_credit_table_shows_abandoned_tickets_beside_other_rejections(tmp_pa
     line = next(line for line in output.splitlines() if _b58(worker)[:12] in line)
     cells = [cell.strip() for cell in line.strip().strip("│|").split("│")]
     assert cells[-2:] == ["1", "3"], line  # rejected for other reasons, abandoned
+
+
+def test_validation_receipts_count_in_the_validator_column_only_from_the_runs_trainers(
+    tmp_path: Path,
+) -> None:
+    trainer_key, trainer = new_peer()
+    validator_key, validator = new_peer()
+    _, standalone = new_peer()
+    with Ledger(tmp_path / "l.db", RUN) as ledger:
+        ledger.add_many(
+            [
+                make.validation(trainer_key, standalone, tokens=400),
+                make.validation(validator_key, standalone, tokens=400),  # a validator is no trainer
+            ]
+        )
+    run = ("--db", str(tmp_path / "l.db"), "--trainer", _b58(trainer), "--validator", _b58(validator))
+    code, output = _invoke("ledger", "credit", *run, "--json")
+    assert code == 0, output
+    [row] = [r for r in json.loads(output)["contributors"] if r["peer_id"] == _b58(standalone)]
+    assert row["roles"]["validator"]["total"] == row["total"] == 100
+    assert row["roles"]["validator"]["untrusted"] == 100
+    code, output = _invoke("ledger", "credit", *run)
+    assert code == 0 and "seed ┃ validator ┃ total" in output, output

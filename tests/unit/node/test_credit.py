@@ -8,7 +8,7 @@ import pytest
 
 from node.ledger.credit import DEFAULT_HALF_LIFE_S, CreditRates, Standing, compute_credit
 from node.ledger.signers import RunSigners
-from protocol.receipts import Receipt, open_receipt, receipt_id
+from protocol.receipts import Receipt, ReceiptKind, open_receipt, receipt_id
 from tests.helpers import receipts as make
 from tests.helpers.receipts import new_peer
 
@@ -28,10 +28,12 @@ def test_each_kind_credits_its_role() -> None:
         make.training(key, peer, tokens=2000),
         make.transfer(key, peer, byte_count=3 << 20),
         make.seed(key, peer),
+        make.validation(key, peer, tokens=800),
     )
     report = compute_credit(receipts, trusted=[signer], now=NOW)
     roles = report.contributors[peer].roles
     rates = CreditRates()
+    assert roles["validator"].total == 800 * rates.per_token_validated
     assert roles["inference"].total == 50 * rates.per_token_generated
     assert roles["inference"].receipts == 2
     assert roles["trainer"].total == 2000 * rates.per_token_trained
@@ -207,3 +209,39 @@ def test_rejections_count_against_a_worker_only_from_the_runs_validators() -> No
     )
     report = compute_credit(receipts, trusted=RunSigners(validators=frozenset({validator})), now=NOW)
     assert report.contributors[worker].rejected == {"abandoned": 1, "stale": 1}
+
+
+def test_validation_receipts_count_only_from_the_runs_trainers_and_once_per_group() -> None:
+    trainer_key, trainer = new_peer()
+    other_trainer_key, other_trainer = new_peer()
+    validator_key, validator = new_peer()
+    worker_key, worker = new_peer()
+    _, standalone = new_peer()
+    signers = RunSigners(
+        validators=frozenset({validator, trainer, other_trainer}),
+        trainers=frozenset({trainer, other_trainer}),
+    )
+    group = b"g" * 32
+    counted = _open(make.validation(trainer_key, standalone, tokens=600, group_hash=group))
+    # the same group taken again by the same or another trainer (a retried forward): the same claim
+    again = _open(
+        make.validation(trainer_key, standalone, tokens=600, group_hash=group),
+        make.validation(other_trainer_key, standalone, tokens=600, group_hash=group),
+    )
+    # a validator or a credited worker is no trainer: its validation receipts are worth nothing
+    worthless = _open(
+        make.verdict(validator_key, worker, tokens=100, issued_at=NOW - 60),
+        make.validation(validator_key, standalone, tokens=600),
+        make.validation(worker_key, standalone, tokens=600),
+    )
+    report = compute_credit(counted + again + worthless, trusted=signers, now=NOW)
+    credit = report.contributors[standalone]
+    assert credit.roles["validator"].total == pytest.approx(600 * CreditRates().per_token_validated) == 150
+    assert credit.total == 150 and credit.roles["validator"].receipts == 5
+    assert credit.untrusted == pytest.approx(2 * 150)
+    assert report.standing[counted[0].receipt_id] is Standing.TRUSTED
+    assert all(report.standing[r.receipt_id] is Standing.DUPLICATE for r in again)
+    assert all(report.standing[r.receipt_id] is Standing.UNTRUSTED for r in worthless[1:])
+    assert report.counts_for(ReceiptKind.VALIDATION, trainer)
+    assert not report.counts_for(ReceiptKind.VALIDATION, validator)
+    assert not report.counts_for(ReceiptKind.VALIDATION, worker)  # holds credit, vouches for nothing here

@@ -209,3 +209,21 @@ def test_a_contributors_newest_receipts(tmp_path: Path) -> None:
         assert all(r.envelope and not r.accepted for r in mine.newest_rejected)
         nobody = ledger.contributor_receipts(new_peer()[1], newest=2)
         assert (nobody.newest, nobody.newest_rejected) == ([], [])
+
+
+def test_validation_receipts_are_stored_with_their_own_kind_code_and_reload(tmp_path: Path) -> None:
+    trainer_key, _ = new_peer()
+    _, validator = new_peer()
+    data = make.validation(trainer_key, validator, tokens=120, rollouts=2, group_hash=b"v" * 32)
+    path = tmp_path / "l.db"
+    with Ledger(path, RUN) as ledger:
+        assert ledger.add_many([data, make.seed(trainer_key, validator)]).added == 2
+    with sqlite3.connect(path) as raw:
+        codes = [code for (code,) in raw.execute("SELECT kind FROM receipts ORDER BY seq")]
+    assert codes == [5, 4]  # a new code; the existing kinds keep theirs
+    with Ledger(path) as reopened:
+        stored = reopened.get(receipt_id(data))
+        assert stored is not None and stored.kind is ReceiptKind.VALIDATION
+        assert (stored.contributor, stored.evidence) == (validator, b"v" * 32)
+        assert (stored.tokens, stored.count) == (120, 2)
+        assert stored.role == "validator"

@@ -12,10 +12,12 @@ from protocol.envelope import seal
 from protocol.errors import InvalidMessage
 from protocol.receipts import (
     DOMAIN_TRAINING,
+    DOMAIN_VALIDATION,
     RECEIPT_TTL_S,
     ReceiptKind,
     open_receipt,
     seal_training_receipt,
+    seal_validation_receipt,
     stored_payload,
 )
 from tests.helpers import receipts as make
@@ -30,6 +32,7 @@ def test_each_kind_opens_into_a_typed_receipt() -> None:
         ReceiptKind.TRAINING: (make.training(signer_key, contributor, tokens=900), "trainer"),
         ReceiptKind.TRANSFER: (make.transfer(signer_key, contributor, byte_count=5000), "broadcast"),
         ReceiptKind.SEED: (make.seed(signer_key, contributor), "seed"),
+        ReceiptKind.VALIDATION: (make.validation(signer_key, contributor), "validator"),
     }
     for kind, (data, role) in cases.items():
         receipt = open_receipt(data, run_id=RUN)
@@ -196,3 +199,52 @@ def test_training_receipt_with_a_loss_not_finite_or_negative_is_refused(loss: fl
             key, run_id=RUN, contributor=worker, outer_step=1, round_id=b"r", tokens_trained=1,
             bytes_exchanged=0, signer_loss=loss,
         )  # fmt: skip
+
+
+def test_validation_receipt_round_trips() -> None:
+    trainer_key, trainer = new_peer()
+    _, validator = new_peer()
+    group_hash = hashlib.sha256(b"the worker's sealed group").digest()
+    data = make.validation(trainer_key, validator, tokens=321, rollouts=3, group_hash=group_hash)
+    receipt = open_receipt(data, run_id=RUN, kinds=frozenset({ReceiptKind.VALIDATION}))
+    assert (receipt.kind, receipt.role) == (ReceiptKind.VALIDATION, "validator")
+    assert (receipt.signer, receipt.contributor, receipt.evidence) == (trainer, validator, group_hash)
+    assert (receipt.tokens, receipt.count, receipt.step) == (321, 3, 0)
+    payload = stored_payload(receipt.envelope, receipts_pb2.ValidationReceipt)
+    assert payload is not None and payload.rollouts == 3 and payload.tokens == 321
+    with pytest.raises(InvalidMessage, match="own work"):  # a validator cannot sign its own
+        make.validation(trainer_key, trainer)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(group_hash=b"short"), "group hash is 5 bytes"),
+        (dict(group_hash=b"h" * 33), "group hash is 33 bytes"),
+        (dict(contributor=b""), "expected a PeerID"),
+        (dict(contributor=b"\x00\x02ab"), "peer id"),
+        (dict(rollouts=0, tokens=0), "0 rollouts"),
+        (dict(rollouts=65, tokens=65 * 10), "65 rollouts"),
+        (dict(tokens=0), "0 tokens"),
+        (dict(tokens=3), "3 tokens for 4 rollouts"),
+        (dict(tokens=4 * 4096 + 1), "16385 tokens"),
+        (dict(issued_at=float("nan")), "unix time"),
+        (dict(issued_at=0.0), "unix time"),
+    ],
+)
+def test_validation_receipt_fields_out_of_bounds_are_refused(change: dict, match: str) -> None:
+    key, _ = new_peer()
+    _, validator = new_peer()
+    now = time.time()
+    fields: dict = dict(contributor=validator, group_hash=b"g" * 32, rollouts=4, tokens=400, issued_at=now)
+    fields.update(change)
+    payload = receipts_pb2.ValidationReceipt(**fields).SerializeToString()
+    data = seal(key, domain=DOMAIN_VALIDATION, run_id=RUN, payload=payload, expires_at=now + 60, seq=0)
+    with pytest.raises(InvalidMessage, match=match):
+        open_receipt(data)
+    if "issued_at" not in change:
+        with pytest.raises(InvalidMessage, match=match):  # and a node never signs one
+            seal_validation_receipt(
+                key, run_id=RUN, contributor=fields["contributor"], group_hash=fields["group_hash"],
+                rollouts=fields["rollouts"], tokens=fields["tokens"], issued_at=now,
+            )  # fmt: skip
