@@ -3,4 +3,4 @@
 from __future__ import annotations
 
 SOFTWARE_VERSION = "0.1.0"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2

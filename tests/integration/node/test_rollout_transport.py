@@ -36,6 +36,7 @@ from node.rollouts import (
     submit_group,
     submit_group_receipts,
 )
+from node.rollouts.forward import PROTO_FORWARD
 from protocol import rollout_forward_pb2 as fpb
 from protocol import rollouts_pb2 as rpb
 from protocol.envelope import Envelope
@@ -372,9 +373,7 @@ def test_forward_from_untrusted_validator_is_refused_unread(swarm: Swarm) -> Non
                 )
             assert not received
             # a raw stream from an untrusted peer is answered before anything is read
-            _, reader, writer = await p2p.call_binary_stream_handler(
-                trainer.identity.peer_id, "/hivenet/1/rollouts/forward"
-            )
+            _, reader, writer = await p2p.call_binary_stream_handler(trainer.identity.peer_id, PROTO_FORWARD)
             frame = await asyncio.wait_for(read_frame(reader, 1 << 16), 10)
             assert frame is not None and "trusted" in fpb.ForwardResponse.FromString(frame).error
             writer.close()
