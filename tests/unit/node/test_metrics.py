@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -146,3 +147,26 @@ def test_the_exposition_has_build_info_and_process_series_and_no_created_empty_o
     assert metrics.figures().train_loss is None
     metrics.outer_step_done(train_loss=1.5, tokens_trained=8, averaging_bytes_sent=0)
     assert "hivenet_train_loss 1.5" in metrics.exposition().decode() and metrics.figures().train_loss == 1.5
+
+
+def test_the_readme_names_every_metric_a_node_can_export() -> None:
+    """The README's metrics list had fallen behind the code (no RL or credit series)."""
+    metrics = NodeMetrics()
+    metrics.outer_step_done(train_loss=2.0, tokens_trained=1, averaging_bytes_sent=1)
+    metrics.rl_step_done(version=1, mean_reward=0.5, mean_staleness=0.0, tokens_trained=1)
+    metrics.set_credit(total=1.0, recent=1.0, untrusted=0.0)
+    exported = {
+        sample.name
+        for family in text_string_to_metric_families(metrics.exposition().decode())
+        for sample in family.samples
+        if sample.name.startswith("hivenet_")
+    }
+    readme = (Path(__file__).parents[3] / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`(hivenet_[a-z_]+)", readme))
+    # a histogram's series are named by its family in the README; a counter by its `_total` series
+    missing = {
+        name
+        for name in exported
+        if name not in named and re.sub(r"_(bucket|count|sum)$", "", name) not in named
+    }
+    assert not missing, f"README.md does not name these exported metrics: {sorted(missing)}"
