@@ -56,12 +56,22 @@ EXAMPLES: dict[str, list[str]] = {
 """Per command path (as typed after `hivenet`), the examples its help ends with."""
 
 
-def add_examples(group: click.Group, prefix: str = "") -> None:
-    """Set each command's help epilog to its examples, recursively (KeyError for a command without any)."""
+def add_examples(group: click.Group, prefix: str = "") -> list[str]:
+    """Set each command's help epilog to its examples, recursively (KeyError for a command without
+    any); a group's help shows the first example of each of its commands. Returns the group's."""
+    shown = []
     for name, command in group.commands.items():
         path = f"{prefix}{name}"
         if isinstance(command, click.Group):
-            add_examples(command, f"{path} ")
-            continue
-        lines = "\n".join(f"  {example}" for example in EXAMPLES[path])
-        command.epilog = f"\b\nExamples:\n{lines}"  # \b: click keeps these lines as they are
+            examples = add_examples(command, f"{path} ")
+        else:
+            examples = EXAMPLES[path]
+            command.epilog = _epilog(examples)
+        shown.append(examples[0])
+    group.epilog = _epilog(shown)
+    return shown
+
+
+def _epilog(examples: list[str]) -> str:
+    lines = "\n".join(f"  {example}" for example in examples)
+    return f"\b\nExamples:\n{lines}"  # \b: click keeps these lines as they are

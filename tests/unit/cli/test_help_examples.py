@@ -47,3 +47,21 @@ def test_the_help_ends_with_examples_that_parse(
         args = words[1 + len(path.split()) :]
         with command.make_context(path, list(args)) as ctx:  # raises on an unknown option or a bad value
             assert ctx.params is not None
+
+
+def _groups(group: click.Group, prefix: str = "") -> Iterator[str]:
+    yield prefix.strip()
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _groups(command, f"{prefix}{name} ")
+
+
+@pytest.mark.parametrize("path", sorted(_groups(cli)))
+def test_a_group_help_ends_with_one_example_of_each_of_its_commands(path: str) -> None:
+    result = CliRunner().invoke(cli, [*path.split(), "--help"], terminal_width=400)
+    assert result.exit_code == 0, result.output
+    shown = [line.strip() for line in result.output.split("Examples:\n", 1)[1].splitlines() if line.strip()]
+    below = [p for p in COMMANDS if p.startswith(f"{path} ") or not path]
+    # one line per direct subcommand, each an example of a command under this group
+    assert len(shown) == len({p[len(path) :].split()[0] for p in below})
+    assert all(any(example in EXAMPLES[p] for p in below) for example in shown), shown
