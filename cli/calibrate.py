@@ -9,6 +9,7 @@ import click
 from cli.errors import friendly_errors
 from cli.node_commands import DEVICE_HELP
 from cli.output import setup_logging
+from training.tasks.registry import DEFAULT_TASK
 
 
 @click.command()
@@ -17,7 +18,9 @@ from cli.output import setup_logging
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="bfloat16",
               show_default=True, help="The precision workers claim and validators recompute in.")  # fmt: skip
 @click.option("--device", default="cpu", show_default=True, envvar="HIVENET_DEVICE", help=DEVICE_HELP)
-@click.option("--task", help="The run's RL task (its prompts and completion length; default line-length).")
+@click.option(
+    "--task", help=f"The run's RL task (its prompts and completion length; default {DEFAULT_TASK})."
+)
 @click.option("--rollouts", type=click.IntRange(min=16), default=1000, show_default=True,
               help="Honest rollouts to measure (batch sizes 1, 4 and 16, two thread counts).")  # fmt: skip
 @click.option("--cheat-rollouts", type=click.IntRange(min=4), default=64, show_default=True,
@@ -61,7 +64,7 @@ def calibrate(
 
     torch_device = resolve_device(device)
     hf_model = hf_model_option(model_dir, None)
-    config = RLRunConfig(run_id="calibration", task=task or "line-length", hf_model=hf_model)
+    config = RLRunConfig(run_id="calibration", task=task or DEFAULT_TASK, hf_model=hf_model)
     target = calibration_target(config, dtype, torch_device, seed=seed)
     plan = CalibrationPlan(honest_rollouts=rollouts, cheat_rollouts=cheat_rollouts, seed=seed)
     console = Console(stderr=True)

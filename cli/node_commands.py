@@ -11,7 +11,15 @@ import click
 
 from cli.errors import friendly_errors
 from cli.output import echo_json, json_option, setup_logging
-from cli.rl import CHEAT_CHOICES, RL_OPTION_NAMES, build_rl_config, hf_model_option, rl_node_roles, rl_options
+from cli.rl import (
+    CHEAT_CHOICES,
+    RL_OPTION_NAMES,
+    build_rl_config,
+    hf_model_option,
+    non_rl_node_roles,
+    rl_node_roles,
+    rl_options,
+)
 from cli.running import run_until_interrupted
 from cli.train import (
     TRAINER_OPTION_NAMES,
@@ -122,7 +130,8 @@ def identity(identity_path: Path | None, create: bool, as_json: bool) -> None:
     "roles",
     multiple=True,
     type=click.Choice([r.value for r in Role if r != Role.SEED]),
-    help="Role(s) of this node: trainer, inference, validator, relay.",
+    help="Role(s) of this node: trainer, inference, validator (of an RL run), relay "
+    "[default: validator on an RL run, else relay].",
 )
 @_node_options
 @trainer_options
@@ -169,6 +178,9 @@ def join(
     )
     rl_flags = {key: flags.pop(key) for key in RL_OPTION_NAMES}
     config = _build_config(config_file, roles=roles, **flags)
+    is_rl = rl_flags.pop("rl") or Role.INFERENCE in config.roles
+    if not is_rl:
+        config.roles = non_rl_node_roles(config.roles, chosen="roles" in config.model_fields_set)
     if set(config.roles) & {Role.TRAINER, Role.INFERENCE, Role.VALIDATOR}:
         from training.devices import resolve_device
 
@@ -177,7 +189,6 @@ def join(
         from node.config import default_ledger_path
 
         config.ledger_path = default_ledger_path(config.identity_path, config.run_id)
-    is_rl = rl_flags.pop("rl") or Role.INFERENCE in config.roles
     rl_config = None
     if is_rl:
         rl_config = build_rl_config(config.run_id, authorized_publishers=publishers, **rl_flags)
@@ -390,7 +401,7 @@ def doctor(
 @click.option(
     "--roles",
     "roles",
-    default="validator",
+    default="relay",
     show_default=True,
     help="Comma-separated roles, assigned round-robin to the nodes.",
 )
@@ -458,13 +469,13 @@ def simulate(
         return
     from cli.simulate import run_simulation
 
-    simulated = [role.value for role in Role if role not in (Role.SEED, Role.INFERENCE)]
+    simulated = [role.value for role in Role if role in (Role.TRAINER, Role.RELAY)]
     names = [part.strip() for part in roles.split(",") if part.strip()]
     unknown = [name for name in names if name not in simulated]
     if unknown or not names:
         raise click.UsageError(
             f"--roles {roles!r}: {', '.join(unknown) or 'no role'} cannot be simulated; "
-            f"choose from {', '.join(simulated)}"
+            f"choose from {', '.join(simulated)} (validators and inference workers: simulate an RL run with --rl)"
         )
     role_list = [Role(name) for name in names]
     run_simulation(num_nodes=num_nodes, roles=role_list, duration_s=duration_s, run_id=run_id)

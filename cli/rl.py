@@ -11,15 +11,20 @@ from typing import Any
 import click
 
 from protocol.errors import ConfigError
+from training.tasks.registry import BUILTIN_TASKS, DEFAULT_TASK
 
 CHEAT_CHOICES = ("precision", "weights", "none")
+TASK_HELP = (
+    f"RL task: {DEFAULT_TASK} (default), "
+    f"{', '.join(name for name in BUILTIN_TASKS if name != DEFAULT_TASK)}, or an installed plugin's."
+)
 
 
 def rl_options(func: Callable[..., Any]) -> Callable[..., Any]:
     """Click options that configure an RL run (all optional)."""
     options = [
         click.option("--rl", "rl", is_flag=True, help="Run (or join) a decentralized RL run instead of DiLoCo."),
-        click.option("--task", help="RL task: line-length (default), arithmetic, countdown, or an installed plugin's."),
+        click.option("--task", help=TASK_HELP),
         click.option(
             "--model", "model_dir",
             help="The model to train (RL policy or DiLoCo model): 'tiny' (default: the built-in byte-level "
@@ -126,6 +131,24 @@ def rl_node_roles(roles: list[Any]) -> list[Any]:
     if Role.TRAINER in roles and Role.VALIDATOR not in roles:
         return [*roles, Role.VALIDATOR]
     return list(roles)
+
+
+def non_rl_node_roles(roles: list[Any], *, chosen: bool) -> list[Any]:
+    """The roles a node of a run that is not RL announces. A validator judges the rollouts of an RL
+    run, so one `chosen` (by flag, config file or environment) is a UsageError. The default role,
+    a standalone validator on an RL run, becomes relay here: that one every node is (its p2pd serves
+    as a circuit relay for peers that cannot be dialled directly), so the node still takes part in
+    the run's membership without claiming to validate."""
+    from protocol.node_record import Role
+
+    if Role.VALIDATOR not in roles:
+        return list(roles)
+    if chosen:
+        raise click.UsageError(
+            "role validator: a validator judges the rollouts of an RL run, and this run is not one; "
+            "add --rl to join an RL run as its validator, or pick another role (trainer, relay)"
+        )
+    return [Role.RELAY]
 
 
 def verification_option(path: str | None, sha256: str | None) -> Any:

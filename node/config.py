@@ -95,7 +95,8 @@ class NodeConfig(BaseModel):
     initial_peers: list[str] = Field(default_factory=list)
     """Multiaddrs of seed nodes (or any live node) to bootstrap from."""
     roles: list[Role] = Field(default_factory=lambda: [Role.VALIDATOR], min_length=1)
-    """What this node does in the swarm."""
+    """What this node does in the swarm. The default is a validator on an RL run only: on another
+    run `hivenet join` makes it a relay, and refuses a validator given here (`cli.rl.non_rl_node_roles`)."""
     public_name: str = Field(default="", max_length=MAX_PUBLIC_NAME_CHARS)
     """Name shown to others; defaults to the short PeerID."""
     run_id: str = "default"

@@ -119,7 +119,7 @@ class LocalSwarm:
         try:
             self.start_seed()
             names = [
-                self.add_node(roles=[(roles or ["validator"])[i % len(roles or ["validator"])]], wait=False)
+                self.add_node(roles=[(roles or ["relay"])[i % len(roles or ["relay"])]], wait=False)
                 for i in range(num_nodes)
             ]
             for name in names:
@@ -155,10 +155,10 @@ class LocalSwarm:
         self._counter += 1
         name = name or f"node{self._counter}"
         args = ["join", "--initial-peers", self.seed_multiaddr, "--public-name", name]
-        for role in roles or ["validator"]:
+        for role in roles or ["relay"]:
             args += ["--role", role]
         node = self._spawn(
-            name, args + (extra_args or []), roles=roles or ["validator"], identity_path=identity_path
+            name, args + (extra_args or []), roles=roles or ["relay"], identity_path=identity_path
         )
         self.nodes[name] = node
         if wait:

@@ -35,7 +35,7 @@ from training.grpo import GRPOConfig
 from training.model import ModelConfig, TinyGPT
 from training.rl_sync import RL_MODEL_CONFIG, pretrained_policy
 from training.run_model import HFModelRef, load_run_model, model_skeleton
-from training.tasks import Task, get_task
+from training.tasks import DEFAULT_TASK, Task, get_task
 from training.tokenizer import ByteTokenizer, Tokenizer
 
 __all__ = [
@@ -109,8 +109,8 @@ class RLRunConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     run_id: str = "rl"
-    task: str = "line-length"
-    """Name of the task (see `training.tasks.TASKS`)."""
+    task: str = DEFAULT_TASK
+    """Name of the task (see `training.tasks.available_tasks`)."""
     model: ModelConfig = RL_MODEL_CONFIG
     """Shape of the run's `tiny` model (used when `hf_model` is None)."""
     hf_model: HFModelRef | None = None

@@ -44,7 +44,7 @@ def hivenet(*args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[s
 @pytest.fixture(scope="module")
 def swarm() -> Iterator[LocalSwarm]:
     with LocalSwarm(run_id=RUN, record_ttl_s=TTL_S, refresh_interval_s=REFRESH_S) as local:
-        local.start(3, roles=["validator", "relay", "validator"])
+        local.start(3)  # relays: the role of a node of a run that is not RL
         yield local
 
 
@@ -84,11 +84,12 @@ def test_seed_and_three_nodes_discover_each_other_with_roles(
         assert status is not None and set(status.live_nodes) == expected
     assert wait_until(lambda: _live_ids(observer) == expected, timeout_s=30)
     roles = {node.peer_id.to_base58(): node.record.roles for node in observer.discover()}
-    assert roles[swarm.nodes["node2"].peer_id] == (Role.RELAY,)
+    assert all(roles[node.peer_id] == (Role.RELAY,) for node in swarm.nodes.values())
     assert roles[swarm.seed.peer_id] == (Role.SEED,)
-    relays = observer.discover(Role.RELAY)
-    assert [n.peer_id.to_base58() for n in relays] == [swarm.nodes["node2"].peer_id]
-    record = relays[0].record
+    assert [n.peer_id.to_base58() for n in observer.discover(Role.SEED)] == [swarm.seed.peer_id]
+    relays = {n.peer_id.to_base58(): n.record for n in observer.discover(Role.RELAY)}
+    assert set(relays) == {node.peer_id for node in swarm.nodes.values()}
+    record = relays[swarm.nodes["node2"].peer_id]
     assert record.public_name == "node2" and record.software_version and record.capabilities.cpu_count >= 1
     assert any(address.startswith("/ip4/127.0.0.1/tcp/") for address in record.addresses)
 
@@ -100,8 +101,9 @@ def test_peers_command_lists_the_swarm(swarm: LocalSwarm) -> None:
     assert {"node1", "node2", "node3"} <= set(listed)
     assert listed["node2"]["roles"] == ["relay"]
     assert listed["node2"]["reachability"] == "unknown"  # every seed is on loopback: no dial-back check
-    table = hivenet("peers", "--initial-peers", swarm.seed_multiaddr, "--run", RUN, "--role", "relay")
-    assert table.returncode == 0 and "node2" in table.stdout and "node1" not in table.stdout
+    table = hivenet("peers", "--initial-peers", swarm.seed_multiaddr, "--run", RUN, "--role", "seed")
+    assert table.returncode == 0 and "live nodes of run 'itest': 1" in table.stdout
+    assert "node1" not in table.stdout
     assert "reachable" in table.stdout
 
 
@@ -134,7 +136,7 @@ def test_dial_back_service_answers_truthfully(swarm: LocalSwarm, observer: Hiven
 
 
 def test_clean_leave_withdraws_the_record_at_once(swarm: LocalSwarm, observer: HivenetNode) -> None:
-    name = swarm.add_node(roles=["validator"])
+    name = swarm.add_node()
     peer_id = swarm.nodes[name].peer_id
     assert wait_until(lambda: peer_id in _live_ids(observer), timeout_s=30)
     swarm.stop_node(name)

@@ -58,7 +58,7 @@ def test_simulate_converges_and_cleans_up_after_duration(tmp_path: Path) -> None
 
 def test_ctrl_c_tears_down_everything(tmp_path: Path) -> None:
     output = tmp_path / "out.txt"
-    process = _start("--nodes", "2", "--roles", "validator,relay", output=output)
+    process = _start("--nodes", "2", "--roles", "relay", output=output)
     try:
         assert wait_until(lambda: "swarm converged" in output.read_text(), timeout_s=180), output.read_text()
         started = _tree(process.pid)

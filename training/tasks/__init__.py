@@ -6,7 +6,7 @@
 - `arithmetic`: `ArithmeticTask` ("arithmetic": word problems, a numeric answer).
 - `countdown`: `CountdownTask` ("countdown": reach a target with + - * /), `evaluate_expression`.
 - `answers`: `final_answer`, `parse_number` (`<answer>` tags, `\\boxed{}`, the last number).
-- `registry`: `get_task`, `available_tasks`, `BUILTIN_TASKS` and plugins under the `hivenet.tasks`
+- `registry`: `get_task`, `available_tasks`, `BUILTIN_TASKS`, `DEFAULT_TASK` and plugins under the `hivenet.tasks`
   entry point.
 """
 
@@ -14,10 +14,11 @@ from training.tasks.arithmetic import ArithmeticTask
 from training.tasks.base import NEWLINE, Task, TextTask, TokenizedTask
 from training.tasks.countdown import CountdownTask
 from training.tasks.line_length import LineLengthTask
-from training.tasks.registry import BUILTIN_TASKS, ENTRY_POINT_GROUP, available_tasks, get_task
+from training.tasks.registry import BUILTIN_TASKS, DEFAULT_TASK, ENTRY_POINT_GROUP, available_tasks, get_task
 
 __all__ = [
     "BUILTIN_TASKS",
+    "DEFAULT_TASK",
     "ENTRY_POINT_GROUP",
     "NEWLINE",
     "ArithmeticTask",

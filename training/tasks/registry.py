@@ -20,7 +20,7 @@ from training.tasks.countdown import CountdownTask
 from training.tasks.line_length import LineLengthTask
 from training.tokenizer import ByteTokenizer, Tokenizer
 
-__all__ = ["BUILTIN_TASKS", "ENTRY_POINT_GROUP", "available_tasks", "get_task"]
+__all__ = ["BUILTIN_TASKS", "DEFAULT_TASK", "ENTRY_POINT_GROUP", "available_tasks", "get_task"]
 
 ENTRY_POINT_GROUP = "hivenet.tasks"
 
@@ -30,6 +30,8 @@ BUILTIN_TASKS: dict[str, Callable[[], Any]] = {
     "countdown": CountdownTask,
 }
 """Task factories shipped with hivenet, by name."""
+DEFAULT_TASK = "line-length"
+"""The task of an RL run that names none (`training.rl_run.RLRunConfig.task`)."""
 
 
 def available_tasks() -> dict[str, Callable[[], Any]]:

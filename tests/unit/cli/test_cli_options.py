@@ -176,3 +176,19 @@ def test_auto_relay_is_off_unless_asked_for_and_a_flag_does_not_override_the_fil
     config_file = tmp_path / "node.toml"
     config_file.write_text("use_auto_relay = true\n")
     assert _build_config(config_file, use_auto_relay=None).use_auto_relay is True
+
+
+def test_the_task_help_names_the_run_configs_default_task() -> None:
+    from cli.node_commands import join, simulate
+    from cli.rl import build_rl_config
+    from training.rl_run import RLRunConfig
+
+    default = RLRunConfig.model_fields["task"].default
+    for command in (join, simulate):
+        (option,) = [param for param in command.params if param.name == "task"]
+        assert option.help is not None and option.help.startswith(f"RL task: {default} (default),"), (
+            option.help
+        )
+        with command.make_context(command.name or "", []) as ctx:
+            assert ctx.params["task"] is None  # an absent --task leaves the run config's default
+    assert build_rl_config("r").task == default
