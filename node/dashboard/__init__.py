@@ -9,6 +9,7 @@ Map of the package:
   reader that knows every peer stored so far.
 - `training_view`: the training panel (loss and reward curves, tokens, outer steps, bytes per
   token), computed out of the training receipts and verdicts of the signers credit counts.
+- `weights_view`: the weights panel, a page of versions at a time (paged by version, newest first).
 - `snapshot`: `take_snapshot` -> `LedgerSnapshot`, one pass over the ledger (credit report and
   the panels' aggregates), shared read-only between the server's threads.
 - `server.DashboardServer`: the standard library HTTP server: the page, its assets in

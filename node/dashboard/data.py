@@ -27,13 +27,12 @@ from node.dashboard.ledger_view import LedgerView
 from node.dashboard.receipt_json import receipt_json
 from node.dashboard.snapshot import RECENT_PER_FIGURE, LedgerSnapshot, time_edges
 from node.dashboard.training_view import panel_json
+from node.dashboard.weights_view import WEIGHTS_PAGE, newest_first, weights_page
 from node.ledger import DEFAULT_HALF_LIFE_S, CreditRates, Ledger, RunSigners, Standing
 from node.membership import LiveNode
 from protocol.receipts import ROLES, Receipt, ReceiptKind
 
 MAX_LIST = 500
-WEIGHTS_PAGE = 20
-"""Weights versions the panel lists (the newest; the API takes up to `MAX_LIST`)."""
 _RATES = CreditRates()
 _POINTS = {
     "inference": f"{_RATES.per_token_generated:g} per accepted rollout token",
@@ -220,31 +219,12 @@ class DashboardData:
             "history": self._history(snap),
         }
 
-    def weights(self, limit: int = WEIGHTS_PAGE) -> Json:
-        """The newest `limit` weights versions known from transfer receipts (bytes delivered, sources and
-        how fast they spread), and how many there are in all."""
-        return self._memo(("weights", limit), lambda snap: self._weights(snap, limit))
-
-    def _weights(self, snap: LedgerSnapshot, limit: int) -> Json:
-        newest = sorted(snap.versions.values(), key=lambda s: -s.version)[:limit]
-        return {
-            "total": len(snap.versions),
-            "versions": [
-                {
-                    "version": spread.version,
-                    "receipts": spread.receipts,
-                    "bytes": spread.byte_count,
-                    "chunks": spread.chunks,
-                    "sources": len(spread.sources),
-                    "fetchers": len(spread.fetchers),
-                    "first_at": spread.first_at,
-                    "last_at": spread.last_at,
-                    "spread_s": spread.last_at - spread.first_at,
-                    "receipts_url": receipts_url(version=spread.version),
-                }
-                for spread in newest
-            ],
-        }
+    def weights(self, limit: int = WEIGHTS_PAGE, before: int | None = None) -> Json:
+        """A page of the weights versions known from transfer receipts (bytes delivered, sources and how
+        fast they spread), newest first, below version `before` if given (`weights_view`)."""
+        # the order is kept, not each page: a memo per `before` would grow with every cursor asked for
+        order = self._memo(("weights",), lambda snap: {"order": newest_first(snap.versions.values())})
+        return weights_page(order["order"], limit=limit, before=before, receipts_url=receipts_url)
 
     def leaderboard(self, limit: int = 100) -> Json:
         """Contributors by credit: public name, PeerID, credit per role, total and recent average."""

@@ -4,7 +4,7 @@ Standard library only (`node.http_server.BoundedHTTPServer`, a capped `Threading
 
 - `/` and `/node/<PeerID>`: the page (one HTML file; `app.js` draws the panels from the API);
 - `/static/<name>`: the assets shipped in this package (no CDN: it works offline);
-- `/api/swarm`, `/api/verification`, `/api/weights?limit=`, `/api/leaderboard?limit=`, `/api/credit`,
+- `/api/swarm`, `/api/verification`, `/api/weights?limit=&before=`, `/api/leaderboard?limit=`, `/api/credit`,
   `/api/history`, `/api/training`, `/api/node/<PeerID>`,
   `/api/receipts?contributor=&kind=&reason=&standing=&version=&step=&limit=`,
   `/api/receipt/<id hex>` (with the signed envelope), `/api/version`;
@@ -28,7 +28,8 @@ from importlib import resources
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from node.dashboard.data import MAX_LIST, WEIGHTS_PAGE, DashboardData, parse_peer
+from node.dashboard.data import MAX_LIST, DashboardData, parse_peer
+from node.dashboard.weights_view import WEIGHTS_PAGE
 from node.http_server import BoundedHTTPServer
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,8 @@ MAX_TARGET_CHARS = 2048
 """Longest request target (path and query) answered."""
 MAX_QUERY_VALUE_CHARS = 128
 """Longest value of one query parameter."""
+MAX_INT = 1 << 62
+"""Largest version or step a query may name."""
 MAX_EVENT_STREAMS = 32
 """Concurrent `/api/events` clients; more are told to retry later (each holds a thread)."""
 EVENT_POLL_S = 1.0
@@ -82,14 +85,22 @@ def _query(raw: str) -> dict[str, str]:
     return query
 
 
+def _known(query: dict[str, str], names: set[str]) -> None:
+    unknown = set(query) - names
+    if unknown:
+        raise ApiError(
+            400, f"unknown parameter {sorted(unknown)[0][:32]!r}; this API takes {', '.join(sorted(names))}"
+        )
+
+
 def _int(query: dict[str, str], key: str, default: int | None, low: int, high: int) -> int | None:
     text = query.get(key)
     if text is None:
         return default
-    try:
-        value = int(text)
-    except ValueError:
-        raise ApiError(400, f"{key} must be an integer") from None
+    # int() would also take " 7", "+7", "7_0" and non-ASCII digits
+    if not (text.isascii() and text.isdigit()):
+        raise ApiError(400, f"{key} must be a whole number (ASCII digits), between {low} and {high}")
+    value = int(text)
     if not low <= value <= high:
         raise ApiError(400, f"{key} must be between {low} and {high}")
     return value
@@ -117,7 +128,7 @@ class DashboardServer:
         self._routes: dict[str, Callable[[dict[str, str]], Any]] = {
             "swarm": lambda q: data.swarm(),
             "verification": lambda q: data.verification(),
-            "weights": lambda q: data.weights(_int(q, "limit", WEIGHTS_PAGE, 1, MAX_LIST) or WEIGHTS_PAGE),
+            "weights": self._weights,
             "leaderboard": lambda q: data.leaderboard(_int(q, "limit", 100, 1, 500) or 100),
             "credit": lambda q: data.credit_rules(),
             "history": lambda q: data.history(),
@@ -131,10 +142,15 @@ class DashboardServer:
         host = "127.0.0.1" if not self.expose or self.host in ("0.0.0.0", "::") else self.host
         return f"http://{host}:{self.port}/"
 
+    def _weights(self, query: dict[str, str]) -> Any:
+        _known(query, {"limit", "before"})
+        return self.data.weights(
+            _int(query, "limit", WEIGHTS_PAGE, 1, MAX_LIST) or WEIGHTS_PAGE,
+            before=_int(query, "before", None, 0, MAX_INT),
+        )
+
     def _receipts(self, query: dict[str, str]) -> Any:
-        unknown = set(query) - {"contributor", "kind", "reason", "standing", "version", "step", "limit"}
-        if unknown:
-            raise ApiError(400, f"unknown parameter {sorted(unknown)[0][:32]!r}")
+        _known(query, {"contributor", "kind", "reason", "standing", "version", "step", "limit"})
         contributor = query.get("contributor")
         try:
             return self.data.receipts(
@@ -142,8 +158,8 @@ class DashboardServer:
                 kind=query.get("kind"),
                 reason=query.get("reason"),
                 standing=query.get("standing"),
-                version=_int(query, "version", None, 0, 1 << 62),
-                step=_int(query, "step", None, 0, 1 << 62),
+                version=_int(query, "version", None, 0, MAX_INT),
+                step=_int(query, "step", None, 0, MAX_INT),
                 limit=_int(query, "limit", 100, 1, 500) or 100,
             )
         except ValueError as exc:

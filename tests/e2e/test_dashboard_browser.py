@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 
 from node.dashboard import DashboardData, DashboardServer, parse_peer, peer_text
+from node.identity import create_identity
 from node.ledger import Ledger
 from node.swarm import LocalSwarm, wait_until
 from tests.helpers import receipts
@@ -159,10 +160,8 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
     link = driver.find_element(By.CSS_SELECTOR, "#banned tbody tr td a[href^='/api/receipts']")
     assert link.get_attribute("href").endswith(banned["reasons"][0]["receipts_url"])
     assert driver.find_element(By.CSS_SELECTOR, "#history-plot svg rect") is not None
-    for chart in ("history-plot", "loss-plot"):  # axes, gridlines and their values
-        assert len(driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg line.grid")) == 3
-        assert len(driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg line.axis")) == 2
-        assert all(t.text for t in driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg text.tick"))
+    for chart in ("history-plot", "loss-plot"):
+        check_axes(driver, chart)
     note = driver.find_element(By.ID, "leaderboard-note").text  # what a point of credit is
     assert "inference 1 per accepted rollout token" in note and "trainer 1 per token trained" in note
     check_training(driver, url)
@@ -200,6 +199,36 @@ def swarm_cells(driver: Any, peer: str) -> list[str]:
     return cells
 
 
+def check_axes(driver: Any, chart: str) -> None:
+    """A chart's axes, its three gridlines and their values."""
+    assert len(driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg line.grid")) == 3
+    assert len(driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg line.axis")) == 2
+    ticks = driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg text.tick")
+    assert len(ticks) == 3 and all(t.text for t in ticks), chart
+
+
+def js_number(value: float, digits: int) -> str:
+    """`value` as the page's `fmt` writes it (en-US, at most `digits` decimals)."""
+    return f"{value:,.{digits}f}".rstrip("0").rstrip(".")
+
+
+def check_tooltips(driver: Any, panel: dict[str, Any]) -> None:
+    """Each point of the loss and reward curves carries a tooltip (an SVG <title>) that names its
+    outer step or policy version and its value, as the API gives them."""
+    expected = {
+        "loss-plot": [f"outer step {p['step']}: loss {js_number(p['loss'], 4)}," for p in panel["loss"]],
+        "reward-plot": [
+            f"policy version {p['version']}: mean reward {js_number(p['reward'], 3)} "
+            for p in panel["reward"]
+        ],
+    }
+    script = "return Array.from(document.querySelectorAll(`#${arguments[0]} svg a > circle > title`), (t) => t.textContent);"
+    for plot, prefixes in expected.items():
+        titles: list[str] = driver.execute_script(script, plot)
+        assert len(titles) == len(prefixes), (plot, titles, prefixes)
+        assert all(t.startswith(p) for t, p in zip(titles, prefixes, strict=True)), (plot, titles, prefixes)
+
+
 def check_training(driver: Any, url: str) -> None:
     """The training panel shows the API's figures, and a linked dot per point of each curve."""
     panel = fetch(url + "api/training")
@@ -213,6 +242,7 @@ def check_training(driver: Any, url: str) -> None:
     for plot, points in (("loss-plot", panel["loss"]), ("reward-plot", panel["reward"])):
         links = [a.get_dom_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, f"#{plot} svg a")]
         assert links == [p["receipts_url"] for p in points], (plot, links)
+    check_tooltips(driver, panel)
 
 
 def test_an_rl_run_shows_its_policy_figures_in_place_of_outer_steps(browser: Any, tmp_path: Path) -> None:
@@ -238,8 +268,12 @@ def test_an_rl_run_shows_its_policy_figures_in_place_of_outer_steps(browser: Any
         assert browser.find_element(By.ID, "reward-plot").is_displayed()
         assert not browser.find_element(By.ID, "diloco-figures").is_displayed()
         assert not browser.find_element(By.ID, "loss-plot").is_displayed()
+        panel = fetch(server.url + "api/training")
         link = browser.find_element(By.ID, "version-link").get_dom_attribute("href")
-        assert link == fetch(server.url + "api/training")["latest_version_url"]
+        assert link == panel["latest_version_url"]
+        assert [p["version"] for p in panel["reward"]] == [1, 2]
+        check_tooltips(browser, panel)
+        check_axes(browser, "reward-plot")
         screenshot(browser, tmp_path, "dashboard-rl.png")
     ledger.close()
 
@@ -254,12 +288,55 @@ def test_the_page_matches_the_api_and_the_ledger_and_updates_live(browser: Any, 
     ledger.close()
 
 
+def test_the_weights_table_pages_to_older_versions_and_back(browser: Any, tmp_path: Path) -> None:
+    """The table showed the newest 20 versions, "the newest 20 of 45", and no way to the others."""
+    run, ledger = build_run(tmp_path / "ledger.db")
+    sources, fetcher = [run.peers["trainer-a"], run.peers["trainer-b"]], run.peers["alice"].peer_id
+    ledger.add_many([receipts.transfer(sources[v % 2].key, fetcher, version=v) for v in range(1, 46)])
+    data = DashboardData(ledger, trusted=run.trusted)
+    with DashboardServer(data, port=0) as server:
+        browser.get(server.url)
+        wait = WebDriverWait(browser, 30)
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+        wait.until(lambda d: d.find_element(By.ID, "live").text == "live")
+        assert weights_shown(browser) == list(range(45, 25, -1))
+        assert browser.find_element(By.ID, "weights-note").text == "versions 1 to 20 of 45, newest first"
+        newer, older = (browser.find_element(By.ID, f"weights-{which}") for which in ("newer", "older"))
+        assert not newer.is_enabled() and older.is_enabled()
+
+        older.click()
+        wait.until(lambda d: weights_shown(d)[:1] == [25])
+        assert weights_shown(browser) == list(range(25, 5, -1))
+        assert browser.find_element(By.ID, "weights-note").text == "versions 21 to 40 of 45, newest first"
+        # a new version: the page redraws by itself and still shows the same versions
+        ledger.add(receipts.transfer(sources[0].key, fetcher, version=46))
+        wait.until(lambda d: d.find_element(By.ID, "weights-note").text.endswith("of 46, newest first"))
+        assert weights_shown(browser) == list(range(25, 5, -1))
+
+        older.click()
+        wait.until(lambda d: weights_shown(d) == [5, 4, 3, 2, 1])
+        assert not older.is_enabled() and newer.is_enabled()
+        screenshot(browser, tmp_path, "dashboard-weights.png")
+        newer.click()
+        wait.until(lambda d: weights_shown(d) == list(range(25, 5, -1)))
+    ledger.close()
+
+
+def weights_shown(driver: Any) -> list[int]:
+    return [int(cells[0]) for cells in table_rows(driver, "#weights tbody tr")]
+
+
 @pytest.mark.slow
 def test_the_dashboard_command_on_a_local_swarm(browser: Any, tmp_path: Path) -> None:
     """`hivenet dashboard` as a process, discovering a seed and two nodes through the DHT."""
     run, ledger = build_run(tmp_path / "ledger.db")
     with LocalSwarm(run_id=RUN, workdir=tmp_path) as swarm:
-        swarm.start(2, roles=["relay", "validator"])
+        swarm.start(1, roles=["relay"])
+        # a standalone validator of an RL run whose trainer has not come yet (a validator of a run
+        # that is not RL is refused)
+        trainer = create_identity(tmp_path / "trainer.key").peer_id.to_base58()
+        swarm.add_node(roles=["validator"], extra_args=["--rl", "--publisher", trainer])
+        swarm.wait_converged()
         worker = swarm.nodes["node1"].peer_id  # a live relay, named "node1" in its record
         dashboard = _start_dashboard(swarm, ledger, run, tmp_path / "dashboard.log")
         try:

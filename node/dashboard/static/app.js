@@ -206,10 +206,22 @@ async function drawVerification() {
   plot($("history-plot"), v.history.edges, v.history.credit, "credit counted", v.history.rejections, "rollouts rejected");
 }
 
+// The weights page shown: the API's own older/newer links, so a live redraw keeps the same versions.
+let weightsUrl = "/api/weights";
+
 async function drawWeights() {
-  const w = await api("/api/weights");
+  const url = weightsUrl;
+  const w = await api(url);
+  if (url !== weightsUrl) { return; }  // a click moved to another page while this one loaded
   fillRows("weights", w.versions.map((v) => [v.version, link(v.receipts, v.receipts_url), bytes(v.bytes), v.sources, v.fetchers, duration(v.spread_s)]));
-  $("weights-note").textContent = w.total > w.versions.length ? `the newest ${w.versions.length} of ${w.total} versions` : "";
+  const paged = w.older_url !== null || w.newer_url !== null;
+  $("weights-note").textContent = paged && w.versions.length ? `versions ${w.offset + 1} to ${w.offset + w.versions.length} of ${w.total}, newest first` : "";
+  $("weights-pager").hidden = !paged;
+  for (const [id, target] of [["weights-older", w.older_url], ["weights-newer", w.newer_url]]) {
+    const button = $(id);
+    button.disabled = target === null;
+    button.onclick = target === null ? null : () => { weightsUrl = target; drawWeights().catch(showError); };
+  }
 }
 
 async function drawCredit() {

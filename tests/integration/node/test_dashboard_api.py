@@ -481,3 +481,57 @@ def test_the_weights_panel_lists_the_newest_versions_and_says_how_many_there_are
     assert weights["total"] >= 30 and [v["version"] for v in weights["versions"]] == [30, 29, 28, 27, 26]
     assert len(get(server, "/api/weights")[1]["versions"]) == 20  # the panel's page
     assert get(server, "/api/weights?limit=0")[0] == 400
+
+
+def test_the_weights_panel_pages_through_every_version_once_in_order(served: Any) -> None:
+    """The panel listed the newest 20 versions and no way to the older ones."""
+    run, data, server = served
+    sources = [run.peers["trainer-a"], run.peers["trainer-b"]]
+    data.view.ledger.add_many(
+        [receipts.transfer(sources[v % 2].key, run.peers["alice"].peer_id, version=v) for v in range(1, 46)]
+    )
+    pages: list[dict[str, Any]] = []
+    url: str | None = "/api/weights?limit=7"
+    while url is not None:
+        status, page = get(server, url)
+        assert status == 200 and page["total"] == 45
+        assert page["offset"] == sum(len(p["versions"]) for p in pages)
+        pages.append(page)
+        url = page["older_url"]
+    listed = [v["version"] for p in pages for v in p["versions"]]
+    assert listed == list(range(45, 0, -1)) and len(pages) == 7
+    back = [pages[-1]]
+    while back[-1]["newer_url"] is not None:  # and the newer links walk the same pages back
+        back.append(get(server, back[-1]["newer_url"])[1])
+    assert [p["versions"] for p in back] == [p["versions"] for p in pages[::-1]]
+    # a page stays put as new versions arrive (the page redraws on each): it is a version, not an offset
+    before = pages[1]["older_url"]
+    data.view.ledger.add(receipts.transfer(sources[0].key, run.peers["alice"].peer_id, version=46))
+    data.view.snapshot(fresh=True)
+    _, again = get(server, before)
+    assert again["versions"] == pages[2]["versions"] and (again["total"], again["offset"]) == (46, 15)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "before=-1",
+        "before=ten",
+        "before=1.5",
+        "before=%2B5",  # +5
+        "before=%205",  # " 5"
+        "before=1_0",
+        "before=%D9%A3",  # an Arabic-Indic 3
+        f"before={(1 << 62) + 1}",
+        "before=1&before=2",
+        "page=2",
+        "offset=20",
+        "limit=501",  # the page size is capped
+        "limit=0",
+    ],
+)
+def test_bad_weights_paging_parameters_get_a_400_that_names_them(served: Any, query: str) -> None:
+    _, _, server = served
+    status, body = get(server, "/api/weights?" + query)
+    assert status == 400 and set(body) == {"error"}, (status, body)
+    assert query.split("=")[0] in body["error"] and "Traceback" not in body["error"], body
