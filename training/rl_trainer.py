@@ -12,9 +12,10 @@
   publishes the new version and moves the judge's staleness reference forward. A buffered
   rollout whose version fell more than `async_level` behind is dropped, never trained on.
 
-With `checkpoint_dir`, every version is saved before it is published (with what its
-`PolicyUpdates` needs besides the weights, e.g. DiLoCo's outer momentum); a restarted trainer
-resumes from its newest checkpoint and republishes that version.
+With `checkpoint_dir`, every version is saved before it is published (`training.rl_checkpoint`:
+with the optimizer's state and what its `PolicyUpdates` needs besides the weights, e.g. DiLoCo's
+outer momentum); a restarted trainer resumes from its newest checkpoint, as if it had not
+stopped, and republishes that version.
 
 How GRPO steps become policy versions is a `PolicyUpdates` (default: every optimizer step is a
 version). `updates=` injects another, e.g. `training.rl_diloco`'s, where several trainers
@@ -32,7 +33,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from hivemind.p2p import PeerID
@@ -55,6 +56,7 @@ from protocol.rollouts_pb2 import RolloutGroup, Ticket
 from training.causal_lm import CausalLM
 from training.checkpoint import CheckpointError
 from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
+from training.rl_checkpoint import checkpoint_updates, resume_updates
 from training.rl_run import JUDGE_LINGER_S, JUDGE_MAX_BATCH, RLRunConfig, RoleThread, group_id
 
 __all__ = [
@@ -70,7 +72,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT_S = 120.0
-_CHECKPOINT_NAME = "policy.pt"
 
 
 class RolloutJudge(Protocol):
@@ -199,23 +200,7 @@ class RLTrainer(RoleThread):
         self.judge = judge
         self.on_step = on_step
         self.checkpoint_dir = checkpoint_dir
-        version = 0
-        saved: dict[str, Any] = {}
-        path = None if checkpoint_dir is None else checkpoint_dir / _CHECKPOINT_NAME
-        if path is not None and path.exists():
-            try:
-                saved = torch.load(path, weights_only=True)
-                policy.load_state_dict(saved["state"])
-                version = int(saved["version"])
-            except Exception as exc:
-                raise CheckpointError(
-                    f"{path} is not a usable checkpoint of this run's policy ({exc!r}); "
-                    "move it away to start from version 0"
-                ) from None
-            logger.info("[%s] resumed from version %d", node.short_id, version)
-        self.updates = updates(policy, config.grpo, version)
-        if saved:
-            self.updates.restore(saved.get("updates", {}))
+        self.updates = resume_updates(checkpoint_dir, policy, config.grpo, updates)
         self.learner = self.updates.learner
         self.reports: list[RLStepReport] = []
         self.stale_dropped = 0
@@ -350,10 +335,7 @@ class RLTrainer(RoleThread):
         self.judge.set_trainer_step(version)
         state = self.learner.state_dict()
         if self.checkpoint_dir is not None:
-            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-            tmp = self.checkpoint_dir / (_CHECKPOINT_NAME + ".tmp")
-            torch.save({"state": state, "version": version, "updates": self.updates.saved_state()}, tmp)
-            tmp.replace(self.checkpoint_dir / _CHECKPOINT_NAME)
+            checkpoint_updates(self.checkpoint_dir, self.updates, state)
         try:
             manifest = self.node.call(self._publish(version, state), timeout_s=PUBLISH_TIMEOUT_S)
             self.published_at[version] = time.time()

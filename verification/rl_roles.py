@@ -57,6 +57,7 @@ from training.rl_run import (
     run_task,
 )
 from training.rl_trainer import RLStepReport, RLTrainer, UpdatesFactory, every_step_updates
+from verification.replay_memory import ReplayMemory
 from verification.tickets import TicketBook
 from verification.validator import Validator, VerifiedRollout
 
@@ -81,7 +82,8 @@ def scored(rollout: VerifiedRollout) -> ScoredRollout:
 
 
 def make_validator(node: HivenetNode, config: RLRunConfig) -> Validator:
-    """The run's validator on `node`, its tickets kept beside the node's weights (a restart keeps them)."""
+    """The run's validator on `node`, its tickets and the hashes of the rollouts it accepted kept beside
+    the node's weights (a restart keeps them: what was judged before it is a replay after it)."""
     return Validator(
         private_key=node.identity.private_key,
         run_id=config.run_id,
@@ -95,6 +97,7 @@ def make_validator(node: HivenetNode, config: RLRunConfig) -> Validator:
             run_id=config.run_id,
             grace_s=config.submit_timeout_s,
         ),
+        replays=ReplayMemory(node.config.weights_dir / f"{config.run_id}.replays.db", run_id=config.run_id),
         on_verdicts=node.receipt_sink,  # the validator's own ledger keeps (and serves) its receipts
     )
 

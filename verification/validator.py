@@ -43,6 +43,7 @@ from protocol.peer_keys import Signer
 from protocol.verification_policy import RunVerification
 from training.causal_lm import CausalLM
 from training.sampling import SamplingParams
+from verification.replay_memory import ReplayMemory
 from verification.rollout_checks import (
     BANNING_REASONS,
     UNJUDGED_REASONS,
@@ -109,10 +110,13 @@ class Validator:
         clock: Callable[[], float] = time.time,
         sampling: SamplingParams | None = None,
         tickets: TicketBook | None = None,
+        replays: ReplayMemory | None = None,
         on_verdicts: Callable[[list[bytes]], None] | None = None,
     ) -> None:
         """`tickets`: the book of issued tickets (None: one in memory; a node keeps it in a file, so a
-        restart forgets no ticket). `on_verdicts` is handed every batch of sealed verdicts (the
+        restart forgets no ticket). `replays`: where accepted rollouts' hashes are kept (None: in memory
+        only; a node keeps them in a file, so a rollout accepted before a restart is a replay after
+        it). `on_verdicts` is handed every batch of sealed verdicts (the
         validator's own receipts, e.g. for its node's ledger, `node.node.HivenetNode.receipt_sink`);
         it must not block."""
         if group_size < 1:
@@ -124,7 +128,7 @@ class Validator:
         self.bans = bans or BanList(base_s=60.0, max_s=24 * 3600.0, owner="validator")
         self._signer = Signer(private_key)  # a verdict per rollout: derive the signing key once
         self._clock = clock
-        self._window = VerifierWindow(async_level, verification)
+        self._window = VerifierWindow(async_level, verification, replays)
         self._accounts = WorkerAccounts()
         self.tickets = tickets if tickets is not None else TicketBook(run_id=run_id)
         self._judging_counters: set[tuple[bytes, int]] = set()

@@ -9,7 +9,9 @@ validator holds, or one between its held versions that it has yet to add).
 
 It also remembers the hashes of rollouts judged for each held version, so a rollout submitted
 twice is a replay; those are forgotten with their version (a rollout is bound to its version by
-its assigned seeds, and rollouts of dropped versions are stale anyway).
+its assigned seeds, and rollouts of dropped versions are stale anyway). With a `ReplayMemory`
+(`verification.replay_memory`) they outlive the process: a version added again after a restart
+takes back the hashes remembered for it, and versions too old to judge are forgotten there too.
 
 An inference worker's window (`training.rl_run.ModelWindow`) keeps models to generate with; it
 shares only "drop the oldest beyond the window" with this one, which adds weight snapshots,
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 
 from protocol.verification_policy import RunVerification
 from training.causal_lm import CausalLM
+from verification.replay_memory import ReplayMemory
 from verification.verdict import RolloutVerifier
 
 __all__ = ["VerifierWindow", "VersionStatus", "VersionVerdict"]
@@ -48,12 +51,19 @@ class VerifierWindow:
     """The newest `async_level + 1` policy versions, a verifier each, and the trainer's step (not thread-safe:
     the validator holds its lock)."""
 
-    def __init__(self, async_level: int, verification: RunVerification | None = None) -> None:
+    def __init__(
+        self,
+        async_level: int,
+        verification: RunVerification | None = None,
+        memory: ReplayMemory | None = None,
+    ) -> None:
         if async_level < 0:
             raise ValueError(f"async_level must be >= 0, got {async_level}")
         self.async_level = async_level
         self.verification = verification
         """The run's limits (None: the built-in ones of the model's backend)."""
+        self.memory = memory
+        """Where the replay hashes outlive the process (None: in memory only)."""
         self.trainer_step: int | None = None
         self._verifiers: dict[int, RolloutVerifier] = {}
         self._dropped: set[int] = set()
@@ -73,12 +83,15 @@ class VerifierWindow:
         # A copy: the caller (a trainer) keeps training its model, the verdict needs these weights.
         snapshot = copy.deepcopy(model).eval()
         self._verifiers[version] = RolloutVerifier(snapshot, version, self.verification)
-        self._hashes[version] = set()
+        self._hashes[version] = set() if self.memory is None else self.memory.recall(version)
         dropped = self.held[: -(self.async_level + 1)]
         for old in dropped:
             del self._verifiers[old]
             del self._hashes[old]
             self._dropped.add(old)
+        reference = self.reference_step()
+        if self.memory is not None and reference is not None:
+            self.memory.forget_before(reference - self.async_level)  # stale for good
         return dropped
 
     def reference_step(self) -> int | None:
@@ -116,3 +129,5 @@ class VerifierWindow:
         """Record judged rollouts of a held `version` (no-op for a version not held)."""
         if version in self._hashes:
             self._hashes[version].update(hashes)
+            if self.memory is not None:
+                self.memory.remember(version, hashes)

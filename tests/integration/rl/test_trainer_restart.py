@@ -2,20 +2,24 @@
 
 A real trainer node with a fake judge (groups enter through its intake handler), stopped and
 started again with the same key, weights store and `checkpoint_dir`, as a restarted process is.
-What must hold: the restarted trainer holds the checkpoint's weights and version, hands that
+What must hold: the restarted trainer holds the checkpoint's weights, version and optimizer state
+(so its next update is the one it would have made without the restart), hands that
 version to its validator, republishes it (its store already holds it), and never publishes a
 version number with weights other than those the network was given under it, even when it died
-between publishing a version and checkpointing it.
+between publishing a version and checkpointing it. And with its own validator (`start_rl_trainer`),
+a rollout accepted before the restart is refused as a replay after it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from node.membership import LiveNode
 from node.swarm import wait_until
 from protocol.node_record import Role
 from protocol.peer_keys import peer_id_from_private_key
@@ -23,15 +27,26 @@ from protocol.rollout_messages import open_group, seal_group
 from protocol.rollouts_pb2 import RolloutGroup
 from tests.helpers.broadcast import assert_state_dicts_equal
 from tests.helpers.rl_diloco import LoneAverager
-from tests.helpers.rl_loop import TINY, FakeJudge, LoopbackNodes, fake_group, tiny_run
+from tests.helpers.rl_loop import (
+    TINY,
+    FakeJudge,
+    LoopbackNodes,
+    ScriptedWorker,
+    fake_group,
+    honest_group,
+    policy_at,
+    tiny_run,
+)
 from tests.helpers.rollouts import key
 from training.causal_lm import CausalLM
 from training.checkpoint import CheckpointError
 from training.grpo import GRPOConfig
 from training.model import TinyGPT
+from training.rl_checkpoint import optimizer_state
 from training.rl_diloco import DiLoCoUpdates, OuterVersionLearner
 from training.rl_run import RLDiLoCoConfig
 from training.rl_trainer import PolicyUpdates, RLTrainer, UpdatesFactory, every_step_updates
+from verification.rl_roles import start_rl_trainer
 
 pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
@@ -83,6 +98,12 @@ def _submit(trainer: RLTrainer, group: RolloutGroup) -> None:
     trainer.node.call(judged(), timeout_s=30)
 
 
+def _assert_same_moments(left: dict[str, Any], right: dict[str, Any]) -> None:
+    assert left["state"].keys() == right["state"].keys() and right["state"]
+    for index, entry in right["state"].items():
+        assert_state_dicts_equal(left["state"][index], entry)
+
+
 def _published_state(trainer: RLTrainer, version: int) -> dict[str, torch.Tensor]:
     return trainer.node.call(trainer.broadcast.load(CONFIG.run_id, version), timeout_s=30)
 
@@ -95,12 +116,14 @@ def test_a_restarted_trainer_resumes_from_its_checkpoint_and_republishes_it(
         _submit(trainer, fake_group(counter))
     assert wait_until(lambda: trainer.version == 2 and 2 in trainer.published_at, 60.0)
     state = trainer.learner.state_dict()
+    moments = optimizer_state(trainer.learner.optimizer)
     _stop(nodes, trainer)
 
     restarted, judge = _start(nodes, "trainer-a", tmp_path)
     try:
         assert restarted.version == 2
         assert_state_dicts_equal(restarted.learner.state_dict(), state)
+        _assert_same_moments(optimizer_state(restarted.learner.optimizer), moments)
         assert judge.versions == [2] and judge.steps == [2]
         assert 2 in restarted.published_at  # republished, though its store already held it
         assert_state_dicts_equal(_published_state(restarted, 2), state)
@@ -180,6 +203,41 @@ def test_a_restarted_diloco_trainer_resumes_its_outer_momentum(nodes: LoopbackNo
 
     # a checkpoint written with DiLoCo is not silently resumed without it (its momentum would be lost)
     assert "DiLoCo settings" in _refusal(nodes, "trainer-c", tmp_path)
+
+
+def test_a_rollout_accepted_before_a_restart_is_refused_as_a_replay_after_it(
+    nodes: LoopbackNodes, tmp_path: Path
+) -> None:
+    config = tiny_run(None, async_level=4, groups_per_step=2)  # no step: the restart resumes version 0
+    worker = ScriptedWorker(nodes.add("replayer", [Role.INFERENCE]), config)
+    trainers: list[RLTrainer] = []
+
+    def start() -> tuple[RLTrainer, LiveNode]:
+        node = nodes.add("trainer-f", [Role.TRAINER, Role.VALIDATOR])
+        trainer, _ = start_rl_trainer(node, config, TinyGPT(TINY), checkpoint_dir=tmp_path)
+        trainers.append(trainer)
+        return trainer, worker.validator(node.identity.peer_id_bytes)
+
+    def group_for_next_ticket(trainer: RLTrainer, validator: LiveNode) -> RolloutGroup:
+        [ticket] = worker.tickets(validator, version=0)
+        return honest_group(policy_at(trainer, 0), config, worker.peer, ticket)
+
+    try:
+        trainer, validator = start()
+        first = group_for_next_ticket(trainer, validator)
+        assert all(v.accepted for v in worker.submit(validator, worker.seal(first)))
+        _stop(nodes, trainer)
+
+        restarted, validator = start()
+        copied = group_for_next_ticket(restarted, validator)
+        copied.rollouts[1] = first.rollouts[0]  # in another assignment: only the replay memory knows it
+        verdicts = worker.submit(validator, worker.seal(copied))
+        assert [v.reason for v in verdicts] == ["replay"] * 4
+    finally:
+        for trainer in trainers:
+            if trainer.node in nodes.nodes:
+                _stop(nodes, trainer)
+        worker.close()
 
 
 def test_a_corrupt_checkpoint_is_a_clear_error(nodes: LoopbackNodes, tmp_path: Path) -> None:
