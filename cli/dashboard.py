@@ -131,7 +131,13 @@ def dashboard(
                         max_receipts_per_pull=pull_max, trusted_signers=[*trainers, *validators, *trusted],
                     )  # fmt: skip
                     client.add_service(
-                        ReceiptExchange(dht=client.dht, identity=client.identity, ledger=ledger, config=pulls)
+                        ReceiptExchange(
+                            dht=client.dht,
+                            identity=client.identity,
+                            ledger=ledger,
+                            config=pulls,
+                            trusted_attesters=client.attestations.trusted,
+                        )
                     )
             else:
                 click.echo("no --initial-peers given: showing the ledger without the swarm", err=True)

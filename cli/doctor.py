@@ -1,7 +1,8 @@
 """`hivenet doctor`: checks what usually goes wrong for a volunteer and prints a fix for each.
 
 Checks: the identity file, versions, free disk and memory, whether each seed is reachable,
-and whether a seed can dial this node back from a fresh connection (see node.reachability).
+and whether a seed can dial this node back from a fresh connection (see node.reachability),
+wherever `hivenet join` would ask for that dial-back.
 """
 
 from __future__ import annotations
@@ -10,8 +11,12 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from node.node import HivenetNode
 
 MIN_FREE_DISK_BYTES = 2 << 30
 MIN_FREE_MEMORY_BYTES = 1 << 30
@@ -113,19 +118,28 @@ def _check_network(initial_peers: list[str], timeout_s: float, host: str, port: 
                     "check the address, that the seed runs, and your outgoing firewall",
                 )
             )
-        dial_back = probe.check_reachability()  # the seeds that answered, at this node's own addresses
-        checks.append(
-            Check(
-                "dial-back",
-                dial_back.reachable,
-                dial_back.detail,
-                f"open or forward TCP port {port or '(pass --port)'} to this machine, announce your public address "
-                "with --announce, or join with --auto-relay so that peers can reach you through a relay",
-            )
-        )
+        checks.append(_check_dial_back(probe, port))
     finally:
         probe.stop()
     return checks
+
+
+def _check_dial_back(probe: HivenetNode, port: int) -> Check:
+    """Whether a seed can dial the started `probe` back, asked only where `hivenet join` asks it too
+    (a skipped check passes, saying why it was skipped)."""
+    from node.reachability import dial_back_skip_reason
+
+    skipped = dial_back_skip_reason(probe.config.reachability_check, probe.config.initial_peers)
+    if skipped is not None:
+        return Check("dial-back", True, f"skipped, as join skips it: {skipped}")
+    dial_back = probe.check_reachability()  # the seeds that answered, at this node's own addresses
+    return Check(
+        "dial-back",
+        dial_back.reachable,
+        dial_back.detail,
+        f"open or forward TCP port {port or '(pass --port)'} to this machine, announce your public address "
+        "with --announce, or join with --auto-relay so that peers can reach you through a relay",
+    )
 
 
 def run_doctor(

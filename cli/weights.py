@@ -190,7 +190,13 @@ def _add_broadcast(node: HivenetNode, config: BroadcastConfig) -> WeightBroadcas
 
     assert node.dht is not None, "start the node first"
     return node.add_service(
-        WeightBroadcast(dht=node.dht, identity=node.identity, config=config, metrics=node.metrics)
+        WeightBroadcast(
+            dht=node.dht,
+            identity=node.identity,
+            config=config,
+            metrics=node.metrics,
+            attestations=node.attestations,
+        )
     )
 
 

@@ -15,7 +15,10 @@
   Prometheus `/metrics` over HTTP).
 - `metrics`: `NodeMetrics` (one registry per node: `hivenet_*` counters, gauges, a histogram),
   `TransferMetrics` (what the weight broadcast counts), `MetricsFigures` (the same for the JSON status).
-- `reachability`: the seeds' dial-back service and `call_dial_back` (used by `hivenet doctor`).
+- `reachability`: the seeds' dial-back service and `call_dial_back` (used by `hivenet doctor`);
+  a seed that reaches a node answers with a signed address attestation.
+- `attestations`: `AttestationBook` (this node's trusted attesters, its initial peers, and the
+  attestations its seeds gave it) and `AttestationRenewal` (re-checks before they lapse).
 - `shutdown`: `StopRequest` (first Ctrl-C asks loops to finish; a second one forces).
 - `logs`: `configure_logging` (short PeerID on every line).
 - `swarm`: `LocalSwarm` (seed + N real node processes on 127.0.0.1 with add/kill/stop), `wait_until`.

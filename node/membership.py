@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,8 +107,12 @@ class Membership:
         software_version: str,
         protocol_version: int,
         check_identity: bool = True,
+        attestations: Callable[[], tuple[bytes, ...]] = tuple,
     ):
+        """`attestations`: this node's current address attestations (`node.attestations`), which
+        every publish puts in the record, so that a lapsed one leaves it at the next refresh."""
         self.dht = dht
+        self.attestations = attestations
         self.identity = identity
         self.run_id = run_id
         self.record_ttl_s = record_ttl_s
@@ -185,8 +190,9 @@ class Membership:
         return await self.publish()
 
     async def report_reachability(self, reachability: Reachability) -> bool:
-        """Publish the record again if the dial-back check changed what it says about reaching us."""
-        if reachability == self.record.reachability:
+        """Publish the record again if the dial-back check changed what it says about reaching us,
+        or brought new address attestations."""
+        if reachability == self.record.reachability and self.attestations() == self.record.attestations:
             return True
         self.record = self.record.model_copy(update={"reachability": reachability})
         return await self.publish()
@@ -195,6 +201,9 @@ class Membership:
         """Sign and store the current record; return whether at least one DHT peer accepted it."""
         if status != self.record.status:
             self.record = self.record.model_copy(update={"status": status})
+        attestations = self.attestations()
+        if attestations != self.record.attestations:
+            self.record = self.record.model_copy(update={"attestations": attestations})
         ok = await self._records.store(
             node_records_key(self.run_id),
             domain=NODE_RECORD_DOMAIN,

@@ -6,8 +6,11 @@ and publishes the node record; `add_service` hosts more components on the same l
 weight broadcast, averaging, ...); `stop()` stops them in reverse order and leaves cleanly. An
 announced node whose config names a ledger also runs the receipts exchange (`node.receipts`): its
 components hand the receipts they sign to `receipt_sink`, and it signs one for each seed that
-answered its bootstrap, and for the seed that dials it back (`check_reachability`).
-Role-specific work (training, inference) is attached on top of a started node.
+answered its bootstrap, and for the seed that dials it back (`check_reachability`). That seed's
+address attestation goes into the node's `attestations` and its record; once checked, the node
+re-checks every quarter hour to renew them (`node.attestations`). A seed (`dht_only`) signs
+attestations with its identity key. Role-specific work (training, inference) is attached on top of
+a started node.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import hivemind
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from hivemind.dht.node import DHTNode
 
+from node.attestations import AttestationBook, AttestationRenewal, trusted_attesters
 from node.bans import BanList
 from node.config import NodeConfig
 from node.dht_node import BootstrapStopped, SeedStatus, bootstrap, start_dht
@@ -100,6 +105,13 @@ class HivenetNode:
         """The receipts exchange, on an announced node whose config names a ledger (`ledger_path`)."""
         self.own_credit = OwnCredit(lambda: self.ledger, self.identity.peer_id_bytes)
         """This node's credit from its ledger: what its contribution line, /status and /metrics show."""
+        self.attestations = AttestationBook(
+            self.identity.peer_id_bytes, trusted_attesters(config.initial_peers)
+        )
+        """Whose address attestations this node believes (its initial peers), and those its seeds gave it:
+        hand it to the services that dial peers or announce this node (`WeightBroadcast(attestations=...)`)."""
+        self.renewal: AttestationRenewal | None = None
+        """Re-checks reachability to renew the attestations, from the first check of an announced node."""
 
     @property
     def short_id(self) -> str:
@@ -142,7 +154,8 @@ class HivenetNode:
             except BootstrapStopped:
                 raise KeyboardInterrupt("stopped while dialling the initial peers") from None
             if self.dht_only:
-                self.call(in_dht(self.dht, serve_dial_back))
+                key = self.identity.private_key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+                self.call(in_dht(self.dht, serve_dial_back, attester_key=key))
             if self.announce:
                 published = [role for role in self.config.roles if role not in withheld_roles]
                 if published:  # with every role withheld, the record waits for `announce_roles`
@@ -181,6 +194,7 @@ class HivenetNode:
             software_version=SOFTWARE_VERSION,
             protocol_version=PROTOCOL_VERSION,
             check_identity=bool(self.config.initial_peers),
+            attestations=self.attestations.current,
         )
 
     def _start_receipts(self, path: Path) -> None:
@@ -199,6 +213,7 @@ class HivenetNode:
                 config=config,
                 bans=bans,
                 on_pulled=self._count_pulled_receipts,
+                trusted_attesters=self.attestations.trusted,
             )
         )
 
@@ -218,23 +233,39 @@ class HivenetNode:
         self, seeds: list[str] | None = None, addresses: list[str] | None = None, *, timeout_s: float = 120.0
     ) -> DialBackOutcome:
         """Ask `seeds` (default: those that answered the bootstrap) to dial this node back at
-        `addresses` (default: its own TCP addresses); the seed that reached it earns a receipt."""
+        `addresses` (default: its own TCP addresses); the seed that reached it earns a receipt, and
+        its attestation goes into the record. An announced node re-checks from then on
+        (`AttestationRenewal`)."""
+        if self.membership is not None and self.renewal is None and self.state == "running":
+            self.renewal = self.add_service(AttestationRenewal(self._renew_attestations))
+        return self.call(self._check_reachability(seeds, addresses), timeout_s=timeout_s)
+
+    async def _renew_attestations(self) -> DialBackOutcome:
+        """A re-check, asking first the seed whose attestation lapses soonest. It signs no receipt:
+        one per check every quarter hour would grow every ledger for a service already credited."""
+        seeds = [status.address for status in self.seed_statuses if status.reached]
+        return await self._check_reachability(self.attestations.renewal_order(seeds), None, receipt=False)
+
+    async def _check_reachability(
+        self, seeds: list[str] | None, addresses: list[str] | None, *, receipt: bool = True
+    ) -> DialBackOutcome:
         assert self.dht is not None
         if seeds is None:
             seeds = [status.address for status in self.seed_statuses if status.reached]
-        if addresses is None:
-            addresses = [address.split("/p2p/")[0] for address in self.multiaddrs()]
-        outcome = self.call(
-            in_dht(self.dht, request_dial_back, seeds=seeds, addresses=addresses), timeout_s=timeout_s
-        )
+        if addresses is None:  # asked of the DHT process without blocking this loop
+            maddrs = await in_dht(self.dht, hivemind.DHT._get_visible_maddrs)
+            addresses = [str(address).split("/p2p/")[0] for address in maddrs]
+        outcome = await in_dht(self.dht, request_dial_back, seeds=seeds, addresses=addresses)
+        if outcome.attestation is not None:
+            self.attestations.add(outcome.attestation)
         if self.membership is not None and outcome.answered:  # the swarm table shows it (self-reported)
             found = Reachability.PUBLIC if outcome.reachable else Reachability.PRIVATE
-            self.call(self.membership.report_reachability(found), timeout_s=timeout_s)
+            await self.membership.report_reachability(found)
         sink = self.receipt_sink
-        if outcome.reachable and outcome.seed is not None and sink is not None:
-            receipt = dial_back_receipt(self.identity, self.config.run_id, outcome.seed)
-            if receipt is not None:
-                sink([receipt])
+        if receipt and outcome.reachable and outcome.seed is not None and sink is not None:
+            signed = dial_back_receipt(self.identity, self.config.run_id, outcome.seed)
+            if signed is not None:
+                sink([signed])
         return outcome
 
     @property
@@ -313,6 +344,7 @@ class HivenetNode:
         """Release everything this node holds: services (last started first), the loop, the DHT."""
         self.runtime.close()
         self.membership = None
+        self.renewal = None
         self.receipts = None
         if self.ledger is not None:
             self.ledger.close()

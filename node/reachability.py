@@ -8,6 +8,10 @@ disconnected after every probe), and libp2p authenticates it against the request
 
 The requester that was reached signs a seed receipt for the seed that dialled it
 (`HivenetNode.check_reachability`, `node.receipts.seeds`): `request_dial_back` says which one.
+The seed answers it with an address attestation signed by its identity key
+(`protocol.address_attestation`): the requester's PeerID and the addresses the probe reached, which
+the requester publishes so that peers that trust this seed dial it there (`node.attestations`,
+`node.broadcast.dialing`). A seed without a key (an old one) attests nothing.
 
 Limits: the request is one size-capped frame read under a timeout; loopback, private and
 link-local IPs are refused unless the seed itself only listens on loopback (a local test
@@ -26,12 +30,19 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import hivemind
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.dht.node import DHTNode
 from hivemind.p2p import P2P, PeerID
 from multiaddr import Multiaddr
 
 from node.broadcast.wire import read_frame, write_frame
 from protocol import hivenet_pb2 as pb
+from protocol.address_attestation import (
+    MAX_ATTESTATION_BYTES,
+    MAX_ATTESTED_ADDRESSES,
+    open_attestation,
+    seal_attestation,
+)
 from protocol.errors import InvalidMessage
 from protocol.limits import MAX_ADDRESS_CHARS
 from protocol.untrusted import parse_untrusted
@@ -41,7 +52,7 @@ logger = logging.getLogger(__name__)
 DIAL_BACK_PROTOCOL = "hivenet.v1.dial_back"
 MAX_DIAL_BACK_ADDRESSES = 8
 MAX_DIAL_BACK_REQUEST_BYTES = MAX_DIAL_BACK_ADDRESSES * (MAX_ADDRESS_CHARS + 8)
-MAX_DIAL_BACK_RESPONSE_BYTES = 1024
+MAX_DIAL_BACK_RESPONSE_BYTES = 1024 + MAX_ATTESTATION_BYTES
 DIAL_BACK_TIMEOUT_S = 10.0
 DIAL_BACK_REQUEST_TIMEOUT_S = 5.0
 DIAL_BACK_COOLDOWN_S = 30.0
@@ -67,12 +78,21 @@ def all_loopback(addresses: list[Multiaddr]) -> bool:
     return bool(ips) and all(ip is not None and ipaddress.ip_address(ip).is_loopback for ip in ips)
 
 
-def wants_dial_back(mode: str, initial_peers: list[str]) -> bool:
-    """Whether a joining node asks its seeds for a dial-back: `mode` "on"/"off", or "auto": unless
-    every initial peer is on loopback, where being reached back proves nothing."""
+def dial_back_skip_reason(mode: str, initial_peers: list[str]) -> str | None:
+    """Why a node does not ask its seeds for a dial-back, or None when it asks: `mode` "on"/"off",
+    or "auto": unless every initial peer is on loopback, where being reached back proves nothing."""
     if mode != "auto":
-        return mode == "on"
-    return bool(initial_peers) and not all_loopback([Multiaddr(peer) for peer in initial_peers])
+        return None if mode == "on" else f"the reachability check is {mode}"
+    if not initial_peers:
+        return "no seed to ask"
+    if all_loopback([Multiaddr(peer) for peer in initial_peers]):
+        return "every seed is on loopback: a swarm on this machine needs no dial-back"
+    return None
+
+
+def wants_dial_back(mode: str, initial_peers: list[str]) -> bool:
+    """Whether a joining node asks its seeds for a dial-back (see `dial_back_skip_reason`)."""
+    return dial_back_skip_reason(mode, initial_peers) is None
 
 
 def is_public_ip(ip: str) -> bool:
@@ -139,8 +159,16 @@ class _SourceLimiter:
 class DialBackService:
     """The seed side: dials requesters back at their observed IP, from one reused probe daemon."""
 
-    def __init__(self, *, allow_private: bool, cooldown_s: float = DIAL_BACK_COOLDOWN_S) -> None:
+    def __init__(
+        self,
+        *,
+        allow_private: bool,
+        cooldown_s: float = DIAL_BACK_COOLDOWN_S,
+        attester: Ed25519PrivateKey | None = None,
+    ) -> None:
+        """`attester`: the seed's identity key, which signs an attestation for each requester reached."""
         self.allow_private = allow_private
+        self.attester = attester
         self._limiter = _SourceLimiter(cooldown_s, OrderedDict())
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_PROBES)
         self._probe: P2P | None = None
@@ -220,13 +248,33 @@ class DialBackService:
                     :200
                 ],
             )
-        return pb.DialBackResponse(code=pb.DIAL_BACK_REACHABLE, detail="reached from a separate connection")
+        return pb.DialBackResponse(
+            code=pb.DIAL_BACK_REACHABLE,
+            detail="reached from a separate connection",
+            attestation=self._attest(requester, [str(target) for target in targets if target in used]),
+        )
+
+    def _attest(self, requester: PeerID, reached: list[str]) -> bytes:
+        """The sealed attestation that the probe reached `requester` at `reached` (b"" without a key)."""
+        if self.attester is None:
+            return b""
+        try:
+            return seal_attestation(
+                self.attester, subject=requester.to_bytes(), addresses=reached[:MAX_ATTESTED_ADDRESSES]
+            )
+        except InvalidMessage as exc:  # a requester whose PeerID is not an Ed25519 key
+            logger.debug("no attestation for %s: %s", requester, exc)
+            return b""
 
 
-async def serve_dial_back(_dht: hivemind.DHT, node: DHTNode) -> None:
-    """Register the dial-back service on a running DHT's p2pd (run via `node.runtime.in_dht`)."""
+async def serve_dial_back(_dht: hivemind.DHT, node: DHTNode, *, attester_key: bytes | None = None) -> None:
+    """Register the dial-back service on a running DHT's p2pd (run via `node.runtime.in_dht`);
+    `attester_key`: the raw private key of the seed's identity, which signs the attestations."""
     maddrs = await node.p2p.get_visible_maddrs()
-    service = DialBackService(allow_private=all_loopback([Multiaddr(str(addr)) for addr in maddrs]))
+    service = DialBackService(
+        allow_private=all_loopback([Multiaddr(str(addr)) for addr in maddrs]),
+        attester=Ed25519PrivateKey.from_private_bytes(attester_key) if attester_key is not None else None,
+    )
     await node.p2p.add_binary_stream_handler(DIAL_BACK_PROTOCOL, service.handle_stream)
 
 
@@ -240,6 +288,8 @@ class DialBackOutcome:
     """The PeerID of the seed that reached this node back (None unless `reachable`)."""
     answered: bool = True
     """Whether a seed tried to dial back at all (False: no seed offered the service; nothing is known)."""
+    attestation: bytes | None = None
+    """The sealed address attestation `seed` answered with, verified: by `seed`, about this node."""
 
 
 async def request_dial_back(
@@ -263,6 +313,7 @@ async def request_dial_back(
                 True,
                 f"seed {peer_id.to_base58()[-8:]} reached this node from a separate connection",
                 peer_id.to_bytes(),
+                attestation=_verified(response.attestation, peer_id, node.p2p.peer_id),
             )
         details.append(f"{peer_id.to_base58()[-8:]}: {pb.DialBackCode.Name(response.code)} {response.detail}")
     return DialBackOutcome(False, "; ".join(details) or "no seed to ask", answered=answered)
@@ -274,6 +325,18 @@ async def call_dial_back(
     """Ask each seed in turn to dial `addresses` back; (reachable, what the seeds said)."""
     outcome = await request_dial_back(dht, node, seeds, addresses)
     return outcome.reachable, outcome.detail
+
+
+def _verified(attestation: bytes, seed: PeerID, own: PeerID) -> bytes | None:
+    """`attestation` if `seed` signed it about this node (an old seed sends none), else None."""
+    if not attestation:
+        return None
+    try:
+        open_attestation(attestation, subject=own.to_bytes(), signers={seed.to_bytes()})
+    except InvalidMessage as exc:
+        logger.info("seed %s sent an invalid address attestation: %s", seed.to_base58()[-8:], exc)
+        return None
+    return attestation
 
 
 async def _request(p2p: P2P, peer_id: PeerID, request: pb.DialBackRequest) -> pb.DialBackResponse:

@@ -9,6 +9,8 @@
 - `dht_keys`: every DHT key string (`node_records_key`, `signed_subkey`, ...).
 - `limits`: size and TTL caps for untrusted input.
 - `node_record`: `NodeRecord`, `Role`, `Capabilities`: strict typed node records.
+- `address_attestation`: `seal_attestation` / `open_attestation`: a seed's signed word that a PeerID
+  was reached at some addresses (what a public swarm's peers are dialled at).
 - `record_validator`: `SignedRecordValidator`, the hivemind DHT validator; `register_domain`.
 - `broadcast.proto` / `manifest`: weight manifests, pointers and chunk messages.
 - `toploc`: `build_proofs`, `verify_proofs`, `ChunkCheck`: TOPLOC proofs (byte-compatible with the

@@ -83,20 +83,22 @@ class WeightsPointer(_message.Message):
     def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., content_id: _Optional[bytes] = ..., manifest_bytes: _Optional[int] = ..., num_chunks: _Optional[int] = ..., total_bytes: _Optional[int] = ..., publisher: _Optional[bytes] = ...) -> None: ...
 
 class HolderAnnouncement(_message.Message):
-    __slots__ = ("run_id", "version", "content_id", "chunks_held", "num_chunks", "addresses")
+    __slots__ = ("run_id", "version", "content_id", "chunks_held", "num_chunks", "addresses", "attestations")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     CONTENT_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_HELD_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    ATTESTATIONS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     version: int
     content_id: bytes
     chunks_held: int
     num_chunks: int
     addresses: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., content_id: _Optional[bytes] = ..., chunks_held: _Optional[int] = ..., num_chunks: _Optional[int] = ..., addresses: _Optional[_Iterable[str]] = ...) -> None: ...
+    attestations: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, run_id: _Optional[str] = ..., version: _Optional[int] = ..., content_id: _Optional[bytes] = ..., chunks_held: _Optional[int] = ..., num_chunks: _Optional[int] = ..., addresses: _Optional[_Iterable[str]] = ..., attestations: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class ManifestRequest(_message.Message):
     __slots__ = ("run_id", "version", "content_id")

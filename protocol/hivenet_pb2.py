@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protocol/hivenet.proto\x12\x07hivenet\"\x9b\x01\n\x0c\x45nvelopeBody\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x0f\n\x07\x64ht_key\x18\x04 \x01(\t\x12\x12\n\nexpires_at\x18\x05 \x01(\x01\x12\x0b\n\x03seq\x18\x06 \x01(\x04\x12\x0e\n\x06signer\x18\x07 \x01(\x0c\x12\x0f\n\x07payload\x18\x08 \x01(\x0c\"1\n\x0eSignedEnvelope\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"L\n\x0c\x43\x61pabilities\x12\x11\n\tcpu_count\x18\x01 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x03 \x01(\t\"\xc0\x02\n\nNodeRecord\x12\x0f\n\x07peer_id\x18\x01 \x01(\x0c\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x13\n\x0bpublic_name\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x18\n\x10software_version\x18\x05 \x01(\t\x12\x18\n\x10protocol_version\x18\x06 \x01(\r\x12+\n\x0c\x63\x61pabilities\x18\x07 \x01(\x0b\x32\x15.hivenet.Capabilities\x12\x11\n\taddresses\x18\x08 \x03(\t\x12\x12\n\nstarted_at\x18\t \x01(\x01\x12\x13\n\x0binstance_id\x18\n \x01(\x0c\x12#\n\x06status\x18\x0b \x01(\x0e\x32\x13.hivenet.NodeStatus\x12+\n\x0creachability\x18\x0c \x01(\x0e\x32\x15.hivenet.Reachability\"$\n\x0f\x44ialBackRequest\x12\x11\n\taddresses\x18\x01 \x03(\t\"G\n\x10\x44ialBackResponse\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.hivenet.DialBackCode\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t*W\n\nNodeStatus\x12\x1b\n\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12NODE_STATUS_ONLINE\x10\x01\x12\x14\n\x10NODE_STATUS_LEFT\x10\x02*[\n\x0cReachability\x12\x18\n\x14REACHABILITY_UNKNOWN\x10\x00\x12\x17\n\x13REACHABILITY_PUBLIC\x10\x01\x12\x18\n\x14REACHABILITY_PRIVATE\x10\x02*\x94\x01\n\x0c\x44ialBackCode\x12\x19\n\x15\x44IAL_BACK_UNSPECIFIED\x10\x00\x12\x17\n\x13\x44IAL_BACK_REACHABLE\x10\x01\x12\x19\n\x15\x44IAL_BACK_UNREACHABLE\x10\x02\x12\x19\n\x15\x44IAL_BACK_BAD_REQUEST\x10\x03\x12\x1a\n\x16\x44IAL_BACK_RATE_LIMITED\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16protocol/hivenet.proto\x12\x07hivenet\"\x9b\x01\n\x0c\x45nvelopeBody\x12\x0e\n\x06\x64omain\x18\x01 \x01(\t\x12\x18\n\x10protocol_version\x18\x02 \x01(\r\x12\x0e\n\x06run_id\x18\x03 \x01(\t\x12\x0f\n\x07\x64ht_key\x18\x04 \x01(\t\x12\x12\n\nexpires_at\x18\x05 \x01(\x01\x12\x0b\n\x03seq\x18\x06 \x01(\x04\x12\x0e\n\x06signer\x18\x07 \x01(\x0c\x12\x0f\n\x07payload\x18\x08 \x01(\x0c\"1\n\x0eSignedEnvelope\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\"L\n\x0c\x43\x61pabilities\x12\x11\n\tcpu_count\x18\x01 \x01(\r\x12\x14\n\x0cmemory_bytes\x18\x02 \x01(\x04\x12\x13\n\x0b\x61\x63\x63\x65lerator\x18\x03 \x01(\t\"\xd6\x02\n\nNodeRecord\x12\x0f\n\x07peer_id\x18\x01 \x01(\x0c\x12\r\n\x05roles\x18\x02 \x03(\t\x12\x13\n\x0bpublic_name\x18\x03 \x01(\t\x12\x0e\n\x06run_id\x18\x04 \x01(\t\x12\x18\n\x10software_version\x18\x05 \x01(\t\x12\x18\n\x10protocol_version\x18\x06 \x01(\r\x12+\n\x0c\x63\x61pabilities\x18\x07 \x01(\x0b\x32\x15.hivenet.Capabilities\x12\x11\n\taddresses\x18\x08 \x03(\t\x12\x12\n\nstarted_at\x18\t \x01(\x01\x12\x13\n\x0binstance_id\x18\n \x01(\x0c\x12#\n\x06status\x18\x0b \x01(\x0e\x32\x13.hivenet.NodeStatus\x12+\n\x0creachability\x18\x0c \x01(\x0e\x32\x15.hivenet.Reachability\x12\x14\n\x0c\x61ttestations\x18\r \x03(\x0c\"$\n\x0f\x44ialBackRequest\x12\x11\n\taddresses\x18\x01 \x03(\t\"\\\n\x10\x44ialBackResponse\x12#\n\x04\x63ode\x18\x01 \x01(\x0e\x32\x15.hivenet.DialBackCode\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t\x12\x13\n\x0b\x61ttestation\x18\x03 \x01(\x0c\"K\n\x12\x41\x64\x64ressAttestation\x12\x0f\n\x07subject\x18\x01 \x01(\x0c\x12\x11\n\taddresses\x18\x02 \x03(\t\x12\x11\n\tissued_at\x18\x03 \x01(\x01*W\n\nNodeStatus\x12\x1b\n\x17NODE_STATUS_UNSPECIFIED\x10\x00\x12\x16\n\x12NODE_STATUS_ONLINE\x10\x01\x12\x14\n\x10NODE_STATUS_LEFT\x10\x02*[\n\x0cReachability\x12\x18\n\x14REACHABILITY_UNKNOWN\x10\x00\x12\x17\n\x13REACHABILITY_PUBLIC\x10\x01\x12\x18\n\x14REACHABILITY_PRIVATE\x10\x02*\x94\x01\n\x0c\x44ialBackCode\x12\x19\n\x15\x44IAL_BACK_UNSPECIFIED\x10\x00\x12\x17\n\x13\x44IAL_BACK_REACHABLE\x10\x01\x12\x19\n\x15\x44IAL_BACK_UNREACHABLE\x10\x02\x12\x19\n\x15\x44IAL_BACK_BAD_REQUEST\x10\x03\x12\x1a\n\x16\x44IAL_BACK_RATE_LIMITED\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protocol.hivenet_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_NODESTATUS']._serialized_start=756
-  _globals['_NODESTATUS']._serialized_end=843
-  _globals['_REACHABILITY']._serialized_start=845
-  _globals['_REACHABILITY']._serialized_end=936
-  _globals['_DIALBACKCODE']._serialized_start=939
-  _globals['_DIALBACKCODE']._serialized_end=1087
+  _globals['_NODESTATUS']._serialized_start=876
+  _globals['_NODESTATUS']._serialized_end=963
+  _globals['_REACHABILITY']._serialized_start=965
+  _globals['_REACHABILITY']._serialized_end=1056
+  _globals['_DIALBACKCODE']._serialized_start=1059
+  _globals['_DIALBACKCODE']._serialized_end=1207
   _globals['_ENVELOPEBODY']._serialized_start=36
   _globals['_ENVELOPEBODY']._serialized_end=191
   _globals['_SIGNEDENVELOPE']._serialized_start=193
@@ -44,9 +44,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_CAPABILITIES']._serialized_start=244
   _globals['_CAPABILITIES']._serialized_end=320
   _globals['_NODERECORD']._serialized_start=323
-  _globals['_NODERECORD']._serialized_end=643
-  _globals['_DIALBACKREQUEST']._serialized_start=645
-  _globals['_DIALBACKREQUEST']._serialized_end=681
-  _globals['_DIALBACKRESPONSE']._serialized_start=683
-  _globals['_DIALBACKRESPONSE']._serialized_end=754
+  _globals['_NODERECORD']._serialized_end=665
+  _globals['_DIALBACKREQUEST']._serialized_start=667
+  _globals['_DIALBACKREQUEST']._serialized_end=703
+  _globals['_DIALBACKRESPONSE']._serialized_start=705
+  _globals['_DIALBACKRESPONSE']._serialized_end=797
+  _globals['_ADDRESSATTESTATION']._serialized_start=799
+  _globals['_ADDRESSATTESTATION']._serialized_end=874
 # @@protoc_insertion_point(module_scope)

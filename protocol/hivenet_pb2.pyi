@@ -77,7 +77,7 @@ class Capabilities(_message.Message):
     def __init__(self, cpu_count: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., accelerator: _Optional[str] = ...) -> None: ...
 
 class NodeRecord(_message.Message):
-    __slots__ = ("peer_id", "roles", "public_name", "run_id", "software_version", "protocol_version", "capabilities", "addresses", "started_at", "instance_id", "status", "reachability")
+    __slots__ = ("peer_id", "roles", "public_name", "run_id", "software_version", "protocol_version", "capabilities", "addresses", "started_at", "instance_id", "status", "reachability", "attestations")
     PEER_ID_FIELD_NUMBER: _ClassVar[int]
     ROLES_FIELD_NUMBER: _ClassVar[int]
     PUBLIC_NAME_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class NodeRecord(_message.Message):
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
     REACHABILITY_FIELD_NUMBER: _ClassVar[int]
+    ATTESTATIONS_FIELD_NUMBER: _ClassVar[int]
     peer_id: bytes
     roles: _containers.RepeatedScalarFieldContainer[str]
     public_name: str
@@ -102,7 +103,8 @@ class NodeRecord(_message.Message):
     instance_id: bytes
     status: NodeStatus
     reachability: Reachability
-    def __init__(self, peer_id: _Optional[bytes] = ..., roles: _Optional[_Iterable[str]] = ..., public_name: _Optional[str] = ..., run_id: _Optional[str] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., addresses: _Optional[_Iterable[str]] = ..., started_at: _Optional[float] = ..., instance_id: _Optional[bytes] = ..., status: _Optional[_Union[NodeStatus, str]] = ..., reachability: _Optional[_Union[Reachability, str]] = ...) -> None: ...
+    attestations: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, peer_id: _Optional[bytes] = ..., roles: _Optional[_Iterable[str]] = ..., public_name: _Optional[str] = ..., run_id: _Optional[str] = ..., software_version: _Optional[str] = ..., protocol_version: _Optional[int] = ..., capabilities: _Optional[_Union[Capabilities, _Mapping]] = ..., addresses: _Optional[_Iterable[str]] = ..., started_at: _Optional[float] = ..., instance_id: _Optional[bytes] = ..., status: _Optional[_Union[NodeStatus, str]] = ..., reachability: _Optional[_Union[Reachability, str]] = ..., attestations: _Optional[_Iterable[bytes]] = ...) -> None: ...
 
 class DialBackRequest(_message.Message):
     __slots__ = ("addresses",)
@@ -111,9 +113,21 @@ class DialBackRequest(_message.Message):
     def __init__(self, addresses: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DialBackResponse(_message.Message):
-    __slots__ = ("code", "detail")
+    __slots__ = ("code", "detail", "attestation")
     CODE_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
+    ATTESTATION_FIELD_NUMBER: _ClassVar[int]
     code: DialBackCode
     detail: str
-    def __init__(self, code: _Optional[_Union[DialBackCode, str]] = ..., detail: _Optional[str] = ...) -> None: ...
+    attestation: bytes
+    def __init__(self, code: _Optional[_Union[DialBackCode, str]] = ..., detail: _Optional[str] = ..., attestation: _Optional[bytes] = ...) -> None: ...
+
+class AddressAttestation(_message.Message):
+    __slots__ = ("subject", "addresses", "issued_at")
+    SUBJECT_FIELD_NUMBER: _ClassVar[int]
+    ADDRESSES_FIELD_NUMBER: _ClassVar[int]
+    ISSUED_AT_FIELD_NUMBER: _ClassVar[int]
+    subject: bytes
+    addresses: _containers.RepeatedScalarFieldContainer[str]
+    issued_at: float
+    def __init__(self, subject: _Optional[bytes] = ..., addresses: _Optional[_Iterable[str]] = ..., issued_at: _Optional[float] = ...) -> None: ...

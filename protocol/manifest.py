@@ -28,6 +28,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from multiaddr import Multiaddr
 
 from protocol import broadcast_pb2 as bpb
+from protocol.address_attestation import check_attestation_list
 from protocol.dht_keys import validate_run_id
 from protocol.errors import ConfigError, InvalidMessage
 from protocol.limits import (
@@ -381,6 +382,8 @@ class HolderAnnouncement:
     num_chunks: int
     addresses: tuple[str, ...] = ()
     """Multiaddrs (without /p2p) at which the holder can be dialled."""
+    attestations: tuple[bytes, ...] = ()
+    """The holder's sealed address attestations (`protocol.address_attestation`; unverified here)."""
 
     def to_payload(self) -> bytes:
         return bpb.HolderAnnouncement(
@@ -390,6 +393,7 @@ class HolderAnnouncement:
             chunks_held=self.chunks_held,
             num_chunks=self.num_chunks,
             addresses=list(self.addresses),
+            attestations=list(self.attestations),
         ).SerializeToString()
 
     @classmethod
@@ -416,6 +420,7 @@ class HolderAnnouncement:
             chunks_held=message.chunks_held,
             num_chunks=message.num_chunks,
             addresses=tuple(message.addresses),
+            attestations=check_attestation_list(message.attestations, "holder announcement"),
         )
 
     @property

@@ -13,6 +13,7 @@ from multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from protocol import hivenet_pb2 as pb
+from protocol.address_attestation import MAX_ATTESTATION_BYTES, MAX_ATTESTATIONS
 from protocol.errors import InvalidMessage
 from protocol.limits import (
     MAX_ADDRESS_CHARS,
@@ -96,6 +97,11 @@ class NodeRecord(BaseModel):
     """ONLINE while alive, LEFT after a clean leave."""
     reachability: Reachability = Reachability.UNKNOWN
     """What its own dial-back check through a seed found (self-reported)."""
+    attestations: tuple[Annotated[bytes, Field(max_length=MAX_ATTESTATION_BYTES)], ...] = Field(
+        default=(), max_length=MAX_ATTESTATIONS
+    )
+    """Sealed address attestations from its seeds (`protocol.address_attestation`), unverified here:
+    whoever dials one of `addresses` verifies them."""
 
     @field_validator("public_name")
     @classmethod
@@ -133,6 +139,7 @@ class NodeRecord(BaseModel):
             instance_id=self.instance_id,
             status=int(self.status),  # type: ignore[arg-type]
             reachability=int(self.reachability),  # type: ignore[arg-type]
+            attestations=list(self.attestations),
         ).SerializeToString()
 
     @classmethod
@@ -157,6 +164,7 @@ class NodeRecord(BaseModel):
                 instance_id=message.instance_id,
                 status=NodeStatus(message.status),
                 reachability=Reachability(message.reachability),
+                attestations=tuple(message.attestations),
             )
         except (ValidationError, ValueError) as exc:
             raise InvalidMessage(f"invalid node record: {exc}") from None

@@ -271,6 +271,7 @@ def add_policy_follower(node: HivenetNode, config: RLRunConfig) -> WeightBroadca
         WeightBroadcast(
             dht=node.dht,
             identity=node.identity,
+            attestations=node.attestations,
             config=BroadcastConfig(
                 store_dir=node.config.weights_dir,
                 authorized_publishers=list(config.authorized_publishers),

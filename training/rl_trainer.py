@@ -225,6 +225,7 @@ class RLTrainer(RoleThread):
             WeightBroadcast(
                 dht=node.dht,
                 identity=node.identity,
+                attestations=node.attestations,
                 config=BroadcastConfig(
                     store_dir=node.config.weights_dir,
                     authorized_publishers=sorted(set(publishers)),

@@ -102,6 +102,7 @@ def start_trainer(
         WeightBroadcast(
             dht=node.dht,
             identity=node.identity,
+            attestations=node.attestations,
             config=BroadcastConfig(
                 store_dir=node.config.weights_dir,
                 authorized_publishers=list(

@@ -32,6 +32,7 @@ from typing import Any
 import hivemind
 from hivemind.p2p import P2P, PeerID
 
+from node.attestations import AttestationBook
 from node.bans import BanList
 from node.broadcast.config import BroadcastConfig
 from node.broadcast.dialing import HolderDialer
@@ -88,9 +89,13 @@ class WeightBroadcast:
         p2p: P2P | None = None,
         metrics: NodeMetrics | None = None,
         on_receipts: Callable[[list[bytes]], None] | None = None,
+        attestations: AttestationBook | None = None,
     ) -> None:
         """`metrics`: the hosting node's metrics, which count chunks, bytes and bans (default: none);
-        `on_receipts`: handed the transfer receipts this node signs after each fetch (must not block)."""
+        `on_receipts`: handed the transfer receipts this node signs after each fetch (must not block);
+        `attestations`: the hosting node's (`HivenetNode.attestations`): its holder announcements
+        carry its own, and in a public swarm holders are dialled only at addresses its trusted
+        attesters attested (default: none, so no holder address is dialled there)."""
         self.dht = dht
         self.identity = identity
         self.config = config
@@ -107,6 +112,7 @@ class WeightBroadcast:
         # times a fetch of the newest version found no manifest and looked for a newer version
         self.supersession_checks = 0
         self.on_receipts = on_receipts
+        self.attestations = attestations or AttestationBook(identity.peer_id_bytes)
         self._given_p2p = p2p
         self._running: _Running | None = None
         self._fetch_locks: dict[tuple[str, int], asyncio.Lock] = {}
@@ -163,8 +169,9 @@ class WeightBroadcast:
             authorized=self.authorized,
             held=service.offered,
             owner=self.owner,
+            own_attestations=self.attestations.current,
         )
-        dialer = HolderDialer(p2p, self.peer_id, records.own_addresses)
+        dialer = HolderDialer(p2p, self.peer_id, records.own_addresses, self.attestations.trusted)
         self._running = _Running(
             p2p=p2p, owns_p2p=self._given_p2p is None, service=service, records=records, dialer=dialer
         )

@@ -1,14 +1,21 @@
-"""Dialling holders: only the ones a fetch picks as sources, never at addresses known to be another's.
+"""Dialling holders and members: only those picked for work, only at addresses proven to be theirs.
 
-A holder announcement names the addresses its signer says it listens on; nothing proves they
-are its own, and a connection attempt reaches whoever listens there before libp2p's handshake
-finds the wrong key. So announced addresses are dialled sparingly (issue 12):
+A holder announcement or node record names the addresses its signer says it listens on; the signer
+alone cannot prove they are its own, and a connection attempt reaches whoever listens there before
+libp2p's handshake finds the wrong key. So announced addresses are dialled sparingly (issue 12,
+#30 item 6):
 
-- only when a fetch picks the holder as a source (`HolderDialer.dial`), never on discovery;
+- only when a fetch picks the holder as a source (`HolderDialer.dial`), never on discovery (the
+  rollout transport and the receipts exchange dial the members they picked, likewise);
 - not at all while p2pd is already connected to the holder;
+- in a public swarm, only an address that an unexpired attestation names for that PeerID, signed
+  by one of this node's trusted attesters (its own seeds, `trusted_attesters`): a seed signs one
+  when its dial-back probe reached the peer there (`protocol.address_attestation`,
+  `node.reachability`), and the peer carries it in its record and announcements (`HolderInfo`);
 - only plain `/ip4|ip6/<ip>/tcp|udp/...` addresses, at a public IP unless this node itself
-  listens only on loopback (a local test swarm), the first few dialable ones of a holder (never
-  the rest of a long list), and never an address that p2pd is connected to as another peer's;
+  listens only on loopback (a local test swarm, where nothing needs an attestation either), the
+  first few dialable ones of a holder (never the rest of a long list), and never an address that
+  p2pd is connected to as another peer's;
 - each address at most once per `ADDRESS_REDIAL_S`, whichever holder names it, and after a
   failed dial not again for a period that doubles up to `ADDRESS_BACKOFF_MAX_S`: five
   throwaway identities naming one third-party address cost it one connection attempt, not five
@@ -24,12 +31,14 @@ import asyncio
 import ipaddress
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
 from hivemind.p2p import P2P, PeerID
 from multiaddr import Multiaddr
 
 from node.broadcast.records import HolderInfo
+from protocol.address_attestation import MAX_ATTESTATIONS, open_attestation
+from protocol.errors import InvalidMessage
 
 ADDRESS_REDIAL_S = 30.0
 ADDRESS_BACKOFF_S = 60.0
@@ -74,14 +83,25 @@ def dialable(address: str, *, allow_private: bool) -> str | None:
 
 
 class HolderDialer:
-    """Tells p2pd how to reach holders this node picked as sources, within the limits above."""
+    """Tells p2pd how to reach holders this node picked as sources, within the limits above.
+
+    `trusted_attesters`: the PeerIDs (bytes) whose address attestations this node believes, its
+    own initial peers' (`node.attestations.trusted_attesters`); with none, a public swarm's peers
+    are dialled at no address at all."""
 
     def __init__(
-        self, p2p: P2P, own_peer_id: PeerID, own_addresses: Callable[[], Awaitable[tuple[str, ...]]]
+        self,
+        p2p: P2P,
+        own_peer_id: PeerID,
+        own_addresses: Callable[[], Awaitable[tuple[str, ...]]],
+        trusted_attesters: Collection[bytes] = frozenset(),
     ) -> None:
         self.p2p = p2p
         self.own_peer_id = own_peer_id
         self.own_addresses = own_addresses
+        self.trusted_attesters = frozenset(trusted_attesters)
+        self.unattested = 0
+        """Addresses left undialled in a public swarm for want of a trusted attestation."""
         self.attempts = 0
         """Dials made (each to up to `MAX_ADDRESSES_PER_DIAL` addresses of one holder)."""
         self.finished = 0
@@ -101,12 +121,18 @@ class HolderDialer:
         if holder.peer_id == self.own_peer_id or not holder.addresses:
             return
         allow_private = await self._allow_private()
+        # a local swarm (all on loopback) has no seed outside to prove anything: no attestation needed
+        attested = None if allow_private else self.attested_addresses(holder)
         now = time.monotonic()
         candidates = []
         for address in holder.addresses:
             canonical = dialable(address, allow_private=allow_private)
-            if canonical is not None and canonical not in candidates:
-                candidates.append(canonical)
+            if canonical is None or canonical in candidates:
+                continue
+            if attested is not None and canonical not in attested:
+                self.unattested += 1
+                continue
+            candidates.append(canonical)
         # the first few of a record only: the next dial must not walk on through the rest of a long
         # list while the first ones back off
         candidates = candidates[:MAX_ADDRESSES_PER_DIAL]
@@ -142,6 +168,20 @@ class HolderDialer:
                 self._backoff[address] = period
                 self._next_dial[address] = now + period
         self._forget_old(time.monotonic())
+
+    def attested_addresses(self, holder: HolderInfo) -> set[str]:
+        """The addresses of `holder` that an unexpired attestation by a trusted attester names."""
+        if not self.trusted_attesters:
+            return set()
+        subject = holder.peer_id.to_bytes()
+        attested: set[str] = set()
+        for sealed in holder.attestations[:MAX_ATTESTATIONS]:
+            try:
+                attestation = open_attestation(sealed, subject=subject, signers=self.trusted_attesters)
+            except InvalidMessage:
+                continue
+            attested.update(attestation.addresses)
+        return attested
 
     async def _connect(self, peer_id: PeerID, addresses: list[str]) -> bool:
         """Whether p2pd connected to `peer_id` at one of `addresses` within `DIAL_TIMEOUT_S`."""

@@ -54,13 +54,16 @@ class HolderInfo:
     chunks_held: int
     num_chunks: int
     addresses: tuple[str, ...] = ()
+    attestations: tuple[bytes, ...] = ()
+    """Its sealed address attestations (unverified: `node.broadcast.dialing` checks them before dialling)."""
 
 
 class BroadcastRecords:
     """Finds pointers and holders in the DHT, announces this node's, and refreshes them in the background.
 
     `held` lists the versions this node serves (announced as a holder); `published` holds the
-    manifests whose pointers this node keeps announcing (it is their publisher).
+    manifests whose pointers this node keeps announcing (it is their publisher);
+    `own_attestations` gives the address attestations its holder announcements carry.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class BroadcastRecords:
         authorized: set[bytes],
         held: Callable[[], list[VersionEntry]],
         owner: str = "",
+        own_attestations: Callable[[], tuple[bytes, ...]] = tuple,
     ) -> None:
         self.signed = signed
         self.p2p = p2p
@@ -79,6 +83,7 @@ class BroadcastRecords:
         self.authorized = authorized
         self.held = held
         self.owner = owner
+        self.own_attestations = own_attestations
         self.peer_id = signed.identity.peer_id
         self.published: dict[tuple[str, int], Manifest] = {}
         self._announcer: asyncio.Task[None] | None = None
@@ -177,6 +182,7 @@ class BroadcastRecords:
                     announcement.chunks_held,
                     announcement.num_chunks,
                     announcement.addresses,
+                    announcement.attestations,
                 )
             )
         return holders
@@ -192,6 +198,7 @@ class BroadcastRecords:
             chunks_held=entry.chunks_held,
             num_chunks=entry.manifest.num_chunks,
             addresses=await self.own_addresses(),
+            attestations=self.own_attestations(),
         )
         await self.signed.store(
             weights_holders_key(entry.run_id, entry.version),

@@ -9,8 +9,9 @@ A runtime service (`name`, `async start()`, `async stop()`) that owns nothing bu
 - **pull**: every `pull_interval_s` a cycle picks at most `peers_per_cycle` of the run's live nodes
   (discovery: their signed node records), those pulled longest ago first, dials each at the
   addresses of its own record only, within the weight broadcast's dialling limits
-  (`node.broadcast.dialing.HolderDialer`: public IPs unless this node is on loopback only, each
-  address rarely and with back-off, never one p2pd knows as another peer's), and pulls at most
+  (`node.broadcast.dialing.HolderDialer`: public IPs unless this node is on loopback only, and
+  there only those its seeds attested, each address rarely and with back-off, never one p2pd
+  knows as another peer's), and pulls at most
   `max_receipts_per_pull` receipts after the cursor it reached last time
   (`node.receipts.client.pull_receipts`), one peer after another, and at most
   `max_pulled_per_signer` new receipts of any one signer per `signer_window_s` over all pulls
@@ -33,14 +34,13 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 
 import hivemind
 from hivemind.p2p import P2P, PeerID
 
 from node.bans import BanList
 from node.broadcast.dialing import HolderDialer
-from node.broadcast.records import HolderInfo
 from node.identity import Identity
 from node.ledger import AddResult, Ledger
 from node.membership import LiveNode, discover
@@ -49,7 +49,7 @@ from node.receipts.config import ReceiptsConfig
 from node.receipts.quota import SignerQuota
 from node.receipts.server import ReceiptServer
 from node.receipts.standing import StandingFilter
-from node.rollouts.peers import own_record_addresses, replicate_p2p
+from node.rollouts.peers import member_holder, replicate_p2p
 from node.runtime import offload
 
 logger = logging.getLogger(__name__)
@@ -74,10 +74,13 @@ class ReceiptExchange:
         p2p: P2P | None = None,
         bans: BanList | None = None,
         on_pulled: Callable[[PullResult], None] | None = None,
+        trusted_attesters: Collection[bytes] = frozenset(),
     ) -> None:
         """`find_peers`: the live nodes to pull from (default: discovery of the ledger's run);
-        `on_pulled`: told what every pull did (a node counts it in its metrics)."""
+        `on_pulled`: told what every pull did (a node counts it in its metrics);
+        `trusted_attesters`: whose address attestations the dialler believes (`HolderDialer`)."""
         self.dht = dht
+        self.trusted_attesters = frozenset(trusted_attesters)
         self.identity = identity
         self.ledger = ledger
         self.config = config if config is not None else ReceiptsConfig()
@@ -142,7 +145,9 @@ class ReceiptExchange:
         self._loop = asyncio.get_running_loop()
         await self._load_cursors()
         self._p2p = self._given_p2p if self._given_p2p is not None else await replicate_p2p(self.dht)
-        self._dialer = HolderDialer(self._p2p, self.identity.peer_id, self._own_addresses)
+        self._dialer = HolderDialer(
+            self._p2p, self.identity.peer_id, self._own_addresses, self.trusted_attesters
+        )
         try:
             if self.config.serve:
                 self._server = ReceiptServer(
@@ -241,7 +246,7 @@ class ReceiptExchange:
         peer = member.record.peer_id
         cursor = self.cursors.get(peer, 0)
         started = time.monotonic()
-        await self.dialer.dial(HolderInfo(member.peer_id, 0, 0, own_record_addresses(member)))
+        await self.dialer.dial(member_holder(member))
         result = await pull_receipts(
             self.p2p,
             member.peer_id,

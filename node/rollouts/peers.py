@@ -4,7 +4,8 @@ Workers, validators and trainers name each other by PeerID. The only addresses e
 those a peer signed itself in its node record, found through membership (`node.membership`):
 never an address that arrived inside a submission or a forward. Even those are dialled within the
 limits of `node.broadcast.dialing.HolderDialer`: a signed record may list anyone's addresses, so
-only a few of them are dialled, at public IPs unless the swarm is on loopback only, each rarely
+only a few of them are dialled, at public IPs unless the swarm is on loopback only, and there only
+those that one of this node's seeds attested (the record carries the attestations), each rarely
 and with back-off, and not at all while the peer is connected.
 """
 
@@ -18,7 +19,7 @@ from node.broadcast.records import HolderInfo
 from node.membership import LiveNode
 from node.runtime import in_dht
 
-__all__ = ["connect_member", "own_record_addresses", "replicate_p2p"]
+__all__ = ["connect_member", "member_holder", "own_record_addresses", "replicate_p2p"]
 
 
 async def replicate_p2p(dht: hivemind.DHT) -> P2P:
@@ -34,7 +35,12 @@ def own_record_addresses(member: LiveNode) -> tuple[str, ...]:
     return tuple(a.removesuffix(own) for a in member.record.addresses if "/p2p/" not in a.removesuffix(own))
 
 
+def member_holder(member: LiveNode) -> HolderInfo:
+    """What the dialler needs of `member`: its record's addresses and address attestations."""
+    return HolderInfo(member.peer_id, 0, 0, own_record_addresses(member), member.record.attestations)
+
+
 async def connect_member(dialer: HolderDialer, member: LiveNode) -> None:
     """Make the daemon able to reach `member` at the addresses of its own signed record, within the
     dialler's limits (a failure shows in the exchange that follows)."""
-    await dialer.dial(HolderInfo(member.peer_id, 0, 0, own_record_addresses(member)))
+    await dialer.dial(member_holder(member))

@@ -31,9 +31,15 @@ def validator_membership(
 
 
 def live_member(
-    peer_id: bytes, addresses: tuple[str, ...] = (), *, run_id: str = "run", name: str = ""
+    peer_id: bytes,
+    addresses: tuple[str, ...] = (),
+    *,
+    run_id: str = "run",
+    name: str = "",
+    attestations: tuple[bytes, ...] = (),
 ) -> LiveNode:
-    """A validator's signed-record view: `peer_id` listening on `addresses` (nothing checks them)."""
+    """A validator's signed-record view: `peer_id` listening on `addresses`, with the sealed address
+    `attestations` its record carries (nothing checks them here)."""
     record = NodeRecord(
         peer_id=peer_id,
         roles=(Role.VALIDATOR,),
@@ -45,5 +51,6 @@ def live_member(
         addresses=addresses,
         started_at=0.0,
         instance_id=b"\x01" * 16,
+        attestations=attestations,
     )
     return LiveNode(record=record, expires_at=0.0, seq=1)

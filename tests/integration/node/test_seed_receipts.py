@@ -1,6 +1,7 @@
 """Seeds earn receipts: a node with a ledger signs one for each seed that answered its bootstrap, and
 one for the seed that dials it back; a seed that could not be reached, or a dial-back that failed,
-earns nothing.
+earns nothing. The seed that dials a node back attests the address it reached, and the node
+publishes that attestation in its record (#30 item 6).
 
 Real nodes on 127.0.0.1 in this process (a seed, which serves the dial-back, and two joiners that
 keep a ledger), each with its own DHT and p2pd.
@@ -19,8 +20,10 @@ from node.identity import create_identity
 from node.ledger import Ledger
 from node.node import HivenetNode
 from node.receipts.seeds import bootstrap_receipts, seed_peer_id
+from node.rollouts.peers import own_record_addresses
 from node.swarm import wait_until
 from protocol import receipts_pb2
+from protocol.address_attestation import open_attestation
 from protocol.node_record import Reachability, Role
 from protocol.receipts import Receipt, ReceiptKind, open_receipt
 
@@ -148,6 +151,32 @@ def test_a_dial_back_that_fails_earns_no_receipt(nodes: Nodes) -> None:
     outcome = other.check_reachability(seeds=[nodes.absent_address], timeout_s=60)
     assert not outcome.answered and not outcome.reachable
     assert other.membership is not None and other.membership.record.reachability is Reachability.PRIVATE
+
+
+def test_a_node_the_seed_reached_publishes_the_seeds_attestation_of_its_address(
+    nodes: Nodes, tmp_path: Path
+) -> None:
+    node = _start(tmp_path, "attested", [nodes.seed_address])
+    try:
+        me, seed = node.identity.peer_id_bytes, nodes.seed.identity.peer_id_bytes
+        assert node.attestations.trusted == {seed}  # its initial peer, and no one else
+        outcome = node.check_reachability(timeout_s=60)
+        assert outcome.reachable and outcome.attestation is not None, outcome.detail
+        assert node.renewal is not None  # and it re-checks before the attestation lapses
+        (address,) = [a.split("/p2p/")[0] for a in node.multiaddrs()]
+
+        def published() -> tuple[bytes, ...]:
+            found = [n for n in nodes.seed.discover() if n.record.peer_id == me]
+            return found[0].record.attestations if found else ()
+
+        assert wait_until(lambda: published() != (), timeout_s=30)
+        (sealed,) = published()
+        attestation = open_attestation(sealed, subject=me, signers={seed})
+        assert attestation.addresses == (address,)
+        (live,) = [n for n in nodes.seed.discover() if n.record.peer_id == me]
+        assert address in own_record_addresses(live)  # the very address its record names
+    finally:
+        node.stop()
 
 
 def test_bootstrap_receipts_name_each_distinct_answering_seed_once_and_never_the_signer(

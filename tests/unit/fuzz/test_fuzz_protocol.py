@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from protocol import broadcast_pb2 as bpb
 from protocol import hivenet_pb2 as pb
 from protocol import record_validator
+from protocol.address_attestation import MAX_ATTESTATION_BYTES, open_attestation, seal_attestation
 from protocol.averaging_round import ROUND_DECLARATION_TTL_S
 from protocol.chunk_bitmap import parse_bitmap
 from protocol.dht_keys import node_records_key, signed_subkey
@@ -54,6 +55,16 @@ RUN = "fuzz-run"
 KEY = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"fuzz signer").digest())
 KEY_ID = peer_id_from_private_key(KEY)
 NOW = 1_800_000_000.0
+SUBJECT_ID = peer_id_from_private_key(
+    Ed25519PrivateKey.from_private_bytes(hashlib.sha256(b"fuzz node").digest())
+)
+
+ATTESTATION = seal_attestation(
+    KEY,
+    subject=SUBJECT_ID,
+    addresses=["/ip4/203.0.113.7/tcp/31337", "/ip6/2001:db8::1/tcp/1"],
+    issued_at=NOW - 10,
+)
 
 NODE_RECORD = NodeRecord(
     peer_id=KEY_ID,
@@ -66,6 +77,7 @@ NODE_RECORD = NodeRecord(
     addresses=("/ip4/203.0.113.7/tcp/31337", "/ip6/2001:db8::1/tcp/1"),
     started_at=NOW - 100,
     instance_id=b"\x01" * 16,
+    attestations=(ATTESTATION,),
 ).to_payload()
 
 ENVELOPE = seal(
@@ -97,6 +109,7 @@ HOLDER = HolderAnnouncement(
     chunks_held=2,
     num_chunks=3,
     addresses=("/ip4/203.0.113.7/tcp/31337",),
+    attestations=(ATTESTATION,),
 ).to_payload()
 
 
@@ -170,6 +183,28 @@ test_node_record_fast, test_node_record_slow = fuzz_variants(
 )
 
 
+# --- address attestations ----------------------------------------------------------------------
+
+
+def _attestation_property(data: bytes) -> None:
+    try:
+        opened = open_attestation(data, now=NOW)
+    except InvalidMessage:
+        return
+    # the one signer in play signed exactly these: no mutation of the bytes changes what it attests
+    assert (opened.signer, opened.subject) == (KEY_ID, SUBJECT_ID)
+    assert opened.addresses == ("/ip4/203.0.113.7/tcp/31337", "/ip6/2001:db8::1/tcp/1")
+
+
+test_attestation_fast, test_attestation_slow = fuzz_variants(
+    _attestation_property, arbitrary_or_mutated(ATTESTATION, max_size=MAX_ATTESTATION_BYTES + 64)
+)
+
+
+def test_attestation_seed_is_valid() -> None:
+    assert open_attestation(ATTESTATION, subject=SUBJECT_ID, signers={KEY_ID}, now=NOW).issued_at == NOW - 10
+
+
 # --- manifests, pointers, holder announcements, bitmaps -----------------------------------------
 
 
@@ -231,6 +266,8 @@ _MESSAGE_TYPES = [
     pb.EnvelopeBody,
     pb.NodeRecord,
     pb.DialBackRequest,
+    pb.DialBackResponse,
+    pb.AddressAttestation,
     bpb.SignedManifest,
     bpb.ManifestBody,
     bpb.WeightsPointer,

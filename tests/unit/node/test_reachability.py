@@ -10,6 +10,7 @@ from multiaddr import Multiaddr
 
 from node.reachability import (
     MAX_DIAL_BACK_ADDRESSES,
+    dial_back_skip_reason,
     dial_targets,
     is_public_ip,
     observed_ip,
@@ -84,3 +85,13 @@ def test_a_joiner_asks_for_a_dial_back_unless_its_swarm_is_on_loopback_or_told_n
     mode: str, seeds: list[str], wanted: bool
 ) -> None:
     assert wants_dial_back(mode, seeds) is wanted
+    assert (dial_back_skip_reason(mode, seeds) is None) is wanted
+
+
+def test_a_skipped_dial_back_says_why() -> None:
+    loopback, public = f"/ip4/127.0.0.1/tcp/1/p2p/{SEED_ID}", f"/ip4/203.0.113.5/tcp/31337/p2p/{SEED_ID}"
+    assert dial_back_skip_reason("auto", [loopback]) == (
+        "every seed is on loopback: a swarm on this machine needs no dial-back"
+    )
+    assert dial_back_skip_reason("off", [public]) == "the reachability check is off"
+    assert dial_back_skip_reason("auto", []) == "no seed to ask"

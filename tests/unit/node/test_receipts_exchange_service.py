@@ -16,7 +16,7 @@ from node.identity import Identity
 from node.ledger import Ledger
 from node.membership import LiveNode
 from node.receipts import ReceiptExchange, ReceiptsConfig
-from node.receipts.exchange import own_record_addresses
+from node.rollouts.peers import own_record_addresses
 from protocol.receipts import receipt_id
 from tests.helpers import receipts as make
 from tests.helpers.members import live_member
