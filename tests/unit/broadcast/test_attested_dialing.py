@@ -20,24 +20,13 @@ from protocol.address_attestation import ATTESTATION_TTL_S, seal_attestation
 from protocol.manifest import HolderAnnouncement
 from tests.helpers.members import live_member
 from tests.helpers.receipts import new_peer
+from tests.helpers.recording_p2p import RecordingP2P
 
 PUBLIC = "/ip4/93.184.216.34/tcp/4001"
 OTHER_PUBLIC = "/ip4/8.8.8.8/tcp/22"
 LOOPBACK = "/ip4/127.0.0.1/tcp/4001"
 SEED_KEY, SEED = new_peer()
 STRANGER_KEY, STRANGER = new_peer()
-
-
-class RecordingP2P:
-    def __init__(self) -> None:
-        self.dialled: list[str] = []
-        self._client = SimpleNamespace(connect=self._connect)
-
-    async def _connect(self, peer_id: Any, addresses: list[Any]) -> None:
-        self.dialled += [str(a) for a in addresses]
-
-    async def list_peers(self) -> list[Any]:
-        return []
 
 
 def _dialer(own: str, trusted: set[bytes]) -> tuple[HolderDialer, RecordingP2P]:

@@ -7,8 +7,6 @@ addresses buys a few dials)."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
-from typing import Any
 
 from hivemind.p2p import PeerID
 
@@ -17,25 +15,13 @@ from node.rollouts.peers import connect_member
 from protocol.address_attestation import seal_attestation
 from tests.helpers.members import live_member
 from tests.helpers.receipts import new_peer
-
-
-class RecordingP2P:
-    def __init__(self) -> None:
-        self.dialled: list[str] = []
-        self._client = SimpleNamespace(connect=self._connect)
-
-    async def _connect(self, peer_id: Any, addresses: list[Any]) -> None:
-        self.dialled += [str(a) for a in addresses]
-        raise ConnectionError("nobody there")
-
-    async def list_peers(self) -> list[Any]:
-        return []
+from tests.helpers.recording_p2p import RecordingP2P
 
 
 def test_a_record_naming_many_ports_of_other_hosts_costs_them_a_few_public_dials_at_most() -> None:
     victim = tuple(f"/ip4/93.184.216.34/tcp/{port}" for port in range(9000, 9013))  # 16 addresses in all
     private = ("/ip4/10.0.0.5/tcp/22", "/ip4/127.0.0.1/tcp/6379", "/ip4/169.254.169.254/tcp/80")
-    p2p = RecordingP2P()
+    p2p = RecordingP2P(reachable=False)
 
     async def public_node() -> tuple[str, ...]:
         return ("/ip4/198.51.100.7/tcp/31337",)
