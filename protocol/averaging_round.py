@@ -61,6 +61,8 @@ class RoundDeclaration:
     codec: str
     gather_at: float
     serves_state: bool
+    final: bool = False
+    """The trainer's run ended at `step`: it serves that state and takes part in no more rounds."""
 
     def payload(self) -> bytes:
         data = pb.RoundDeclaration(
@@ -69,6 +71,7 @@ class RoundDeclaration:
             codec=self.codec,
             gather_at=self.gather_at,
             serves_state=self.serves_state,
+            final=self.final,
         ).SerializeToString()
         parse_round_declaration(data)
         return data
@@ -110,7 +113,12 @@ def parse_round_declaration(payload: bytes) -> RoundDeclaration:
     if not math.isfinite(message.gather_at) or message.gather_at < 0:
         raise InvalidMessage("round declaration: gather time is not a finite, non-negative time")
     return RoundDeclaration(
-        message.step, message.outer_hash, message.codec, message.gather_at, message.serves_state
+        message.step,
+        message.outer_hash,
+        message.codec,
+        message.gather_at,
+        message.serves_state,
+        message.final,
     )
 
 

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19protocol/collective.proto\x12\x12hivenet.collective\"l\n\x10RoundDeclaration\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x12\n\nouter_hash\x18\x02 \x01(\t\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x11\n\tgather_at\x18\x04 \x01(\x01\x12\x14\n\x0cserves_state\x18\x05 \x01(\x08\"t\n\x12\x43ontributionHeader\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x12\n\nouter_hash\x18\x02 \x01(\t\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x16\n\x0epayload_sha256\x18\x04 \x01(\x0c\x12\x15\n\rpayload_bytes\x18\x05 \x01(\x04\"/\n\x0c\x43ontribution\x12\x0e\n\x06header\x18\x01 \x01(\x0c\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\",\n\x04Held\x12\x0c\n\x04peer\x18\x01 \x01(\x0c\x12\x16\n\x0epayload_sha256\x18\x02 \x01(\x0c\">\n\x06\x43ommit\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12&\n\x04held\x18\x02 \x03(\x0b\x32\x18.hivenet.collective.Held\"b\n\x0cRoundMessage\x12\x38\n\x0c\x63ontribution\x18\x01 \x01(\x0b\x32 .hivenet.collective.ContributionH\x00\x12\x10\n\x06\x63ommit\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04\x62ody\"c\n\nRoundReply\x12\r\n\x05\x65rror\x18\x01 \x01(\t\x12\x36\n\x0c\x63ontribution\x18\x02 \x01(\x0b\x32 .hivenet.collective.Contribution\x12\x0e\n\x06\x63ommit\x18\x03 \x01(\x0c\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19protocol/collective.proto\x12\x12hivenet.collective\"{\n\x10RoundDeclaration\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x12\n\nouter_hash\x18\x02 \x01(\t\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x11\n\tgather_at\x18\x04 \x01(\x01\x12\x14\n\x0cserves_state\x18\x05 \x01(\x08\x12\r\n\x05\x66inal\x18\x06 \x01(\x08\"t\n\x12\x43ontributionHeader\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12\x12\n\nouter_hash\x18\x02 \x01(\t\x12\r\n\x05\x63odec\x18\x03 \x01(\t\x12\x16\n\x0epayload_sha256\x18\x04 \x01(\x0c\x12\x15\n\rpayload_bytes\x18\x05 \x01(\x04\"/\n\x0c\x43ontribution\x12\x0e\n\x06header\x18\x01 \x01(\x0c\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\",\n\x04Held\x12\x0c\n\x04peer\x18\x01 \x01(\x0c\x12\x16\n\x0epayload_sha256\x18\x02 \x01(\x0c\">\n\x06\x43ommit\x12\x0c\n\x04step\x18\x01 \x01(\x04\x12&\n\x04held\x18\x02 \x03(\x0b\x32\x18.hivenet.collective.Held\"b\n\x0cRoundMessage\x12\x38\n\x0c\x63ontribution\x18\x01 \x01(\x0b\x32 .hivenet.collective.ContributionH\x00\x12\x10\n\x06\x63ommit\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04\x62ody\"c\n\nRoundReply\x12\r\n\x05\x65rror\x18\x01 \x01(\t\x12\x36\n\x0c\x63ontribution\x18\x02 \x01(\x0b\x32 .hivenet.collective.Contribution\x12\x0e\n\x06\x63ommit\x18\x03 \x01(\x0c\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,17 +32,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protocol.collective_pb2', _
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_ROUNDDECLARATION']._serialized_start=49
-  _globals['_ROUNDDECLARATION']._serialized_end=157
-  _globals['_CONTRIBUTIONHEADER']._serialized_start=159
-  _globals['_CONTRIBUTIONHEADER']._serialized_end=275
-  _globals['_CONTRIBUTION']._serialized_start=277
-  _globals['_CONTRIBUTION']._serialized_end=324
-  _globals['_HELD']._serialized_start=326
-  _globals['_HELD']._serialized_end=370
-  _globals['_COMMIT']._serialized_start=372
-  _globals['_COMMIT']._serialized_end=434
-  _globals['_ROUNDMESSAGE']._serialized_start=436
-  _globals['_ROUNDMESSAGE']._serialized_end=534
-  _globals['_ROUNDREPLY']._serialized_start=536
-  _globals['_ROUNDREPLY']._serialized_end=635
+  _globals['_ROUNDDECLARATION']._serialized_end=172
+  _globals['_CONTRIBUTIONHEADER']._serialized_start=174
+  _globals['_CONTRIBUTIONHEADER']._serialized_end=290
+  _globals['_CONTRIBUTION']._serialized_start=292
+  _globals['_CONTRIBUTION']._serialized_end=339
+  _globals['_HELD']._serialized_start=341
+  _globals['_HELD']._serialized_end=385
+  _globals['_COMMIT']._serialized_start=387
+  _globals['_COMMIT']._serialized_end=449
+  _globals['_ROUNDMESSAGE']._serialized_start=451
+  _globals['_ROUNDMESSAGE']._serialized_end=549
+  _globals['_ROUNDREPLY']._serialized_start=551
+  _globals['_ROUNDREPLY']._serialized_end=650
 # @@protoc_insertion_point(module_scope)

@@ -7,18 +7,20 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RoundDeclaration(_message.Message):
-    __slots__ = ("step", "outer_hash", "codec", "gather_at", "serves_state")
+    __slots__ = ("step", "outer_hash", "codec", "gather_at", "serves_state", "final")
     STEP_FIELD_NUMBER: _ClassVar[int]
     OUTER_HASH_FIELD_NUMBER: _ClassVar[int]
     CODEC_FIELD_NUMBER: _ClassVar[int]
     GATHER_AT_FIELD_NUMBER: _ClassVar[int]
     SERVES_STATE_FIELD_NUMBER: _ClassVar[int]
+    FINAL_FIELD_NUMBER: _ClassVar[int]
     step: int
     outer_hash: str
     codec: str
     gather_at: float
     serves_state: bool
-    def __init__(self, step: _Optional[int] = ..., outer_hash: _Optional[str] = ..., codec: _Optional[str] = ..., gather_at: _Optional[float] = ..., serves_state: _Optional[bool] = ...) -> None: ...
+    final: bool
+    def __init__(self, step: _Optional[int] = ..., outer_hash: _Optional[str] = ..., codec: _Optional[str] = ..., gather_at: _Optional[float] = ..., serves_state: _Optional[bool] = ..., final: _Optional[bool] = ...) -> None: ...
 
 class ContributionHeader(_message.Message):
     __slots__ = ("step", "outer_hash", "codec", "payload_sha256", "payload_bytes")

@@ -6,7 +6,9 @@
   averager; `train(stop_event, on_progress)` resumes from the newest checkpoint, joins the run
   (downloading the outer state from peers if the run is ahead, at the next outer-step
   boundary), then trains until `stop_event` is set or `max_outer_steps` is reached, writing
-  checkpoints as it goes; `close` releases the averager.
+  checkpoints as it goes. At `max_outer_steps` it declares its run ended and serves its final
+  state until the run's other trainers have reached that step (`GatherAverager.hold_final_state`):
+  a trainer that the last round left out of sync takes it then. `close` releases the averager.
 * `run_trainer(config, dht=..., identity=..., stop_event=..., on_progress=...)` does all of it
   in the calling thread. `training.trainer_thread.TrainerThread` runs a runtime in a thread.
 
@@ -318,6 +320,12 @@ class TrainerRuntime:
 
         try:
             trainer.run(stop_event, on_progress, on_outer_step=after_outer_step)
+            if not stop_event.is_set():  # the run's last outer step: see the others to it
+                final = trainer.current_state()
+                if not self.averager.hold_final_state(final.step, final.hash(), stop_event=stop_event):
+                    logger.info(
+                        "%s: not every trainer of the run reached outer step %d", self.name, final.step
+                    )
         finally:
             self.averager.cancel_round()
             with contextlib.suppress(OSError):

@@ -23,6 +23,7 @@ import concurrent.futures
 import contextlib
 import logging
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -142,6 +143,24 @@ class GatherAverager:
         )
         self._declaring.add(declaring)
         declaring.add_done_callback(self._declaring.discard)
+
+    def hold_final_state(self, step: int, outer_hash: str, *, stop_event: threading.Event) -> bool:
+        """At the end of our run: declare that it ended at outer step `step` and serve that state until
+        every live trainer of the run has declared `step` or later (a member that the last round left
+        out of sync takes it from us), for at most the averaging timeout. Whether they all got there."""
+        self.publish_step(step)
+        self.runtime.call(
+            self.rounds.declare(step, outer_hash, time.time(), serves_state=not self._doubtful, final=True),
+            timeout_s=60.0,
+        )
+        deadline = time.monotonic() + self.config.averaging_timeout_s
+        while not stop_event.is_set():
+            if all(peer_step >= step for peer_step in self.peer_steps().values()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            stop_event.wait(_PEER_POLL_S)
+        return False
 
     def start_average(
         self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str

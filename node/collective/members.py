@@ -38,7 +38,12 @@ def round_candidates(
     """The members every trainer of the round picks alike: those declared for `step` with `codec`,
     and `also` (last round's members, whose declaration may lag), except `me` and `excluded` peers;
     peers with standing first, then the rest in an order fixed by the step, at most `max_others`."""
-    eligible = [p for p, d in declared.items() if d.step == step and d.codec == codec and not excluded(p)]
-    eligible += [p for p in also if p not in eligible and p != me and not excluded(p)]
+    ended = {p for p, d in declared.items() if d.final}
+    eligible = [
+        p
+        for p, d in declared.items()
+        if d.step == step and d.codec == codec and not d.final and not excluded(p)
+    ]
+    eligible += [p for p in also if p not in eligible and p not in ended and p != me and not excluded(p)]
     eligible.sort(key=lambda p: (p not in standing, hashlib.sha256(step.to_bytes(8, "big") + p).digest()))
     return eligible[:max_others]

@@ -158,9 +158,12 @@ class AveragingService(FramedService):
     def round_key(self) -> str:
         return averaging_round_key(self.prefix)
 
-    async def declare(self, step: int, outer_hash: str, gather_at: float, *, serves_state: bool) -> None:
-        """Say which outer step we hold and average for next (and drop the books of earlier rounds)."""
-        declaration = RoundDeclaration(step, outer_hash, self.codec.name, gather_at, serves_state)
+    async def declare(
+        self, step: int, outer_hash: str, gather_at: float, *, serves_state: bool, final: bool = False
+    ) -> None:
+        """Say which outer step we hold and average for next, or (`final`) that our run ended there;
+        drop the books of earlier rounds."""
+        declaration = RoundDeclaration(step, outer_hash, self.codec.name, gather_at, serves_state, final)
         self._declaration = declaration
         self._low_step = step
         for old in [s for s in self._books if s < step]:

@@ -7,9 +7,15 @@ second source can ever confirm the partner's state, so before, the two kept thei
 ever (the flaky `test_killed_trainer_does_not_stop_the_others`). A trainer whose only live partner
 is one it has averaged in sync with now takes that partner's state on its word; with two or more
 such partners, one of them alone still moves nothing.
+
+A round that leaves one of two trainers out of sync can also be the run's last: the winner used to
+stop serving as soon as it had applied its last outer step, so the loser kept its own state. A
+trainer whose run ends now declares it and serves its final state until the others reach it.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -62,3 +68,33 @@ def test_one_of_two_partners_cannot_move_a_trainer_alone() -> None:
         _serve(a2, _state(8.0, 3))
         assert wait_until(lambda: set(a0.peer_steps().values()) == {3}, timeout_s=30)
         assert a0.fetch_state(newer_than=2, wait_s=2.0) is None
+
+
+def test_at_the_end_of_a_run_the_winner_serves_its_last_state_until_the_loser_has_it() -> None:
+    with gather_swarm(2) as pair:
+        start = _state(0.5, 7)
+        outcomes = run_round(pair, 7, _grads(2), [start.hash()] * 2)
+        assert all(o.in_sync and o.num_peers == 2 for o in outcomes), outcomes
+        winner, loser = pair
+        last = _state(3.0, 8)  # the run's last outer step, as the winner applied it
+        winner.set_state_provider(last.clone)
+        stop, held = threading.Event(), []
+        holding = threading.Thread(
+            target=lambda: held.append(winner.hold_final_state(8, last.hash(), stop_event=stop))
+        )
+        holding.start()
+        try:
+            # the loser, told by the last round that it is out of sync, looks for the run's state
+            fetched = loser.fetch_state(newer_than=7, wait_s=30.0)
+            assert fetched is not None, "the run's last state was not served"
+            assert fetched.step == 8 and fetched.hash() == last.hash()
+            assert holding.is_alive()  # still serving: the loser has not declared outer step 8 yet
+            loser.set_state_provider(fetched.clone)
+            assert loser.hold_final_state(
+                8, fetched.hash(), stop_event=threading.Event()
+            )  # the winner is there
+            holding.join(60)
+            assert held == [True]  # it stopped once the loser had reached outer step 8
+        finally:
+            stop.set()
+            holding.join(60)
