@@ -9,7 +9,7 @@ import click
 from cli.errors import friendly_errors
 from cli.node_commands import DEVICE_HELP
 from cli.output import setup_logging
-from training.tasks.registry import DEFAULT_TASK
+from training.task_names import DEFAULT_TASK
 
 
 @click.command()

@@ -11,12 +11,12 @@ from typing import Any
 import click
 
 from protocol.errors import ConfigError
-from training.tasks.registry import BUILTIN_TASKS, DEFAULT_TASK
+from training.task_names import BUILTIN_TASK_NAMES, DEFAULT_TASK
 
 CHEAT_CHOICES = ("precision", "weights", "none")
 TASK_HELP = (
     f"RL task: {DEFAULT_TASK} (default), "
-    f"{', '.join(name for name in BUILTIN_TASKS if name != DEFAULT_TASK)}, or an installed plugin's."
+    f"{', '.join(name for name in BUILTIN_TASK_NAMES if name != DEFAULT_TASK)}, or an installed plugin's."
 )
 
 

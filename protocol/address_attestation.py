@@ -29,7 +29,7 @@ from multiaddr import Multiaddr
 from protocol import hivenet_pb2 as pb
 from protocol.envelope import open_envelope, seal
 from protocol.errors import InvalidMessage
-from protocol.limits import MAX_CLOCK_SKEW_S
+from protocol.limits import MAX_ATTESTATION_BYTES, MAX_ATTESTATIONS, MAX_CLOCK_SKEW_S
 from protocol.peer_keys import Signer, check_ed25519_peer_id
 from protocol.untrusted import parse_untrusted
 
@@ -44,13 +44,6 @@ being dialled on its word within the hour."""
 
 MAX_ATTESTED_ADDRESSES = 4
 """Most addresses one attestation names (a probe connects at one; the dialler dials a few at most)."""
-
-MAX_ATTESTATIONS = 3
-"""Most attestations a record or announcement carries: the newest of each of a node's few seeds."""
-
-MAX_ATTESTATION_BYTES = 640
-"""Largest sealed attestation accepted: four of the longest addresses (`/ip6/<39 chars>/tcp/65535`)
-make one of about 430 bytes."""
 
 _ADDRESS_SHAPES = (["ip4", "tcp"], ["ip6", "tcp"])
 

@@ -17,6 +17,13 @@ MAX_ADDRESSES = 16
 MAX_ADDRESS_CHARS = 256
 MAX_RUN_ID_CHARS = 64
 
+MAX_ATTESTATIONS = 3
+"""Most address attestations a record or announcement carries: the newest of each of a node's few seeds."""
+
+MAX_ATTESTATION_BYTES = 640
+"""Largest sealed address attestation accepted: four of the longest addresses
+(`/ip6/<39 chars>/tcp/65535`) make one of about 430 bytes."""
+
 # --- weight broadcast (protocol.manifest, node.broadcast) ---
 
 MIN_CHUNK_BYTES = 4 * 1024

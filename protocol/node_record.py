@@ -13,11 +13,12 @@ from multiaddr import Multiaddr
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from protocol import hivenet_pb2 as pb
-from protocol.address_attestation import MAX_ATTESTATION_BYTES, MAX_ATTESTATIONS
 from protocol.errors import InvalidMessage
 from protocol.limits import (
     MAX_ADDRESS_CHARS,
     MAX_ADDRESSES,
+    MAX_ATTESTATION_BYTES,
+    MAX_ATTESTATIONS,
     MAX_PUBLIC_NAME_CHARS,
     MAX_ROLES,
     MAX_RUN_ID_CHARS,

@@ -14,6 +14,7 @@ from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from protocol.errors import ConfigError
+from training.task_names import DEFAULT_TASK
 from training.tasks.arithmetic import ArithmeticTask
 from training.tasks.base import Task, TextTask, TokenizedTask
 from training.tasks.countdown import CountdownTask
@@ -30,7 +31,6 @@ BUILTIN_TASKS: dict[str, Callable[[], Any]] = {
     "countdown": CountdownTask,
 }
 """Task factories shipped with hivenet, by name."""
-DEFAULT_TASK = "line-length"
 """The task of an RL run that names none (`training.rl_run.RLRunConfig.task`)."""
 
 

@@ -192,3 +192,11 @@ def test_the_task_help_names_the_run_configs_default_task() -> None:
         with command.make_context(command.name or "", []) as ctx:
             assert ctx.params["task"] is None  # an absent --task leaves the run config's default
     assert build_rl_config("r").task == default
+
+
+def test_the_torch_free_task_names_are_the_registrys() -> None:
+    """`hivenet --help` must not import torch, so the CLI names the tasks from `training.task_names`."""
+    from training.task_names import BUILTIN_TASK_NAMES
+    from training.tasks.registry import BUILTIN_TASKS
+
+    assert set(BUILTIN_TASK_NAMES) == set(BUILTIN_TASKS)
