@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import hivemind
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 from hivemind.dht.node import DHTNode
+from multiaddr import Multiaddr
 
 from node.attestations import AttestationBook, AttestationRenewal, trusted_attesters
 from node.bans import BanList
@@ -53,6 +54,12 @@ S = TypeVar("S", bound=Service)
 T = TypeVar("T")
 
 _PEER_COUNT_TIMEOUT_S = 5.0
+
+
+async def _visible_maddrs(_dht: hivemind.DHT, node: DHTNode) -> list[Multiaddr]:
+    """This node's multiaddrs as its p2pd sees them (run in the DHT process; `DHT.get_visible_maddrs`
+    would block the calling loop)."""
+    return await node.p2p.get_visible_maddrs()
 
 
 async def _routing_table_size(_dht: hivemind.DHT, node: DHTNode) -> int:
@@ -253,7 +260,7 @@ class HivenetNode:
         if seeds is None:
             seeds = [status.address for status in self.seed_statuses if status.reached]
         if addresses is None:  # asked of the DHT process without blocking this loop
-            maddrs = await in_dht(self.dht, hivemind.DHT._get_visible_maddrs)
+            maddrs = await in_dht(self.dht, _visible_maddrs)
             addresses = [str(address).split("/p2p/")[0] for address in maddrs]
         outcome = await in_dht(self.dht, request_dial_back, seeds=seeds, addresses=addresses)
         if outcome.attestation is not None:
