@@ -5,14 +5,10 @@ peer (a second, different one from the same peer is equivocation: both stay out 
 reported). When the gather ends it **commits** to what it holds, even if that is only its own
 contribution, and from then on only commits are taken. The **agreed set** is the contributions a
 member holds that every member whose commit it received, and whose contribution it holds, holds
-too, with the same payload hash.
-
-A member aggregates the agreed set (`final_set`) if its own contribution is in it. If not (a
-member's gather ended before ours reached it, so its commit leaves us out), it aggregates the set
-only if every member in it has standing with it (averaged in sync with it before): that keeps the
-run's members on one state, as they all apply the same set, while a commit from a fresh identity
-claiming to hold only its own contribution cannot make everyone apply that contribution alone.
-A member left out of a set it cannot follow steps alone and resyncs.
+too, with the same payload hash. A member aggregates it (`final_set`) only if its own
+contribution is in it, and otherwise steps alone: one commit claiming to hold only its sender's
+contribution must not make every member apply that contribution alone. So a member whose gather
+ended before another's contribution came tells that member, by its commit, to leave it out.
 
 Members that gathered the same contributions and received the same commits agree on the set.
 Commits of peers whose contribution a member lacks do not count, so that a stranger's commit
@@ -27,7 +23,6 @@ import asyncio
 import contextlib
 import hashlib
 from collections import Counter
-from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from protocol import collective_pb2 as pb
@@ -137,13 +132,12 @@ class RoundBook:
             if p not in self.equivocators and all(held.get(p) == digest for held in committers)
         }
 
-    def final_set(self, me: bytes, standing: Collection[bytes]) -> dict[bytes, bytes]:
-        """What this member aggregates: the agreed set if our own contribution is in it, or if every
-        member of it has `standing` with us (we averaged in sync with it before); else nothing."""
+    def final_set(self, me: bytes) -> dict[bytes, bytes]:
+        """What this member aggregates: the agreed set if it holds our own contribution, else nothing
+        (we step alone), so that a commit claiming to hold only its sender's contribution cannot make
+        everyone apply that contribution alone."""
         agreed = self.agreed_set(me)
-        if me in agreed or all(p in standing for p in agreed):
-            return agreed
-        return {}
+        return agreed if me in agreed else {}
 
     async def wait_changed(self, timeout_s: float) -> None:
         """Wait until something arrives or `timeout_s` passes."""

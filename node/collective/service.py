@@ -443,15 +443,14 @@ class AveragingService(FramedService):
             await book.wait_changed(deadline - time.monotonic())
 
     async def _outcome(self, book: RoundBook, step: int, outer_hash: str) -> RoundOutcome:
-        final = book.final_set(self.me, self.standing)
+        final = book.final_set(self.me)
         logger.debug(
             "%s: round of outer step %d: held %s, commits from %s, aggregating %s",
             self.label, step, _short(book.contributions), _short(book.commits), _short(final),
         )  # fmt: skip
-        if not final or (set(final) == {self.me} and book.own_commit is None):
-            # Alone. Left out of a set we could not follow, our state parts from the run's: resync.
+        if set(final) <= {self.me}:
             self._last_members = set()
-            return RoundOutcome(None, 1, in_sync=not set(book.agreed_set(self.me)) - {self.me})
+            return RoundOutcome(None, 1, in_sync=True)
         tally = await offload(
             tally_round,
             book,

@@ -81,7 +81,7 @@ def test_a_second_different_contribution_makes_the_peer_an_equivocator() -> None
     # and out of the final set, whatever the others' commits say
     book.close_gather()
     book.add_commit(B, _held(A, B))
-    assert book.final_set(B, standing=()) == _held(B)
+    assert book.final_set(B) == _held(B)
 
 
 def test_the_group_cap() -> None:
@@ -115,7 +115,7 @@ def test_only_the_first_commit_of_a_peer_counts() -> None:
     book.add_commit(B, _held(B))  # a second commit cannot shrink (or change) what B committed to
     assert book.commits[B] == _held(A, B, C)
     assert not book.changed.is_set()
-    assert book.final_set(A, standing=()) == _held(A, B, C)
+    assert book.final_set(A) == _held(A, B, C)
 
 
 def test_missing_commits() -> None:
@@ -136,7 +136,7 @@ def test_missing_commits() -> None:
 def test_final_set_without_commits_is_what_we_hold() -> None:
     book = _book(A, B, C)
     book.close_gather()
-    assert book.final_set(A, standing=()) == _held(A, B, C)
+    assert book.final_set(A) == _held(A, B, C)
 
 
 def test_a_contribution_some_committer_lacks_is_out() -> None:
@@ -144,7 +144,7 @@ def test_a_contribution_some_committer_lacks_is_out() -> None:
     book.close_gather()
     book.add_commit(B, _held(A, B, C, D))
     book.add_commit(C, _held(A, B, C))  # C never got D's contribution
-    assert book.final_set(A, standing=()) == _held(A, B, C)
+    assert book.final_set(A) == _held(A, B, C)
 
 
 def test_a_contribution_a_committer_holds_with_another_hash_is_out() -> None:
@@ -152,7 +152,7 @@ def test_a_contribution_a_committer_holds_with_another_hash_is_out() -> None:
     book.close_gather()
     # C sent B another payload than it sent us (it signed both): neither copy is aggregated
     book.add_commit(B, {A: _digest(A), B: _digest(B), C: _digest(C, variant=1)})
-    assert book.final_set(A, standing=()) == _held(A, B)
+    assert book.final_set(A) == _held(A, B)
 
 
 def test_commits_from_peers_whose_contribution_we_do_not_hold_are_ignored() -> None:
@@ -160,14 +160,14 @@ def test_commits_from_peers_whose_contribution_we_do_not_hold_are_ignored() -> N
     book.close_gather()
     book.add_commit(E, {})  # an outsider (or a member we did not gather) names nothing
     book.add_commit(D, _held(D))
-    assert book.final_set(A, standing=()) == _held(A, B, C)
+    assert book.final_set(A) == _held(A, B, C)
 
 
 def test_a_commit_recorded_under_our_own_id_is_ignored() -> None:
     book = _book(A, B)
     book.close_gather()
     book.add_commit(A, {})
-    assert book.final_set(A, standing=()) == _held(A, B)
+    assert book.final_set(A) == _held(A, B)
 
 
 @st.composite
@@ -238,33 +238,30 @@ def test_members_that_took_the_same_commits_agree_on_the_final_set(
     }
     assert agreed == expected
     # a member aggregates it only if its own contribution is in it
-    assert book_x.final_set(x, standing=()) == (agreed if x in agreed else {})
-    assert book_x.final_set(x, standing=held) == agreed  # followed from members with standing
+    assert book_x.final_set(x) == (agreed if x in agreed else {})
     # the same observer, fed in the reverse order, computes the same set
     assert _feed(x, held, committers, orders[0][::-1]).agreed_set(x) == agreed
 
 
-def test_a_commit_without_our_contribution_is_followed_only_from_members_with_standing() -> None:
+def test_a_commit_without_our_contribution_leaves_us_averaging_alone() -> None:
     """A committer that claims to hold only its own contribution must not make the others apply it
-    alone: a member whose contribution the agreed set leaves out follows that set only if it has
-    averaged in sync with every member of it before."""
+    alone: a member whose contribution the agreed set leaves out aggregates nothing."""
     book = _book(A, B, C)
     book.close_gather()
     book.add_commit(B, _held(A, B, C))
-    book.add_commit(C, _held(C))  # C "holds" only itself: the agreed set is {C}
+    book.add_commit(C, _held(C))  # C "holds" only itself: the agreed set would be {C}
     assert book.agreed_set(A) == _held(C)
-    assert book.final_set(A, standing={B}) == {}  # C is a stranger: A steps alone
-    assert book.final_set(A, standing={B, C}) == _held(C)
+    assert book.final_set(A) == {}
 
 
-def test_a_member_that_holds_only_itself_commits_and_its_partner_follows() -> None:
+def test_a_member_that_holds_only_itself_commits_so_the_others_leave_it_out() -> None:
     """The two-member round whose gather ended at B before A's contribution came: B commits to its
-    own contribution alone, and A, holding both, aggregates that same set (B has standing with A)."""
+    own contribution alone, and A, holding both, then aggregates alone too."""
     a_book, b_book = _book(A, B), _book(B)
     a_book.close_gather()
     b_held = b_book.close_gather()
     a_book.add_commit(B, b_held)
-    assert a_book.final_set(A, standing={B}) == b_book.final_set(B, standing={A}) == _held(B)
+    assert a_book.final_set(A) == {} and b_book.final_set(B) == _held(B)
 
 
 @pytest.mark.xfail(
@@ -287,7 +284,7 @@ def test_members_that_received_the_same_commits_agree_even_if_they_gathered_diff
         for committer in (A, B, C, D):
             if committer != me:
                 book.add_commit(committer, held[committer])  # both received all four commits
-        finals.append(book.final_set(me, standing=()))
+        finals.append(book.final_set(me))
     # A: held by B, C and D = {A, B}; B ignores C's commit (B lacks C's contribution): {A, B, D}
     assert finals[0] == finals[1]
 
