@@ -2,18 +2,13 @@
 
 A member's round has two phases. While it **gathers**, it keeps at most one contribution per
 peer (a second, different one from the same peer is equivocation: both stay out and the peer is
-reported). When the gather ends it **commits** to what it holds, even if that is only its own
-contribution, and from then on only commits are taken. The **agreed set** is the contributions a
-member holds that every member whose commit it received, and whose contribution it holds, holds
-too, with the same payload hash. A member aggregates it (`final_set`) only if its own
-contribution is in it, and otherwise steps alone: one commit claiming to hold only its sender's
-contribution must not make every member apply that contribution alone. So a member whose gather
-ended before another's contribution came tells that member, by its commit, to leave it out.
-
-Members that gathered the same contributions and received the same commits agree on the set.
-Commits of peers whose contribution a member lacks do not count, so that a stranger's commit
-cannot veto the round; the price is that members that gathered different contributions can
-aggregate different sets (a peer that reached only some members). They then hold different
+reported). When the gather ends it **commits** to what it holds, and from then on only commits
+are taken. The set every member aggregates is `final_set`: the contributions it holds that every
+member whose commit it received, and whose contribution it holds, holds too, with the same payload
+hash. Members that gathered the same contributions and received the same commits aggregate the
+same set. Commits of peers whose contribution a member lacks do not count, so that a stranger's
+commit cannot veto the round; the price is that members that gathered different contributions
+can aggregate different sets (a peer that reached only some members). They then hold different
 states, which the next round's majority check of state hashes finds and resyncs.
 """
 
@@ -113,16 +108,10 @@ class RoundBook:
             del self.contributions[dropped]
         return self.held()
 
-    def may_hold_ours(self, me: bytes) -> set[bytes]:
-        """Peers that may hold our contribution (and so need our commit): those we hold, sent ours
-        to, answered with ours, or that committed to us."""
-        peers = {*self.contributions, *self.sent_contribution, *self.given_contribution, *self.commits}
-        return peers - {me}
-
     def missing_commits(self, me: bytes) -> set[bytes]:
         return {p for p in self.contributions if p != me and p not in self.commits}
 
-    def agreed_set(self, me: bytes) -> dict[bytes, bytes]:
+    def final_set(self, me: bytes) -> dict[bytes, bytes]:
         """{peer: payload hash} of the contributions every committer holds, with the same hash."""
         mine = self.held()
         committers = [held for p, held in self.commits.items() if p in mine and p != me]
@@ -131,13 +120,6 @@ class RoundBook:
             for p, digest in mine.items()
             if p not in self.equivocators and all(held.get(p) == digest for held in committers)
         }
-
-    def final_set(self, me: bytes) -> dict[bytes, bytes]:
-        """What this member aggregates: the agreed set if it holds our own contribution, else nothing
-        (we step alone), so that a commit claiming to hold only its sender's contribution cannot make
-        everyone apply that contribution alone."""
-        agreed = self.agreed_set(me)
-        return agreed if me in agreed else {}
 
     async def wait_changed(self, timeout_s: float) -> None:
         """Wait until something arrives or `timeout_s` passes."""

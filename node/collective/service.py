@@ -262,9 +262,6 @@ class AveragingService(FramedService):
         if problem is not None and peer in book.equivocators:
             self.bans.ban(PeerID(peer), f"averaging: {problem}")
         reply = pb.RoundReply(error=problem or "")
-        if book.own_commit is not None:  # a contribution too late for our gather: say what we hold
-            reply.commit = book.own_commit
-            book.given_commit.add(peer)
         # A peer we sent ours to gets it from that request: answering with it too would send every
         # payload twice when two members send to each other at once.
         if book.own_contribution is not None and peer not in book.sent_contribution:
@@ -346,7 +343,7 @@ class AveragingService(FramedService):
             self.label, step, sum(p in held for p in expected), len(expected),
             len(set(held) - set(expected) - {self.me}),
         )  # fmt: skip
-        if book.may_hold_ours(self.me):
+        if len(held) > 1:
             await self._commit(book, step, held, deadline)
         return await self._outcome(book, step, outer_hash)
 
@@ -436,7 +433,7 @@ class AveragingService(FramedService):
     ) -> None:
         book.own_commit = self._seal(step, COMMIT_DOMAIN, commit_payload(step, held))
         message = pb.RoundMessage(commit=book.own_commit)
-        for peer in book.may_hold_ours(self.me) - book.given_commit:
+        for peer in set(held) - {self.me, *book.given_commit}:
             self._spawn(self._send(peer, message, book))
         deadline = max(gather_deadline, time.monotonic()) + self.averaging.commit_timeout_s
         while time.monotonic() < deadline and book.missing_commits(self.me):

@@ -102,21 +102,3 @@ def test_a_round_averaged_alone_leaves_no_error_feedback_behind() -> None:
         for outcome in outcomes:
             assert outcome.averaged is not None
             assert all(torch.equal(a, e) for a, e in zip(outcome.averaged, expected, strict=True))
-
-
-def test_a_member_whose_gather_ended_without_the_other_tells_it_so() -> None:
-    """The killed-trainer run's last divergence: of two members, `early`'s gather ended before
-    `late` sent anything, so `early` held only itself and stepped alone, while `late` (which had
-    `early`'s contribution from the start) averaged both: their states parted. `early` now commits
-    to its lone contribution, and `late` steps alone too."""
-    with gather_swarm(2, gather_timeout_s=1.0, min_gather_s=0.0) as (early, late):
-        for averager in (early, late):
-            averager.prepare_round(0, 0.0, "00" * 8)
-        assert wait_until(
-            lambda: all(list(a.peer_steps().values()) == [0.0] for a in (early, late)), timeout_s=60
-        )
-        grads = [[torch.randn(s) * 0.01 for s in SHAPES] for _ in range(2)]
-        first = early.start_average(grads[0], step=0, outer_hash="00" * 8).result()
-        assert first.num_peers == 1 and first.averaged is None
-        second = late.start_average(grads[1], step=0, outer_hash="00" * 8).result()
-        assert second.num_peers == 1 and second.averaged is None

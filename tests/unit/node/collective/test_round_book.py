@@ -229,39 +229,16 @@ def test_members_that_took_the_same_commits_agree_on_the_final_set(
 ) -> None:
     held, committers, orders = case
     x, y = sorted(held)[:2]
-    book_x = _feed(x, held, committers, orders[0])
-    agreed = book_x.agreed_set(x)
-    assert _feed(y, held, committers, orders[1]).agreed_set(y) == agreed
+    final_x = _feed(x, held, committers, orders[0]).final_set(x)
+    final_y = _feed(y, held, committers, orders[1]).final_set(y)
+    assert final_x == final_y
     # and it is what every committer holds with the same hash, computed here from the held-sets
     expected = {
         p: digest for p, digest in held[x].items() if all(held[c].get(p) == digest for c in committers)
     }
-    assert agreed == expected
-    # a member aggregates it only if its own contribution is in it
-    assert book_x.final_set(x) == (agreed if x in agreed else {})
+    assert final_x == expected
     # the same observer, fed in the reverse order, computes the same set
-    assert _feed(x, held, committers, orders[0][::-1]).agreed_set(x) == agreed
-
-
-def test_a_commit_without_our_contribution_leaves_us_averaging_alone() -> None:
-    """A committer that claims to hold only its own contribution must not make the others apply it
-    alone: a member whose contribution the agreed set leaves out aggregates nothing."""
-    book = _book(A, B, C)
-    book.close_gather()
-    book.add_commit(B, _held(A, B, C))
-    book.add_commit(C, _held(C))  # C "holds" only itself: the agreed set would be {C}
-    assert book.agreed_set(A) == _held(C)
-    assert book.final_set(A) == {}
-
-
-def test_a_member_that_holds_only_itself_commits_so_the_others_leave_it_out() -> None:
-    """The two-member round whose gather ended at B before A's contribution came: B commits to its
-    own contribution alone, and A, holding both, then aggregates alone too."""
-    a_book, b_book = _book(A, B), _book(B)
-    a_book.close_gather()
-    b_held = b_book.close_gather()
-    a_book.add_commit(B, b_held)
-    assert a_book.final_set(A) == {} and b_book.final_set(B) == _held(B)
+    assert _feed(x, held, committers, orders[0][::-1]).final_set(x) == final_x
 
 
 @pytest.mark.xfail(
