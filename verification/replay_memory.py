@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from node.local_db import open_database
+from protocol.errors import ConfigError
 
 __all__ = ["DEFAULT_MAX_HASHES", "HASH_BYTES", "ReplayMemory"]
 
@@ -103,9 +104,9 @@ class ReplayMemory:
         """The database and what it remembers, or a fresh one if the file cannot be read back."""
         db: sqlite3.Connection | None = None
         try:
-            db = open_database(self.path, _SCHEMA)
+            db = open_database(self.path, _SCHEMA, what="replay memory")
             return db, self._load(db)
-        except (sqlite3.DatabaseError, _Unusable) as exc:
+        except (sqlite3.DatabaseError, ConfigError, _Unusable) as exc:
             if db is not None:
                 db.close()
             return self._start_afresh(str(exc)), {}
@@ -144,7 +145,7 @@ class ReplayMemory:
             db = open_database(self.path, _SCHEMA)
             with db:
                 db.execute("INSERT INTO meta VALUES ('run_id', ?)", (self.run_id,))
-        except (OSError, sqlite3.DatabaseError) as exc:
+        except (OSError, sqlite3.DatabaseError, ConfigError) as exc:
             logger.warning(
                 "replay memory %s is unusable (%s) and cannot be replaced (%r): rollouts accepted before this "
                 "start are not refused as replays, and those accepted from now on only until it ends",

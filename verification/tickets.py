@@ -108,7 +108,7 @@ class TicketBook:
         self.max_workers = max_workers
         self.grace_s = grace_s
         self._nonces = nonces
-        self._db = open_database(path, _SCHEMA)
+        self._db = open_database(path, _SCHEMA, what="ticket book")
         stored = self._db.execute("SELECT value FROM meta WHERE key = 'run_id'").fetchone()
         if stored is None:
             self._db.execute("INSERT INTO meta VALUES ('run_id', ?)", (run_id,))

@@ -80,7 +80,7 @@ class ForwardQueue:
         self.max_backoff_s = max_backoff_s
         self.clock = clock
         self.owner = owner
-        self._db = open_database(path, _SCHEMA)
+        self._db = open_database(path, _SCHEMA, what="forward queue")
         self._lock = threading.Lock()
         self._wake: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
