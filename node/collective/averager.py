@@ -10,7 +10,9 @@ no averager process: a trainer is its node's process and that node's p2pd.
 Who counts as a witness for a downloaded state: a trainer that has averaged in sync with us
 (`AveragingService.standing`) or that the run names. A trainer with such evidence never takes a
 state that only identities without it agree on; a newcomer with none falls back to two agreeing
-sources, or an authorised publisher, as before. One exception: a trainer whose only live partner
+sources, or an authorised publisher, as before. Evidence counts while its peers live: a trainer
+whose every partner with standing has left (their round declarations expired) is a newcomer again,
+or it could never resync to the trainers that carry the run on. One exception: a trainer whose only live partner
 is a trainer it has averaged in sync with takes that partner's state on its word
 (`_sole_partner`). Two survivors of a run whose states diverged (a member died mid-round) have no
 second source and would otherwise never reconverge; a sole partner already holds half of every
@@ -34,6 +36,7 @@ from hivemind.p2p import PeerID
 from node.bans import BanList
 from node.collective.codecs import PseudoGradCodec
 from node.collective.config import AveragingConfig
+from node.collective.members import live_standing
 from node.collective.outer_state import OuterState
 from node.collective.round_types import DoneAverage, PendingAverage, RoundOutcome
 from node.collective.service import AveragingService
@@ -211,11 +214,12 @@ class GatherAverager:
         if self._provider is not None and not self._doubtful:
             self.states.set_state(self._provider())
 
-    def witness(self, peer: bytes) -> bool:
-        """Whether `peer`'s agreement on a state counts (see module docstring)."""
-        if peer in self.trusted or (self.admitted is not None and peer in self.admitted):
-            return True
-        return not self.rounds.standing or peer in self.rounds.standing
+    def witness_rule(self) -> Callable[[bytes], bool]:
+        """Whether a peer's agreement on a state counts, as of the declarations read last (see module
+        docstring). Built on the caller's thread: the rule runs on the event loop, which must not wait."""
+        named = self.trusted | (self.admitted or frozenset())
+        live = live_standing(self._declarations(), self.rounds.standing)
+        return lambda peer: peer in named or not live or peer in live
 
     def fetch_state(
         self, *, newer_than: int, timeout_s: float = 60.0, wait_s: float | None = None
@@ -226,13 +230,14 @@ class GatherAverager:
         while True:
             self._declared_at = -float("inf")
             candidates = self._state_sources(newer_than)
+            witness = self.witness_rule()
             if candidates:
                 result = self.runtime.call(
                     self.states.fetch(
                         [PeerID(p) for p in candidates],
                         newer_than=newer_than,
                         trusted=self.trusted | self._sole_partner(),
-                        counts_as_witness=self.witness,
+                        counts_as_witness=witness,
                         timeout_s=timeout_s,
                         held=held,
                     ),

@@ -13,14 +13,21 @@ from collections.abc import Callable, Collection, Mapping
 
 from protocol.averaging_round import RoundDeclaration
 
-__all__ = ["left_behind", "round_candidates"]
+__all__ = ["left_behind", "live_standing", "round_candidates"]
+
+
+def live_standing(declared: Mapping[bytes, RoundDeclaration], standing: Collection[bytes]) -> set[bytes]:
+    """The peers with standing (`standing`: those we averaged in sync with) that still declare a round.
+    Once every one of them is gone, a trainer has no more evidence than a newcomer, and is one again."""
+    return {p for p in declared if p in standing}
 
 
 def left_behind(declared: Mapping[bytes, RoundDeclaration], step: int, standing: Collection[bytes]) -> bool:
-    """Whether most live trainers are past `step`. Once a trainer has averaged in sync with others
-    (`standing`), only their declarations count: a step is what its trainer says, and identities
+    """Whether most live trainers are past `step`. While a trainer has live peers with standing
+    (`live_standing`), only their declarations count: a step is what its trainer says, and identities
     cost nothing."""
-    counted = [d.step for p, d in declared.items() if not standing or p in standing]
+    live = live_standing(declared, standing)
+    counted = [d.step for p, d in declared.items() if not live or p in live]
     return bool(counted) and statistics.median_low([*counted, step]) > step
 
 

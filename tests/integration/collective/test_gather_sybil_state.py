@@ -85,3 +85,26 @@ def test_a_joiner_refuses_the_poisoned_state_sybils_agree_on() -> None:
                 dht = sybil.rounds.dht
                 if dht is not None:
                     dht.shutdown()
+
+
+def test_a_trainer_whose_partners_all_left_takes_the_state_the_live_trainers_agree_on() -> None:
+    """Seen in the churn soak: a trainer's only partner with standing was killed, and its standing
+    still named only that partner, so it counted nobody else's word on a state or a step and could
+    never resync to the trainers carrying the run on. Standing counts while its peers live: once the
+    partner's declaration lapses, the trainer is a newcomer again (two agreeing sources)."""
+    with gather_swarm(4) as (a0, a1, b0, b1):
+        assert all(o.num_peers == 2 and o.in_sync for o in _round([a0, a1], 0))
+        run_state = OuterState([torch.full(s, 0.5) for s in SHAPES], [torch.zeros(s) for s in SHAPES], 6)
+        for b in (b0, b1):
+            b.set_state_provider(run_state.clone)
+            b.prepare_round(6, 0.0, run_state.hash())
+            b.publish_step(6)
+        assert wait_until(lambda: sum(v == 6 for v in a0.peer_steps().values()) == 2, timeout_s=60)
+        assert a0.fetch_state(newer_than=1, wait_s=0.0) is None  # its partner lives: only its word counts
+        a1.shutdown()
+        a1_dht = a1.rounds.dht
+        assert a1_dht is not None
+        a1_dht.shutdown()
+        assert wait_until(lambda: len(a0.peer_steps()) == 2, timeout_s=60), "a1's declaration did not lapse"
+        taken = a0.fetch_state(newer_than=1, wait_s=0.0)
+        assert taken is not None and taken.hash() == run_state.hash()
