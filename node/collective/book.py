@@ -10,6 +10,11 @@ same set. Commits of peers whose contribution a member lacks do not count, so th
 commit cannot veto the round; the price is that members that gathered different contributions
 can aggregate different sets (a peer that reached only some members). They then hold different
 states, which the next round's majority check of state hashes finds and resyncs.
+
+A member whose own contribution `final_set` leaves out (a member it holds committed without it:
+ours came too late for that member's gather) aggregates nothing: it cannot know which set the
+others apply, so it takes the run's state instead (`AveragingService`). That also keeps a commit
+that names only its sender's contribution from making its receivers apply that one alone.
 """
 
 from __future__ import annotations

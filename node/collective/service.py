@@ -445,7 +445,15 @@ class AveragingService(FramedService):
             "%s: round of outer step %d: held %s, commits from %s, aggregating %s",
             self.label, step, _short(book.contributions), _short(book.commits), _short(final),
         )  # fmt: skip
-        if set(final) <= {self.me}:
+        if self.me not in final:
+            # Left out: a member we hold committed without our contribution (it came too late for
+            # it). What the others apply is then a set we cannot know: we take the run's state.
+            logger.info(
+                "%s: the round of outer step %d left our contribution out: resyncing", self.label, step
+            )
+            self._last_members = set()
+            return RoundOutcome(None, 1, in_sync=False)
+        if set(final) == {self.me}:
             self._last_members = set()
             return RoundOutcome(None, 1, in_sync=True)
         tally = await offload(

@@ -102,3 +102,22 @@ def test_a_round_averaged_alone_leaves_no_error_feedback_behind() -> None:
         for outcome in outcomes:
             assert outcome.averaged is not None
             assert all(torch.equal(a, e) for a, e in zip(outcome.averaged, expected, strict=True))
+
+
+def test_a_member_whose_contribution_came_too_late_for_the_others_resyncs_instead_of_averaging() -> None:
+    """The churn soak's split: a late member holds the others' contributions, and their commits say
+    they took none of its own. It cannot know which set they apply (each counts the commits of the
+    members it holds, and a late member holds peers they never saw), so it used to aggregate what
+    it computed and reported itself in sync, on a state the others did not have. It now reports
+    the round out of sync and aggregates nothing: its trainer takes the run's state."""
+    with gather_swarm(3, gather_timeout_s=1.0, min_gather_s=0.0) as (a, b, late):
+        for averager in (a, b, late):
+            averager.prepare_round(0, 0.0, "00" * 8)
+        assert wait_until(lambda: all(list(x.peer_steps().values()) == [0.0, 0.0] for x in (a, b, late)), 60)
+        grads = [[torch.randn(s) * 0.01 for s in SHAPES] for _ in range(3)]
+        # `late` has not started: it takes their contributions, they end their gather without its own
+        early = [x.start_average(g, step=0, outer_hash="00" * 8) for x, g in zip((a, b), grads, strict=False)]
+        outcomes = [pending.result() for pending in early]
+        assert all(o.num_peers == 2 and o.in_sync and o.averaged is not None for o in outcomes)
+        left_out = late.start_average(grads[2], step=0, outer_hash="00" * 8).result()
+        assert left_out.averaged is None and not left_out.in_sync
