@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from protocol import hivenet_pb2 as pb
-from protocol.errors import InvalidMessage
+from protocol.errors import ExpiredMessage, InvalidMessage
 from protocol.limits import MAX_CLOCK_SKEW_S, MAX_ENVELOPE_BYTES
 from protocol.peer_keys import Signer, peer_id_from_private_key, signature_verifies
 from protocol.untrusted import capped_bytes, parse_untrusted
@@ -152,7 +152,7 @@ def open_parsed(
     now = time.time() if now is None else now
     # written as `not (in range)` so that a NaN expiry, for which every comparison is False, is refused
     if not body.expires_at >= now - MAX_CLOCK_SKEW_S:
-        raise InvalidMessage("envelope has expired")
+        raise ExpiredMessage("envelope has expired")
     if max_ttl_s is not None and not body.expires_at <= now + max_ttl_s + MAX_CLOCK_SKEW_S:
         raise InvalidMessage(f"envelope claims validity beyond the {max_ttl_s:.0f} s maximum")
     return Envelope(

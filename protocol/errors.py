@@ -26,6 +26,10 @@ class InvalidMessage(HivenetError, ValueError):
     """A message from the network is malformed, oversized, badly signed, expired or out of context."""
 
 
+class ExpiredMessage(InvalidMessage):
+    """A correctly signed message whose validity ended: stale (its signer was slow or stuck), not forged."""
+
+
 class PeerUnreachable(HivenetError):
     """One or more peers (typically seeds) could not be reached in the allotted time."""
 

@@ -64,7 +64,7 @@ from protocol.averaging_round import (
     parse_round_declaration,
 )
 from protocol.dht_keys import averaging_round_key, round_channel_key
-from protocol.errors import InvalidMessage
+from protocol.errors import ExpiredMessage, InvalidMessage
 from protocol.untrusted import parse_untrusted
 
 __all__ = ["AveragingService"]
@@ -219,12 +219,15 @@ class AveragingService(FramedService):
     async def answer(self, peer: PeerID, frame: bytes) -> bytes:
         message = parse_untrusted(pb.RoundMessage, frame, "averaging message")
         kind = message.WhichOneof("body")
-        if kind == "contribution":
-            reply = self._take_contribution(peer.to_bytes(), message.contribution)
-        elif kind == "commit":
-            reply = self._take_commit(peer.to_bytes(), message.commit)
-        else:
-            raise InvalidMessage("averaging message holds neither a contribution nor a commit")
+        try:
+            if kind == "contribution":
+                reply = self._take_contribution(peer.to_bytes(), message.contribution)
+            elif kind == "commit":
+                reply = self._take_commit(peer.to_bytes(), message.commit)
+            else:
+                raise InvalidMessage("averaging message holds neither a contribution nor a commit")
+        except ExpiredMessage as exc:  # a slow sender's own stale message: refused, not banned
+            reply = pb.RoundReply(error=f"stale: {exc}")
         return reply.SerializeToString()
 
     def _open(self, sealed: bytes, domain: str, peer: bytes, max_bytes: int) -> tuple[int, bytes]:
@@ -409,6 +412,8 @@ class AveragingService(FramedService):
                 self._take_contribution(peer, reply.contribution)
             if reply.commit:
                 self._take_commit(peer, reply.commit)
+        except ExpiredMessage as exc:  # its sender was slow or stuck past the round: stale, not forged
+            logger.info("%s: stale averaging reply from %s ignored: %s", self.label, PeerID(peer), exc)
         except InvalidMessage as exc:
             self.bans.ban(PeerID(peer), f"bad averaging reply: {exc}")
         except (RolloutTransportError, OSError) as exc:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -909,4 +910,54 @@ def test_a_contribution_the_norm_cap_refuses_is_not_counted_as_averaged() -> Non
         assert set(outcome.received_bytes) == {a}
         assert service.standing == {a}
 
+    asyncio.run(main())
+
+
+def _expired_commit(signer: Ed25519PrivateKey, held: dict[bytes, bytes], step: int = STEP) -> bytes:
+    body = pb.Commit(step=step, held=[pb.Held(peer=p, payload_sha256=h) for p, h in sorted(held.items())])
+    return seal(
+        signer,
+        domain=COMMIT_DOMAIN,
+        run_id="",
+        dht_key=round_channel_key(PREFIX, step),
+        expires_at=1.0,
+        seq=1,
+        payload=body.SerializeToString(),
+        max_bytes=64 * 1024,
+    )
+
+
+def test_a_stale_message_or_answer_is_refused_without_banning_its_slow_signer(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Seen in the churn soak: a member stuck past its round (a long state download) still answered
+    with its own commit, signed a minute and a half before; that expired envelope got it banned, with
+    doubling strikes, by every late member it answered. A stale message is its own signer's, so it
+    is refused or ignored, and nobody is banned for it."""
+
+    def respond(peer: bytes, message: pb.RoundMessage) -> pb.RoundReply:
+        if message.commit:
+            held = parse_commit(open_envelope(message.commit, domain=COMMIT_DOMAIN, run_id="").payload)[1]
+            return pb.RoundReply(commit=_expired_commit(KEYS[peer], held))
+        return pb.RoundReply(contribution=contribution(KEYS[peer], seed=1).contribution)
+
+    async def main() -> None:
+        service = await make_service(p2p=p2p, gather_timeout_s=0.5, commit_timeout_s=0.5)
+        held = {peer_bytes(HONEST): sha(payload_of(0))}
+        stale = pb.RoundMessage(commit=_expired_commit(HONEST, held))
+        await assert_error_without_ban(service, HONEST, stale, "stale: envelope has expired")
+        await assert_honest_taken(service)
+
+        service = await make_service(p2p=p2p, gather_timeout_s=0.5, commit_timeout_s=0.5)
+        service.declared = {peer_bytes(MEMBER_A): declaration()}
+        await service.start()
+        try:
+            await asyncio.wait_for(service.average(STEP, tensors(50), HASH), 10)
+            await async_wait_until(lambda: "stale averaging reply" in caplog.text, 10, 0.01)
+        finally:
+            await service.stop()
+        assert not service.bans.is_banned(pid(MEMBER_A))
+
+    p2p = StandInP2P(respond)
+    caplog.set_level(logging.INFO, logger="node.collective.service")
     asyncio.run(main())
