@@ -41,10 +41,11 @@ from node.bans import BanList
 from node.collective.book import Received, RoundBook
 from node.collective.codecs import PseudoGradCodec
 from node.collective.config import AveragingConfig
+from node.collective.declarations import DeclarationBoard
 from node.collective.members import left_behind, round_candidates
 from node.collective.outcome import tally_round
 from node.collective.round_types import RoundOutcome
-from node.collective.sealing import RUN_ID, open_for_round, seal_for_round
+from node.collective.sealing import open_for_round, seal_for_round
 from node.identity import Identity
 from node.rollouts.errors import RolloutTransportError
 from node.rollouts.streams import FramedService, exchange
@@ -54,14 +55,11 @@ from protocol import collective_pb2 as pb
 from protocol.averaging_round import (
     COMMIT_DOMAIN,
     CONTRIBUTION_DOMAIN,
-    ROUND_DECLARATION_DOMAIN,
-    ROUND_DECLARATION_TTL_S,
     ContributionHeader,
     RoundDeclaration,
     commit_payload,
     parse_commit,
     parse_contribution_header,
-    parse_round_declaration,
 )
 from protocol.dht_keys import averaging_round_key, round_channel_key
 from protocol.errors import ExpiredMessage, InvalidMessage
@@ -119,7 +117,13 @@ class AveragingService(FramedService):
         self.me = self._records.identity.peer_id_bytes
         self._books: dict[int, RoundBook] = {}
         self._low_step = 0
-        self._declaration: RoundDeclaration | None = None
+        self._board = DeclarationBoard(
+            self._records,
+            averaging_round_key(prefix),
+            ttl_s=config.declaration_ttl_s,
+            admits=self.admits,
+            label=label,
+        )
         self._renewer: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()
         self._last_members: set[bytes] = set()
@@ -138,7 +142,7 @@ class AveragingService(FramedService):
 
     async def start(self) -> None:
         await super().start()
-        self._renewer = asyncio.create_task(self._renew_declaration())
+        self._renewer = asyncio.create_task(self._board.renew_forever())
 
     async def stop(self) -> None:
         tasks = [*self._sending, *([self._renewer] if self._renewer is not None else [])]
@@ -164,44 +168,14 @@ class AveragingService(FramedService):
         """Say which outer step we hold and average for next, or (`final`) that our run ended there;
         drop the books of earlier rounds."""
         declaration = RoundDeclaration(step, outer_hash, self.codec.name, gather_at, serves_state, final)
-        self._declaration = declaration
         self._low_step = step
         for old in [s for s in self._books if s < step]:
             del self._books[old]
-        await self._store(declaration)
-
-    async def _store(self, declaration: RoundDeclaration) -> None:
-        try:
-            await self._records.store(
-                self.round_key,
-                domain=ROUND_DECLARATION_DOMAIN,
-                run_id=RUN_ID,
-                payload=declaration.payload(),
-                ttl_s=self.averaging.declaration_ttl_s,
-            )
-        except Exception as exc:  # the renewal tries again
-            logger.debug("%s: round declaration failed: %r", self.label, exc)
-
-    async def _renew_declaration(self) -> None:
-        while True:
-            await asyncio.sleep(self.averaging.declaration_ttl_s / 3)
-            if self._declaration is not None:
-                await self._store(self._declaration)
+        await self._board.publish(declaration)
 
     async def declarations(self) -> dict[bytes, RoundDeclaration]:
         """Every live trainer's verified declaration (ours excluded; only admitted trainers in a closed run)."""
-        values = await self._records.get(
-            self.round_key, domain=ROUND_DECLARATION_DOMAIN, run_id=RUN_ID, max_ttl_s=ROUND_DECLARATION_TTL_S
-        )
-        found: dict[bytes, RoundDeclaration] = {}
-        for value in values:
-            if value.signer == self.me or not self.admits(value.signer):
-                continue
-            try:
-                found[value.signer] = parse_round_declaration(value.payload)
-            except InvalidMessage:
-                continue
-        return found
+        return await self._board.read()
 
     def admits(self, peer: bytes) -> bool:
         return self.admitted is None or peer in self.admitted
