@@ -120,6 +120,13 @@ def _check_reachability_in_background(node: HivenetNode, console: Any) -> None:
             return
         if outcome.reachable:
             console.print(f"[green]reachable:[/] {escape(outcome.detail)}", highlight=False, soft_wrap=True)
+        elif not outcome.answered:
+            console.print(
+                f"[yellow]reachability unknown:[/] {escape(outcome.detail)}. No seed could check it; the node "
+                "asks again later (`hivenet doctor` checks now)",
+                highlight=False,
+                soft_wrap=True,
+            )
         else:
             console.print(
                 f"[yellow]not reachable from outside:[/] {escape(outcome.detail)}. Peers cannot dial this node: open or "

@@ -305,7 +305,7 @@ async def request_dial_back(
                 _request(node.p2p, peer_id, pb.DialBackRequest(addresses=addresses)), DIAL_BACK_TIMEOUT_S * 2
             )
         except Exception as exc:
-            details.append(f"{seed[-12:]}: no dial-back service ({type(exc).__name__})")
+            details.append(f"{seed[-12:]}: no dial-back answer ({exc or type(exc).__name__})")
             continue
         answered = True
         if response.code == pb.DIAL_BACK_REACHABLE:
@@ -344,6 +344,8 @@ async def _request(p2p: P2P, peer_id: PeerID, request: pb.DialBackRequest) -> pb
     try:
         await write_frame(writer, request.SerializeToString())
         raw = await read_frame(reader, MAX_DIAL_BACK_RESPONSE_BYTES)
-        return parse_untrusted(pb.DialBackResponse, raw or b"", "dial-back response")
+        if not raw:  # every answer names an outcome: nothing at all says nothing about us
+            raise ConnectionError("the seed closed the stream without an answer")
+        return parse_untrusted(pb.DialBackResponse, raw, "dial-back response")
     finally:
         writer.close()
