@@ -12,9 +12,11 @@ can aggregate different sets (a peer that reached only some members). They then 
 states, which the next round's majority check of state hashes finds and resyncs.
 
 A member whose own contribution `final_set` leaves out (a member it holds committed without it:
-ours came too late for that member's gather) aggregates nothing: it cannot know which set the
-others apply, so it takes the run's state instead (`AveragingService`). That also keeps a commit
-that names only its sender's contribution from making its receivers apply that one alone.
+ours came too late for that member's gather) follows the set only when every member of it
+committed exactly that set (`settled_without`: they all aggregate it) and, once it has standing,
+every member of it has standing with it. Otherwise it cannot know which set the others apply, and
+aggregates nothing: it takes the run's state instead (`AveragingService`). So a commit that names
+only its sender's contribution cannot make a running member apply that one alone.
 """
 
 from __future__ import annotations
@@ -125,6 +127,11 @@ class RoundBook:
             for p, digest in mine.items()
             if p not in self.equivocators and all(held.get(p) == digest for held in committers)
         }
+
+    def settled_without(self, me: bytes, final: dict[bytes, bytes]) -> bool:
+        """Whether every member of `final` (which leaves `me` out) committed exactly `final`: each of
+        them then aggregates that very set, as no commit it counts leaves anything of it out."""
+        return bool(final) and all(self.commits.get(p) == final for p in final if p != me)
 
     async def wait_changed(self, timeout_s: float) -> None:
         """Wait until something arrives or `timeout_s` passes."""

@@ -424,7 +424,10 @@ class AveragingService(FramedService):
             "%s: round of outer step %d: held %s, commits from %s, aggregating %s",
             self.label, step, _short(book.contributions), _short(book.commits), _short(final),
         )  # fmt: skip
-        if self.me not in final:
+        follows = book.settled_without(self.me, final) and (
+            not self.standing or all(p in self.standing for p in final)
+        )
+        if self.me not in final and not follows:
             # Left out: a member we hold committed without our contribution (it came too late for
             # it). What the others apply is then a set we cannot know: we take the run's state.
             logger.info(

@@ -104,12 +104,11 @@ def test_a_round_averaged_alone_leaves_no_error_feedback_behind() -> None:
             assert all(torch.equal(a, e) for a, e in zip(outcome.averaged, expected, strict=True))
 
 
-def test_a_member_whose_contribution_came_too_late_for_the_others_resyncs_instead_of_averaging() -> None:
-    """The churn soak's split: a late member holds the others' contributions, and their commits say
-    they took none of its own. It cannot know which set they apply (each counts the commits of the
-    members it holds, and a late member holds peers they never saw), so it used to aggregate what
-    it computed and reported itself in sync, on a state the others did not have. It now reports
-    the round out of sync and aggregates nothing: its trainer takes the run's state."""
+def test_a_member_whose_contribution_came_too_late_follows_the_set_the_others_settled_on() -> None:
+    """A late member holds the others' contributions, and their commits say they took none of its
+    own. Both committed exactly the set of the two of them, so each aggregates that set: the late
+    member, a newcomer here, applies it too and holds the same bits (no resync). Where the others'
+    commits differ, it cannot know their sets and resyncs (`test_round_book`)."""
     with gather_swarm(3, gather_timeout_s=1.0, min_gather_s=0.0) as (a, b, late):
         for averager in (a, b, late):
             averager.prepare_round(0, 0.0, "00" * 8)
@@ -118,6 +117,10 @@ def test_a_member_whose_contribution_came_too_late_for_the_others_resyncs_instea
         # `late` has not started: it takes their contributions, they end their gather without its own
         early = [x.start_average(g, step=0, outer_hash="00" * 8) for x, g in zip((a, b), grads, strict=False)]
         outcomes = [pending.result() for pending in early]
-        assert all(o.num_peers == 2 and o.in_sync and o.averaged is not None for o in outcomes)
-        left_out = late.start_average(grads[2], step=0, outer_hash="00" * 8).result()
-        assert left_out.averaged is None and not left_out.in_sync
+        outcomes.append(late.start_average(grads[2], step=0, outer_hash="00" * 8).result())
+        assert all(o.num_peers == 2 and o.in_sync and o.averaged is not None for o in outcomes), outcomes
+        first = outcomes[0].averaged
+        assert first is not None
+        for outcome in outcomes[1:]:
+            assert outcome.averaged is not None
+            assert all(torch.equal(x, y) for x, y in zip(first, outcome.averaged, strict=True))

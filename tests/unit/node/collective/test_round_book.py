@@ -313,3 +313,28 @@ def test_wait_changed_times_out_when_nothing_arrives() -> None:
     waited, then = _on_virtual_time(main)
     assert waited == pytest.approx(5.0)
     assert then == 0.0
+
+
+def test_a_member_left_out_follows_only_a_set_every_member_of_it_committed() -> None:
+    # The churn soak's split, with A = r11, B = r8, C and D = r9 and r10, E = r12: B held B, C, D
+    # and aggregated them; E held only B and itself. A, holding everyone, counted E's commit and B's:
+    # its set shrank to B alone, which no other member aggregated. It must not follow that set.
+    book = _book(A, B, C, D, E)
+    book.close_gather()
+    book.add_commit(B, _held(B, C, D))
+    book.add_commit(E, _held(B, E))
+    final = book.final_set(A)
+    assert final == _held(B)
+    assert not book.settled_without(A, final)
+    # Where the others committed exactly the set (their gathers ended before A's contribution came),
+    # each of them aggregates it: A may follow.
+    settled = _book(A, B, C)
+    settled.close_gather()
+    settled.add_commit(B, _held(B, C))
+    settled.add_commit(C, _held(B, C))
+    assert settled.final_set(A) == _held(B, C) and settled.settled_without(A, _held(B, C))
+    # ... and only once every member's commit is in
+    partial = _book(A, B, C)
+    partial.close_gather()
+    partial.add_commit(B, _held(B, C))
+    assert not partial.settled_without(A, partial.final_set(A))
