@@ -240,7 +240,12 @@ def check_training(driver: Any, url: str) -> None:
     assert figures[3] == panel["receipts_url"]
     assert panel["loss"], "the run's trainers reported their losses"
     for plot, points in (("loss-plot", panel["loss"]), ("reward-plot", panel["reward"])):
-        links = [a.get_dom_attribute("href") for a in driver.find_elements(By.CSS_SELECTOR, f"#{plot} svg a")]
+        # one script reads them all: the page redraws its plots on every refresh, and an element
+        # found before a redraw is stale after it (seen in CI)
+        links = driver.execute_script(
+            "return Array.from(document.querySelectorAll(arguments[0])).map((a) => a.getAttribute('href'));",
+            f"#{plot} svg a",
+        )
         assert links == [p["receipts_url"] for p in points], (plot, links)
     check_tooltips(driver, panel)
 
