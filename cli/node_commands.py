@@ -66,6 +66,13 @@ def _node_options(func: Any) -> Any:
             default=None,
             help="Behind NAT: look for relays, so that peers reach this node through one (env HIVENET_USE_AUTO_RELAY).",
         ),
+        click.option(
+            "--dialable-network",
+            "dialable_networks",
+            multiple=True,
+            help="A private network (e.g. 10.0.0.0/8) whose peers this node dials like public ones: a swarm "
+            "on a LAN, cluster or lab (repeatable; env HIVENET_DIALABLE_NETWORKS).",
+        ),
         click.option("--status-file", type=click.Path(path_type=Path), help="Write a JSON status here."),
         click.option("--status-port", type=int, help="Serve JSON status on 127.0.0.1:PORT/status."),
         click.option(
@@ -91,7 +98,7 @@ def _node_options(func: Any) -> Any:
 def _build_config(config_file: Path | None, **flags: Any) -> Any:
     from node.config import load_config
 
-    for key in ("initial_peers", "announce_addresses", "roles"):
+    for key in ("initial_peers", "announce_addresses", "dialable_networks", "roles"):
         if key in flags and not flags[key]:
             flags[key] = None  # an absent repeatable flag must not override the config file
         elif key in flags:

@@ -21,6 +21,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable
 
+from node.dialable import IPNetwork
 from node.receipts.seeds import seed_peer_id
 from protocol.address_attestation import MAX_ATTESTATIONS, AddressAttestation, open_attestation
 from protocol.errors import InvalidMessage
@@ -40,10 +41,14 @@ class AttestationBook:
     """The attesters this node trusts, and the newest valid attestation each of its seeds gave it.
     Thread-safe: the node's loop and its callers' threads use it."""
 
-    def __init__(self, own_peer_id: bytes, trusted: Iterable[bytes] = ()) -> None:
+    def __init__(
+        self, own_peer_id: bytes, trusted: Iterable[bytes] = (), dialable_networks: Iterable[IPNetwork] = ()
+    ) -> None:
         self.own_peer_id = own_peer_id
         self.trusted: frozenset[bytes] = frozenset(trusted)
         """PeerIDs whose attestations of other peers' addresses this node believes."""
+        self.dialable_networks: tuple[IPNetwork, ...] = tuple(dialable_networks)
+        """Private networks whose (attested) addresses this node dials like public ones (`node.dialable`)."""
         self._held: dict[bytes, AddressAttestation] = {}
         self._lock = threading.Lock()
 

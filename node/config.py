@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic.fields import FieldInfo
 from pydantic_settings import EnvSettingsSource
 
+from node.dialable import parse_networks
 from protocol.dht_keys import validate_run_id
 from protocol.errors import ConfigError
 from protocol.limits import MAX_NODE_RECORD_TTL_S, MAX_PUBLIC_NAME_CHARS
@@ -115,6 +116,9 @@ class NodeConfig(BaseModel):
     """How long to keep retrying unreachable initial peers before reporting them."""
     use_auto_relay: bool = False
     """Look for relays to become reachable when this node is behind NAT."""
+    dialable_networks: list[str] = Field(default_factory=list)
+    """Private networks (`10.0.0.0/8`) whose addresses this node dials like public ones: a swarm on a
+    LAN, a cluster or a lab. A seed dials back requesters there too. Default: public addresses only."""
     status_file: Path | None = None
     """If set, a JSON status snapshot is written here every refresh (machine-readable health)."""
     status_port: int | None = Field(default=None, ge=0, le=65535)
@@ -154,6 +158,11 @@ class NodeConfig(BaseModel):
                     f"invalid announce address {item!r}: {exc}; e.g. /ip4/203.0.113.5/tcp/31337"
                 ) from None
         return value
+
+    @field_validator("dialable_networks")
+    @classmethod
+    def _check_dialable_networks(cls, value: list[str]) -> list[str]:
+        return [str(network) for network in parse_networks(value)]
 
     @field_validator("trusted_signers")
     @classmethod

@@ -33,6 +33,7 @@ from node.attestations import AttestationBook, AttestationRenewal, trusted_attes
 from node.bans import BanList
 from node.config import NodeConfig
 from node.dht_node import BootstrapStopped, SeedStatus, bootstrap, start_dht
+from node.dialable import parse_networks
 from node.identity import Identity, create_identity, load_or_create_identity
 from node.ledger import Ledger
 from node.logs import set_log_peer
@@ -113,7 +114,9 @@ class HivenetNode:
         self.own_credit = OwnCredit(lambda: self.ledger, self.identity.peer_id_bytes)
         """This node's credit from its ledger: what its contribution line, /status and /metrics show."""
         self.attestations = AttestationBook(
-            self.identity.peer_id_bytes, trusted_attesters(config.initial_peers)
+            self.identity.peer_id_bytes,
+            trusted_attesters(config.initial_peers),
+            parse_networks(config.dialable_networks),
         )
         """Whose address attestations this node believes (its initial peers), and those its seeds gave it:
         hand it to the services that dial peers or announce this node (`WeightBroadcast(attestations=...)`)."""
@@ -162,7 +165,14 @@ class HivenetNode:
                 raise KeyboardInterrupt("stopped while dialling the initial peers") from None
             if self.dht_only:
                 key = self.identity.private_key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-                self.call(in_dht(self.dht, serve_dial_back, attester_key=key))
+                self.call(
+                    in_dht(
+                        self.dht,
+                        serve_dial_back,
+                        attester_key=key,
+                        dialable_networks=tuple(self.config.dialable_networks),
+                    )
+                )
             if self.announce:
                 published = [role for role in self.config.roles if role not in withheld_roles]
                 if published:  # with every role withheld, the record waits for `announce_roles`
@@ -221,6 +231,7 @@ class HivenetNode:
                 bans=bans,
                 on_pulled=self._count_pulled_receipts,
                 trusted_attesters=self.attestations.trusted,
+                dialable_networks=self.attestations.dialable_networks,
             )
         )
 

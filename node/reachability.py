@@ -27,6 +27,7 @@ import ipaddress
 import logging
 import time
 from collections import OrderedDict
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import hivemind
@@ -36,6 +37,7 @@ from hivemind.p2p import P2P, PeerID
 from multiaddr import Multiaddr
 
 from node.broadcast.wire import read_frame, write_frame
+from node.dialable import IPNetwork, is_dialable_ip, parse_networks
 from protocol import hivenet_pb2 as pb
 from protocol.address_attestation import (
     MAX_ATTESTATION_BYTES,
@@ -95,28 +97,21 @@ def wants_dial_back(mode: str, initial_peers: list[str]) -> bool:
     return dial_back_skip_reason(mode, initial_peers) is None
 
 
-def is_public_ip(ip: str) -> bool:
-    address = ipaddress.ip_address(ip)
-    return not (
-        address.is_private
-        or address.is_loopback
-        or address.is_link_local
-        or address.is_multicast
-        or address.is_reserved
-        or address.is_unspecified
-    )
-
-
-def dial_targets(addresses: list[str], ip: str, *, allow_private: bool) -> list[Multiaddr] | str:
+def dial_targets(
+    addresses: list[str], ip: str, *, allow_private: bool, networks: Collection[IPNetwork] = ()
+) -> list[Multiaddr] | str:
     """The multiaddrs to dial for a request: the requested TCP ports at the observed `ip`.
 
-    Returns the reason instead if the request is malformed, names another host, or `ip` is not
-    public while `allow_private` is off.
+    Returns the reason instead if the request is malformed, names another host, or `ip` is neither
+    public nor in one of the dialable `networks` while `allow_private` is off.
     """
     if not 0 < len(addresses) <= MAX_DIAL_BACK_ADDRESSES:
         return f"give 1-{MAX_DIAL_BACK_ADDRESSES} addresses"
-    if not allow_private and not is_public_ip(ip):
-        return f"{ip} is not a public address; a seed dials back only public addresses"
+    if not allow_private and not is_dialable_ip(ip, networks):
+        return (
+            f"{ip} is not a public address; a seed dials back only public addresses "
+            "(and the networks its operator made dialable with --dialable-network)"
+        )
     kind = "ip6" if ":" in ip else "ip4"
     targets: list[Multiaddr] = []
     for address in addresses:
@@ -163,11 +158,14 @@ class DialBackService:
         self,
         *,
         allow_private: bool,
+        networks: Collection[IPNetwork] = (),
         cooldown_s: float = DIAL_BACK_COOLDOWN_S,
         attester: Ed25519PrivateKey | None = None,
     ) -> None:
-        """`attester`: the seed's identity key, which signs an attestation for each requester reached."""
+        """`attester`: the seed's identity key, which signs an attestation for each requester reached;
+        `networks`: private networks whose requesters it dials back too (`node.dialable`)."""
         self.allow_private = allow_private
+        self.networks = tuple(networks)
         self.attester = attester
         self._limiter = _SourceLimiter(cooldown_s, OrderedDict())
         self._slots = asyncio.Semaphore(MAX_CONCURRENT_PROBES)
@@ -203,7 +201,9 @@ class DialBackService:
             return pb.DialBackResponse(
                 code=pb.DIAL_BACK_BAD_REQUEST, detail="connect to the seed directly (not through a relay)"
             )
-        targets = dial_targets(list(request.addresses), ip, allow_private=self.allow_private)
+        targets = dial_targets(
+            list(request.addresses), ip, allow_private=self.allow_private, networks=self.networks
+        )
         if isinstance(targets, str):
             return pb.DialBackResponse(code=pb.DIAL_BACK_BAD_REQUEST, detail=targets)
         # in a local swarm every node shares the loopback IP, so there the source is the PeerID too
@@ -267,12 +267,20 @@ class DialBackService:
             return b""
 
 
-async def serve_dial_back(_dht: hivemind.DHT, node: DHTNode, *, attester_key: bytes | None = None) -> None:
+async def serve_dial_back(
+    _dht: hivemind.DHT,
+    node: DHTNode,
+    *,
+    attester_key: bytes | None = None,
+    dialable_networks: tuple[str, ...] = (),
+) -> None:
     """Register the dial-back service on a running DHT's p2pd (run via `node.runtime.in_dht`);
-    `attester_key`: the raw private key of the seed's identity, which signs the attestations."""
+    `attester_key`: the raw private key of the seed's identity, which signs the attestations;
+    `dialable_networks`: the operator's private networks whose nodes it dials back too."""
     maddrs = await node.p2p.get_visible_maddrs()
     service = DialBackService(
         allow_private=all_loopback([Multiaddr(str(addr)) for addr in maddrs]),
+        networks=parse_networks(dialable_networks),
         attester=Ed25519PrivateKey.from_private_bytes(attester_key) if attester_key is not None else None,
     )
     await node.p2p.add_binary_stream_handler(DIAL_BACK_PROTOCOL, service.handle_stream)

@@ -171,7 +171,13 @@ class WeightBroadcast:
             owner=self.owner,
             own_attestations=self.attestations.current,
         )
-        dialer = HolderDialer(p2p, self.peer_id, records.own_addresses, self.attestations.trusted)
+        dialer = HolderDialer(
+            p2p,
+            self.peer_id,
+            records.own_addresses,
+            self.attestations.trusted,
+            networks=self.attestations.dialable_networks,
+        )
         self._running = _Running(
             p2p=p2p, owns_p2p=self._given_p2p is None, service=service, records=records, dialer=dialer
         )

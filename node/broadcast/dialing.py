@@ -37,6 +37,7 @@ from hivemind.p2p import P2P, PeerID
 from multiaddr import Multiaddr
 
 from node.broadcast.records import HolderInfo
+from node.dialable import IPNetwork, is_dialable_ip
 from protocol.address_attestation import MAX_ATTESTATIONS, open_attestation
 from protocol.errors import InvalidMessage
 
@@ -73,11 +74,11 @@ def address_ip(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | 
         return None
 
 
-def dialable(address: str, *, allow_private: bool) -> str | None:
-    """The address in canonical form if it may be dialled (see `address_ip`; a public IP unless
-    `allow_private`), else None."""
+def dialable(address: str, *, allow_private: bool, networks: Collection[IPNetwork] = ()) -> str | None:
+    """The address in canonical form if it may be dialled (see `address_ip`; a public IP or one in
+    the operator's dialable `networks`, unless `allow_private`), else None."""
     ip = address_ip(address)
-    if ip is None or not (allow_private or ip.is_global):
+    if ip is None or not (allow_private or is_dialable_ip(ip, networks)):
         return None
     return str(Multiaddr(address))
 
@@ -95,8 +96,11 @@ class HolderDialer:
         own_peer_id: PeerID,
         own_addresses: Callable[[], Awaitable[tuple[str, ...]]],
         trusted_attesters: Collection[bytes] = frozenset(),
+        *,
+        networks: Collection[IPNetwork] = (),
     ) -> None:
         self.p2p = p2p
+        self.networks = tuple(networks)
         self.own_peer_id = own_peer_id
         self.own_addresses = own_addresses
         self.trusted_attesters = frozenset(trusted_attesters)
@@ -126,7 +130,7 @@ class HolderDialer:
         now = time.monotonic()
         candidates = []
         for address in holder.addresses:
-            canonical = dialable(address, allow_private=allow_private)
+            canonical = dialable(address, allow_private=allow_private, networks=self.networks)
             if canonical is None or canonical in candidates:
                 continue
             if attested is not None and canonical not in attested:

@@ -41,6 +41,7 @@ from hivemind.p2p import P2P, PeerID
 
 from node.bans import BanList
 from node.broadcast.dialing import HolderDialer
+from node.dialable import IPNetwork
 from node.identity import Identity
 from node.ledger import AddResult, Ledger
 from node.membership import LiveNode, discover
@@ -75,12 +76,15 @@ class ReceiptExchange:
         bans: BanList | None = None,
         on_pulled: Callable[[PullResult], None] | None = None,
         trusted_attesters: Collection[bytes] = frozenset(),
+        dialable_networks: Collection[IPNetwork] = (),
     ) -> None:
         """`find_peers`: the live nodes to pull from (default: discovery of the ledger's run);
         `on_pulled`: told what every pull did (a node counts it in its metrics);
-        `trusted_attesters`: whose address attestations the dialler believes (`HolderDialer`)."""
+        `trusted_attesters`: whose address attestations the dialler believes and `dialable_networks`:
+        the private networks it dials too (`HolderDialer`)."""
         self.dht = dht
         self.trusted_attesters = frozenset(trusted_attesters)
+        self.dialable_networks = tuple(dialable_networks)
         self.identity = identity
         self.ledger = ledger
         self.config = config if config is not None else ReceiptsConfig()
@@ -146,7 +150,11 @@ class ReceiptExchange:
         await self._load_cursors()
         self._p2p = self._given_p2p if self._given_p2p is not None else await replicate_p2p(self.dht)
         self._dialer = HolderDialer(
-            self._p2p, self.identity.peer_id, self._own_addresses, self.trusted_attesters
+            self._p2p,
+            self.identity.peer_id,
+            self._own_addresses,
+            self.trusted_attesters,
+            networks=self.dialable_networks,
         )
         try:
             if self.config.serve:

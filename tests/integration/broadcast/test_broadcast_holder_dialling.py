@@ -12,6 +12,7 @@ import pytest
 
 from node.broadcast.broadcaster import WeightBroadcast
 from node.broadcast.dialing import dialable
+from node.dialable import parse_networks
 from tests.helpers.broadcast import (
     ConnectionCounter,
     Swarm,
@@ -132,3 +133,13 @@ def test_holders_considered_per_refresh_are_capped(swarm: Swarm, tmp_path: Path)
 )
 def test_only_plain_addresses_are_dialled(address: str, allow_private: bool, expected: str | None) -> None:
     assert dialable(address, allow_private=allow_private) == expected
+
+
+def test_addresses_in_the_operators_dialable_networks_are_dialled_and_only_those() -> None:
+    networks = parse_networks(["10.77.0.0/16"])
+    assert (
+        dialable("/ip4/10.77.0.12/tcp/4001", allow_private=False, networks=networks)
+        == "/ip4/10.77.0.12/tcp/4001"
+    )
+    assert dialable("/ip4/10.78.0.12/tcp/4001", allow_private=False, networks=networks) is None
+    assert dialable("/ip4/127.0.0.1/tcp/4001", allow_private=False, networks=networks) is None

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from multiaddr import Multiaddr
 
+from node.dialable import is_dialable_ip, parse_networks
 from node.reachability import (
     MAX_DIAL_BACK_ADDRESSES,
     dial_back_skip_reason,
     dial_targets,
-    is_public_ip,
     observed_ip,
     wants_dial_back,
 )
@@ -55,7 +55,30 @@ def test_private_requesters_are_dialled_only_by_a_local_swarm_seed(ip: str) -> N
     refused = dial_targets(request, ip, allow_private=False)
     assert isinstance(refused, str) and "not a public address" in refused
     assert dial_targets(request, ip, allow_private=True) == [Multiaddr(request[0])]
-    assert not is_public_ip(ip)
+    assert not is_dialable_ip(ip)
+
+
+@pytest.mark.parametrize("ip", ["10.77.3.4", "fd00:77::5"])
+def test_a_seed_dials_back_requesters_in_the_networks_its_operator_made_dialable(ip: str) -> None:
+    kind = "ip6" if ":" in ip else "ip4"
+    networks = parse_networks(["10.77.0.0/16", "fd00:77::/32"])
+    request = [f"/{kind}/{ip}/tcp/4001"]
+    assert dial_targets(request, ip, allow_private=False, networks=networks) == [Multiaddr(request[0])]
+    outside = "10.78.0.1"
+    refused = dial_targets([f"/ip4/{outside}/tcp/4001"], outside, allow_private=False, networks=networks)
+    assert isinstance(refused, str) and "--dialable-network" in refused
+
+
+@pytest.mark.parametrize("ip", ["100.64.0.7", "0.0.0.0", "224.0.0.1", "192.0.2.1", "::"])
+def test_shared_unspecified_multicast_and_documentation_addresses_are_never_public(ip: str) -> None:
+    assert not is_dialable_ip(ip)
+
+
+def test_a_dialable_network_that_is_not_a_network_is_refused_with_an_example() -> None:
+    with pytest.raises(ValueError, match=r"e\.g\. 10\.77\.0\.0/16"):
+        parse_networks(["10.77.0.1/16"])  # host bits set: a typo for the network or for one host
+    with pytest.raises(ValueError, match=r"e\.g\. 10\.77\.0\.0/16"):
+        parse_networks(["lan"])
 
 
 def test_observed_ip_of_direct_and_relayed_streams() -> None:
