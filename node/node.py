@@ -44,6 +44,7 @@ from node.reachability import DialBackOutcome, request_dial_back, serve_dial_bac
 from node.receipts import ReceiptExchange, ReceiptsConfig
 from node.receipts.client import PullResult
 from node.receipts.seeds import bootstrap_receipts, dial_back_receipt
+from node.rejoin import MIN_REJOIN_CHECK_INTERVAL_S, Rejoin, count_dht_neighbours
 from node.runtime import NodeRuntime, Service, in_dht
 from node.status import NodeStatusSnapshot, StatusServer, write_status_file
 from protocol.node_record import Reachability, Role
@@ -120,6 +121,8 @@ class HivenetNode:
         )
         """Whose address attestations this node believes (its initial peers), and those its seeds gave it:
         hand it to the services that dial peers or announce this node (`WeightBroadcast(attestations=...)`)."""
+        self.rejoin: Rejoin | None = None
+        """Dials the seeds again after an outage emptied the DHT's routing table (a node with seeds)."""
         self.renewal: AttestationRenewal | None = None
         """Re-checks reachability to renew the attestations, from the first check of an announced node."""
 
@@ -163,6 +166,8 @@ class HivenetNode:
                 )
             except BootstrapStopped:
                 raise KeyboardInterrupt("stopped while dialling the initial peers") from None
+            if self.config.initial_peers:
+                self.rejoin = self.add_service(self._rejoin())
             if self.dht_only:
                 key = self.identity.private_key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
                 self.call(
@@ -196,6 +201,17 @@ class HivenetNode:
             self.membership = self.add_service(self._membership(list(self.config.roles)))
         else:
             self.call(self.membership.announce_roles(list(self.config.roles)))
+
+    def _rejoin(self) -> Rejoin:
+        dht = self.dht
+        interval_s = max(self.config.refresh_interval_s, MIN_REJOIN_CHECK_INTERVAL_S)
+
+        async def redial() -> object:
+            return await bootstrap(dht, self.config.initial_peers, timeout_s=interval_s)
+
+        return Rejoin(
+            lambda: in_dht(dht, count_dht_neighbours), redial, interval_s=interval_s, owner=self.short_id
+        )
 
     def _membership(self, roles: list[Role]) -> Membership:
         assert self.dht is not None
