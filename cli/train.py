@@ -146,5 +146,5 @@ def describe_report(report: Any) -> str:
     return (
         f"outer step {report.outer_step:>4} | {report.peer} | loss {report.train_loss:.3f}{eval_part} | "
         f"peers {report.num_peers} | sent {report.bytes_sent / 2**20:,.2f} MiB | tokens {report.tokens:,} | "
-        f"state {report.outer_hash}"
+        f"state {report.outer_hash}" + (" | resynced" if report.resynced else "")
     )

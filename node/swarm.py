@@ -1,4 +1,5 @@
-"""A local swarm on 127.0.0.1: one seed and N nodes, each a real `hivenet` process.
+"""A local swarm: one seed and N nodes, each a real `hivenet` process, on 127.0.0.1 or each on a
+host of its own (a `Placement`: a network namespace of the tests' lab, `tests.helpers.netns`).
 
 Used by the integration tests and by `hivenet simulate`. Every node runs in its own
 process group, so `kill_node` (SIGKILL: no goodbye) and `stop_node` (SIGINT: clean leave)
@@ -36,6 +37,19 @@ def _die_with_parent() -> None:
     """
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a swarm process runs: the command prefix that puts it on its host (e.g. `ip netns exec
+    NAME` for a network namespace) and the IP it listens on there."""
+
+    launcher: tuple[str, ...] = ()
+    ip: str = "127.0.0.1"
+
+
+LOOPBACK = Placement()
+"""This machine's own network stack, every node on 127.0.0.1."""
 
 
 class SwarmError(HivenetError):
@@ -130,8 +144,12 @@ class LocalSwarm:
             raise
         return self
 
-    def start_seed(self) -> SwarmNode:
-        self.seed = self._spawn("seed", ["seed", "--port", "0"], roles=["seed"])
+    def start_seed(
+        self, *, placement: Placement = LOOPBACK, extra_args: list[str] | None = None
+    ) -> SwarmNode:
+        self.seed = self._spawn(
+            "seed", ["seed", "--port", "0", *(extra_args or [])], roles=["seed"], placement=placement
+        )
         self._wait_started(self.seed)
         return self.seed
 
@@ -150,15 +168,21 @@ class LocalSwarm:
         name: str | None = None,
         identity_path: Path | None = None,
         extra_args: list[str] | None = None,
+        placement: Placement = LOOPBACK,
     ) -> str:
-        """Start one more node; returns its name (wait=True also waits until it has joined)."""
+        """Start one more node (on `placement`'s host); returns its name (wait=True also waits until
+        it has joined)."""
         self._counter += 1
         name = name or f"node{self._counter}"
         args = ["join", "--initial-peers", self.seed_multiaddr, "--public-name", name]
         for role in roles or ["relay"]:
             args += ["--role", role]
         node = self._spawn(
-            name, args + (extra_args or []), roles=roles or ["relay"], identity_path=identity_path
+            name,
+            args + (extra_args or []),
+            roles=roles or ["relay"],
+            identity_path=identity_path,
+            placement=placement,
         )
         self.nodes[name] = node
         if wait:
@@ -166,13 +190,20 @@ class LocalSwarm:
         return name
 
     def _spawn(
-        self, name: str, args: list[str], *, roles: list[str], identity_path: Path | None = None
+        self,
+        name: str,
+        args: list[str],
+        *,
+        roles: list[str],
+        identity_path: Path | None = None,
+        placement: Placement = LOOPBACK,
     ) -> SwarmNode:
         status_file = self.workdir / f"{name}.status.json"
         log_file = self.workdir / f"{name}.log"
         identity_path = identity_path or self.workdir / f"{name}.key"
         status_file.unlink(missing_ok=True)
         command = [
+            *placement.launcher,
             sys.executable,
             "-m",
             "cli.main",
@@ -180,7 +211,7 @@ class LocalSwarm:
             "--identity",
             str(identity_path),
             "--host",
-            "127.0.0.1",
+            placement.ip,
             "--run",
             self.run_id,
             "--record-ttl",
