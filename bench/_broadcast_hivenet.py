@@ -17,10 +17,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from bench._broadcast_common import MIB, ROOT, SCRIPT, reply, sha256_file
+from node.swarm import LOOPBACK, Placement
 
 
 def run_worker(args: argparse.Namespace) -> None:
@@ -35,7 +37,7 @@ def run_worker(args: argparse.Namespace) -> None:
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     identity = load_or_create_identity(Path(args.identity))
-    dht = start_loopback_dht(args.initial_peers, identity=identity)
+    dht = start_loopback_dht(args.initial_peers, identity=identity, listen_ip=args.listen_ip)
 
     tuning = {"upload_slots": args.upload_slots, "max_inflight_per_peer": args.max_inflight_per_peer}
 
@@ -44,7 +46,7 @@ def run_worker(args: argparse.Namespace) -> None:
             store_dir=Path(args.store),
             authorized_publishers=[args.publisher],
             chunk_bytes=args.chunk_bytes,
-            upload_bytes_per_s=args.upload_bytes_per_s,
+            upload_bytes_per_s=args.upload_bytes_per_s or None,
             keep_versions=1,
             holder_refresh_s=0.5,
             holder_ttl_s=30.0,
@@ -121,10 +123,18 @@ class Worker:
     """The coordinator's handle on one worker process."""
 
     def __init__(
-        self, index: int, workdir: Path, publisher_id: str, initial_peers: list[str], args: Any
+        self,
+        index: int,
+        workdir: Path,
+        publisher_id: str,
+        initial_peers: list[str],
+        args: Any,
+        placement: Placement = LOOPBACK,
     ) -> None:
+        """`placement`: the host it runs on (`node.swarm.Placement`; a lab's network namespace)."""
         self.index = index
         command = [
+            *placement.launcher,
             sys.executable,
             str(SCRIPT),
             "--worker",
@@ -137,7 +147,9 @@ class Worker:
             "--chunk-bytes",
             str(args.chunk_bytes),
             "--upload-bytes-per-s",
-            str(args.upload_bytes_per_s),
+            str(args.app_upload_bytes_per_s or 0),
+            "--listen-ip",
+            placement.ip,
         ]
         for peer in initial_peers:
             command += ["--initial-peer", peer]
@@ -192,14 +204,19 @@ class Worker:
         self.log.close()
 
 
-def start_workers(count: int, workdir: Path, args: Any) -> list[Worker]:
+def start_workers(
+    count: int, workdir: Path, args: Any, placements: Sequence[Placement] | None = None
+) -> list[Worker]:
+    """Worker 0 (the publisher) and `count - 1` fetchers joined to it, worker i on `placements[i]`
+    (default: all on loopback)."""
     from node.identity import create_identity
 
+    where = list(placements) if placements is not None else [LOOPBACK] * count
     publisher_id = create_identity(workdir / "id0.key").peer_id.to_base58()
-    workers = [Worker(0, workdir, publisher_id, [], args)]
+    workers = [Worker(0, workdir, publisher_id, [], args, where[0])]
     ready = workers[0].recv(timeout_s=180)
     seeds = [m if "/p2p/" in m else f"{m}/p2p/{ready['peer_id']}" for m in ready["maddrs"]]
-    workers += [Worker(i, workdir, publisher_id, seeds, args) for i in range(1, count)]
+    workers += [Worker(i, workdir, publisher_id, seeds, args, where[i]) for i in range(1, count)]
     for worker in workers[1:]:
         worker.recv(timeout_s=300)
     return workers

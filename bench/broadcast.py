@@ -99,6 +99,7 @@ def main() -> None:
     parser.add_argument(
         "--initial-peer", dest="initial_peers", action="append", default=[], help=argparse.SUPPRESS
     )
+    parser.add_argument("--listen-ip", default="127.0.0.1", help=argparse.SUPPRESS)
     parser.add_argument("--sc-dir", help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upstream", action="append", default=[], help=argparse.SUPPRESS)
@@ -113,6 +114,7 @@ def main() -> None:
     shardcast_max_n = args.shardcast_max_n or (8 if args.quick else 1 << 30)
     nodes = sorted(args.nodes or [4, 8, 16])
     args.upload_bytes_per_s = args.upload_bytes_per_s or (4 * MIB if args.quick else 1 * MIB)
+    args.app_upload_bytes_per_s = args.upload_bytes_per_s  # shaped in the application: one loopback here
     args.chunk_bytes = args.chunk_bytes or (256 * 1024 if args.quick else 1 * MIB)
     bench_started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="hivenet-bench-"))

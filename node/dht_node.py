@@ -214,8 +214,9 @@ def start_loopback_dht(
     identity: Identity | None = None,
     quota_limits: QuotaLimits | None = None,
     trusted_owners: frozenset[bytes] = frozenset(),
+    listen_ip: str = "127.0.0.1",
 ) -> hivemind.DHT:
-    """A DHT on 127.0.0.1 with the production record validator, as `identity` (else an ephemeral one).
+    """A DHT on 127.0.0.1 (or `listen_ip`: a lab host's address) with the production record validator, as `identity` (else an ephemeral one).
 
     For local swarms (simulations, tests, benchmarks): the records it accepts are checked exactly
     as a public node checks them. Give `identity` when the node also signs records or serves
@@ -231,7 +232,7 @@ def start_loopback_dht(
         dht = _IsolatedDHT(
             signing_key=key.private_key,
             start=True,
-            host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+            host_maddrs=[f"/ip4/{listen_ip}/tcp/0"],
             client_mode=client_mode,
             quota_limits=quota_limits,
             trusted_owners=trusted_owners | {key.peer_id.to_bytes()},
