@@ -26,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 LAB_NETWORK = ["--dialable-network", str(INTERNET)]
 TINY_TRAINER = ["--inner-steps", "5", "--seq-len", "32", "--batch-size", "4"]
+WORKER_GROUP = re.compile(r"group +\d+ \| v(\d+) \| accepted (\d+) \|")
 STEP = re.compile(r"outer step +(\d+) \|.*\| peers (\d+) \|.*\| state (\w+)(.*)")
 """The lab's internet is a private range: the seed is told to treat it as public."""
 
@@ -43,8 +44,9 @@ def lab() -> Iterator[Lab]:
         # hosts of their own for `hivenet doctor`: a seed answers one dial-back per address a minute
         built.public_host("probe")
         built.host_behind(built.router("home3"), "nat3")
-        for name in ("t1", "t2", "t3"):
+        for name in ("t1", "t2", "t3", "rl-trainer", "rl-validator", "rl-worker"):
             built.public_host(name)
+        built.host_behind(built.router("home4"), "rl-natted")
         yield built
 
 
@@ -189,3 +191,43 @@ def _fetch(host: Host, address: str, publisher_id: str, out: Path) -> subprocess
          "--initial-peers", address, "--publisher", publisher_id, "--host", host.ip],
         cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+
+
+@pytest.mark.timeout(900)
+def test_an_inference_worker_behind_nat_has_its_rollouts_accepted_and_trained_on(
+    lab: Lab, tmp_path: Path
+) -> None:
+    """An RL run on public hosts (trainer, validator, one inference worker) and one inference worker
+    behind a NAT: the NATed worker fetches the policy, submits rollouts, and has groups accepted on
+    a policy version past the first, i.e. after the trainer trained on accepted rollouts."""
+    from node.identity import create_identity
+
+    trainer_id = create_identity(tmp_path / "trainer.key").peer_id.to_base58()
+    validator_id = create_identity(tmp_path / "validator.key").peer_id.to_base58()
+    common = ["--rl", "--trusted-validator", validator_id, *LAB_NETWORK]
+    with LocalSwarm(run_id="netns-rl", workdir=tmp_path) as rl:
+        rl.start_seed(placement=lab.hosts["seed"].placement, extra_args=LAB_NETWORK)
+        rl.add_node(
+            name="trainer", roles=["trainer"], wait=False, identity_path=tmp_path / "trainer.key",
+            placement=lab.hosts["rl-trainer"].placement, extra_args=common,
+        )  # fmt: skip
+        rl.add_node(
+            name="validator", roles=["validator"], wait=False, identity_path=tmp_path / "validator.key",
+            placement=lab.hosts["rl-validator"].placement, extra_args=[*common, "--publisher", trainer_id],
+        )  # fmt: skip
+        for name, host in (("public", "rl-worker"), ("natted", "rl-natted")):
+            rl.add_node(
+                name=name, roles=["inference"], wait=False, placement=lab.hosts[host].placement,
+                extra_args=[*common, "--publisher", trainer_id],
+            )  # fmt: skip
+        natted = rl.nodes["natted"]
+
+        def accepted_past_first(node: SwarmNode) -> bool:
+            text = node.log_file.read_text(errors="replace")
+            return any(int(v) > 1 and int(n) > 0 for v, n in WORKER_GROUP.findall(text))
+
+        def report() -> str:
+            return "\n\n".join(f"--- {n.name}\n{n.log_tail(30)}" for n in rl.nodes.values())
+
+        assert wait_until(lambda: accepted_past_first(natted), timeout_s=600), report()
+        assert _logged(natted, "not reachable from outside"), report()
