@@ -79,7 +79,8 @@ class Rejoin:
             logger.debug("[%s] could not count DHT peers: %r", self.owner, exc)
             return
         if found > 0:
-            self.isolated = False
+            if self.isolated:  # peers found it again before a seed answered us
+                self._back(f"found {found} DHT peer(s) again")
             return
         if not self.isolated:
             logger.warning(
@@ -93,6 +94,9 @@ class Rejoin:
                 "[%s] seeds still unreachable (%s); will retry", self.owner, str(exc).splitlines()[0][:200]
             )
             return
+        self._back("reached a seed again")
+
+    def _back(self, how: str) -> None:
         self.isolated = False
         self.rejoins += 1
-        logger.warning("[%s] back in the swarm: reached a seed again", self.owner)
+        logger.warning("[%s] back in the swarm: %s", self.owner, how)

@@ -4,7 +4,8 @@
 #   scripts/test.sh unit          the unit tier alone (no processes, sockets or sleeps; seconds)
 #   scripts/test.sh integration   real nodes on 127.0.0.1
 #   scripts/test.sh e2e           the README's commands as written, as separate processes
-#   scripts/test.sh slow          the long tests of every tier (marked `slow`)
+#   scripts/test.sh slow          the long tests of every tier (marked `slow`), but the network stage
+#   scripts/test.sh network       nodes on separate hosts in network namespaces (root; tests/integration/network)
 #   scripts/test.sh all           every test
 # Further arguments go to pytest (`scripts/test.sh unit -k toploc`, `scripts/test.sh -x`); a path
 # among them runs that path instead of the tier's directories.
@@ -18,7 +19,7 @@ cd "$root"
 
 tier="default"
 case "${1:-}" in
-  unit|integration|e2e|slow|all|default) tier="$1"; shift ;;
+  unit|integration|e2e|slow|network|all|default) tier="$1"; shift ;;
 esac
 
 cores="$(nproc 2>/dev/null || echo 2)"
@@ -27,7 +28,8 @@ case "$tier" in
   integration) paths=(tests/integration);            marks="not slow"; workers=$((2 * cores)) ;;
   default)     paths=(tests/unit tests/integration); marks="not slow"; workers=$((2 * cores)) ;;
   e2e)         paths=(tests/e2e);                    marks="not slow"; workers=$((2 * cores)) ;;
-  slow)        paths=(tests);                        marks="slow";     workers=$cores ;;
+  slow)        paths=(tests --ignore=tests/integration/network); marks="slow"; workers=$cores ;;
+  network)     paths=(tests/integration/network);    marks="slow";     workers=$cores ;;
   all)         paths=(tests);                        marks="";         workers=$((2 * cores)) ;;
 esac
 for arg in "$@"; do  # a path or node id given on the command line replaces the tier's paths

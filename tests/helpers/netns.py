@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from node.swarm import Placement
+from node.swarm import Placement, SwarmNode
 
 INTERNET = ipaddress.ip_network("10.77.0.0/16")
 """The lab's internet. A private range, so nodes dial it only when told it is dialable
@@ -289,3 +289,8 @@ table ip lab {
     @staticmethod
     def _in(namespace: str, *argv: str) -> None:
         _run("ip", "netns", "exec", namespace, *argv)
+
+
+def logged(node: SwarmNode, text: str) -> bool:
+    """Whether `node` (of a `node.swarm.LocalSwarm`) has printed `text`."""
+    return text in node.log_file.read_text(errors="replace")

@@ -58,3 +58,17 @@ def test_a_lookup_that_fails_is_no_evidence_of_an_outage() -> None:
     rejoin = Rejoin(failing, world.redial, interval_s=1.0)
     asyncio.run(rejoin.check_once())
     assert world.redials == 0 and not rejoin.isolated
+
+
+def test_a_node_that_peers_found_again_is_back_before_any_seed_answers() -> None:
+    world = _World([0, 3, 2], [False])
+    rejoin = Rejoin(world.count, world.redial, interval_s=1.0)
+    seen = []
+
+    async def main() -> None:
+        for _ in range(3):
+            await rejoin.check_once()
+            seen.append((rejoin.isolated, rejoin.rejoins))
+
+    asyncio.run(main())
+    assert seen == [(True, 0), (False, 1), (False, 1)] and world.redials == 1
