@@ -11,16 +11,22 @@ against two baselines of the same run:
 - `single`: the measured time of one fetcher alone fetching the same S from the publisher over the
   same links (what protocol and start-up overheads cost a single copy).
 
+It then runs an RL swarm on the same kind of links (trainer, validator and one inference worker on
+public hosts, one inference worker behind a NAT that lets nothing in) and counts the rollouts each
+worker has accepted over the same window once both have had one accepted: `natted_over_public` is
+the NATed worker's rate over the public one's (target >= 0.9).
+
 Links add no delay beyond queueing: `netem` is missing from this kernel. Ends with one line
 `RESULT key=value ...`.
 
-    python bench/netns.py --quick     # S=16 MiB, N=8, 20 Mbit/s (under 3 minutes)
-    python bench/netns.py             # S=64 MiB, N=8 and 16, 20 Mbit/s
+    python bench/netns.py --quick     # S=16 MiB, N=8; a 60 s RL window; 20 Mbit/s (under 3 minutes)
+    python bench/netns.py             # S=64 MiB, N=8 and 16; a 180 s RL window
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import tempfile
@@ -32,7 +38,53 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._broadcast_common import MIB
 from bench._broadcast_hivenet import run_hivenet, start_workers
-from tests.helpers.netns import Lab, skip_reason
+from node.swarm import LocalSwarm, wait_until
+from tests.helpers.netns import INTERNET, Lab, skip_reason
+
+ACCEPTED = re.compile(r"group +\d+ \| v\d+ \| accepted (\d+) \|")
+
+
+def _accepted(log: Path) -> int:
+    return sum(int(n) for n in ACCEPTED.findall(log.read_text(errors="replace")))
+
+
+def _rollouts(window_s: float, rate_mbit: float) -> dict[str, float]:
+    """Accepted rollouts per minute of a NATed and a public inference worker of one RL run."""
+    from node.identity import create_identity
+
+    workdir = Path(tempfile.mkdtemp(prefix="hivenet-netns-rl-"))
+    lab_network = ["--dialable-network", str(INTERNET)]
+    try:
+        with Lab() as lab, LocalSwarm(run_id="bench-rl", workdir=workdir) as swarm:
+            seed = lab.public_host("seed", rate_mbit=rate_mbit)
+            hosts = {
+                name: lab.public_host(name, rate_mbit=rate_mbit)
+                for name in ("trainer", "validator", "public")
+            }
+            hosts["natted"] = lab.host_behind(lab.router("home"), "natted", rate_mbit=rate_mbit)
+            trainer = create_identity(workdir / "trainer.key").peer_id.to_base58()
+            validator = create_identity(workdir / "validator.key").peer_id.to_base58()
+            common = ["--rl", "--trusted-validator", validator, *lab_network]
+            swarm.start_seed(placement=seed.placement, extra_args=lab_network)
+            for name, role in (("trainer", "trainer"), ("validator", "validator"), ("public", "inference"),
+                               ("natted", "inference")):  # fmt: skip
+                key = workdir / f"{name}.key"
+                extra = common if name == "trainer" else [*common, "--publisher", trainer]
+                swarm.add_node(
+                    name=name, roles=[role], wait=False, identity_path=key, placement=hosts[name].placement,
+                    extra_args=extra,
+                )  # fmt: skip
+            logs = {name: swarm.nodes[name].log_file for name in ("public", "natted")}
+            if not wait_until(lambda: all(_accepted(log) > 0 for log in logs.values()), timeout_s=600):
+                tails = "\n".join(f"--- {n}\n{swarm.nodes[n].log_tail(15)}" for n in swarm.nodes)
+                raise RuntimeError(f"the workers had no rollout accepted within 600 s:\n{tails}")
+            before = {name: _accepted(log) for name, log in logs.items()}
+            started = time.monotonic()
+            time.sleep(window_s)  # a rate over a fixed window of wall time
+            elapsed = time.monotonic() - started
+            return {name: (_accepted(log) - before[name]) * 60 / elapsed for name, log in logs.items()}
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _broadcast(n: int, size: int, args: Any) -> dict[str, Any]:
@@ -106,6 +158,10 @@ def main() -> int:
             result[f"broadcast{row['n']}_over_sb"] = f"{row['over_sb']:.3f}"
             result[f"broadcast{row['n']}_over_single"] = f"{row['over_single']:.3f}"
     result["all_copies_verified"] = int(all(r["all_equal"] for r in rows))
+
+    rates = _rollouts(60.0 if args.quick else 180.0, args.rate_mbit)
+    print(f"rollouts accepted per minute: public {rates['public']:.1f}, behind NAT {rates['natted']:.1f}")
+    result["natted_over_public"] = f"{rates['natted'] / max(rates['public'], 1e-9):.3f}"
     print("RESULT " + " ".join(f"{k}={v}" for k, v in result.items()))
     return 0
 
