@@ -168,8 +168,12 @@ class DiLoCoTrainer:
         initial_state: OuterState | None = None,
         eval_batches: Sequence[torch.Tensor] = (),
         name: str = "trainer",
+        on_state_applied: Callable[[OuterState], None] | None = None,
     ) -> None:
+        """`on_state_applied` sees each outer state once it is final (after a resync, if any) and
+        before the next round is declared: the moment it can be served to peers."""
         self.model = model
+        self.on_state_applied = on_state_applied
         self.config = config
         self.next_batch = next_batch
         self.averager = averager
@@ -284,6 +288,8 @@ class DiLoCoTrainer:
                 logger.warning("%s: outer state disagreed with the group; adopted a peer's state", self.name)
                 self.adopt_state(fetched)
                 resynced = True
+        if self.on_state_applied is not None:
+            self.on_state_applied(self.state)
         every = self.config.eval_every_outer_steps
         eval_loss = self.evaluate() if every and self.state.step % every == 0 else None
         return OuterStepReport(

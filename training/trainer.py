@@ -308,12 +308,12 @@ class TrainerRuntime:
             initial_state=state,
             eval_batches=self.eval_batches,
             name=self.name,
+            on_state_applied=lambda applied: self.averager.publish_step(applied.step),
         )
         self.averager.set_state_provider(trainer.current_state)
         self.averager.publish_step(state.step)
 
         def after_outer_step(t: DiLoCoTrainer) -> None:
-            self.averager.publish_step(t.state.step)
             self._checkpoint(t)
             if self.on_outer_state is not None:
                 self.on_outer_state(t.state)

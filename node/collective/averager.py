@@ -24,7 +24,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-import statistics
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +35,7 @@ from hivemind.p2p import PeerID
 from node.bans import BanList
 from node.collective.codecs import PseudoGradCodec
 from node.collective.config import AveragingConfig
-from node.collective.members import live_standing
+from node.collective.members import live_standing, state_sources
 from node.collective.outer_state import OuterState
 from node.collective.round_types import DoneAverage, PendingAverage, RoundOutcome
 from node.collective.service import AveragingService
@@ -52,8 +51,6 @@ logger = logging.getLogger(__name__)
 
 _DECLARATIONS_CACHE_S = 5.0
 _PEER_POLL_S = 0.5
-_MAX_HELD_STATES = 4
-"""Most unconfirmed states a download keeps between polls (each is a whole outer state)."""
 
 
 class _Pending:
@@ -226,7 +223,7 @@ class GatherAverager:
     ) -> OuterState | None:
         """A state past outer step `newer_than` that the run vouches for, or None after `wait_s`."""
         deadline = time.monotonic() + (self.config.averaging_timeout_s if wait_s is None else wait_s)
-        held: dict[tuple[int, str], tuple[PeerID, OuterState]] = {}  # unconfirmed, downloaded once
+        progress = self.states.new_progress()
         while True:
             self._declared_at = -float("inf")
             candidates = self._state_sources(newer_than)
@@ -239,7 +236,7 @@ class GatherAverager:
                         trusted=self.trusted | self._sole_partner(),
                         counts_as_witness=witness,
                         timeout_s=timeout_s,
-                        held=held,
+                        progress=progress,
                     ),
                 )
                 if result.state is not None:
@@ -247,12 +244,10 @@ class GatherAverager:
                     self.rounds.codec.reset()  # the error feedback was of our own, abandoned trajectory
                     self.states.set_state(result.state)
                     return result.state
-                while len(held) > _MAX_HELD_STATES:  # an attacker's ever-new states are not hoarded
-                    del held[next(iter(held))]
             if time.monotonic() >= deadline:
                 refused = "; ".join(
                     f"{source.to_base58()[-8:]} at outer step {step} (hash {digest})"
-                    for (step, digest), (source, _) in held.items()
+                    for (step, digest), (source, _) in progress.held.items()
                 )
                 logger.warning(
                     "%s: no state past outer step %d that the run vouches for; keeping our own%s",
@@ -269,14 +264,7 @@ class GatherAverager:
         return frozenset(partners) if len(partners) == 1 else frozenset()
 
     def _state_sources(self, newer_than: int) -> list[bytes]:
-        """Trainers serving a later state, best first: those with standing, then nearest the median step."""
-        offers = {
-            p: d.step for p, d in self._declarations().items() if d.serves_state and d.step > newer_than
-        }
-        if not offers:
-            return []
-        median = statistics.median_low(offers.values())
-        return sorted(offers, key=lambda p: (p not in self.rounds.standing, abs(offers[p] - median)))
+        return state_sources(self._declarations(), newer_than, self.rounds.standing)
 
     # ---- lifecycle ---------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""Who a trainer averages with in a round, and whether the run has left its round behind.
+"""Who a trainer averages with in a round, whether the run has left its round behind, and whom it asks for the run's state.
 
 Pure functions of the round declarations a trainer reads (`AveragingService.declarations`) and
 of its standing (the peers it has averaged with in sync): every member of a round computes the
@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from protocol.averaging_round import RoundDeclaration
 
-__all__ = ["left_behind", "live_standing", "round_candidates"]
+__all__ = ["left_behind", "live_standing", "round_candidates", "state_sources"]
 
 
 def live_standing(declared: Mapping[bytes, RoundDeclaration], standing: Collection[bytes]) -> set[bytes]:
@@ -54,3 +54,17 @@ def round_candidates(
     eligible += [p for p in also if p not in eligible and p not in ended and p != me and not excluded(p)]
     eligible.sort(key=lambda p: (p not in standing, hashlib.sha256(step.to_bytes(8, "big") + p).digest()))
     return eligible[:max_others]
+
+
+def state_sources(
+    declared: Mapping[bytes, RoundDeclaration], newer_than: int, standing: Collection[bytes]
+) -> list[bytes]:
+    """Trainers that may serve a state past outer step `newer_than`, best first: those with standing,
+    then those nearest the median step. A trainer declares the round of a step after it applied
+    that step and began serving it, so one still declaring `newer_than` may already serve the next:
+    it is asked too (it answers "stale" if not)."""
+    offers = {p: d.step for p, d in declared.items() if d.serves_state and d.step >= newer_than}
+    if not offers:
+        return []
+    median = statistics.median_low(offers.values())
+    return sorted(offers, key=lambda p: (p not in standing, abs(offers[p] - median)))

@@ -23,7 +23,9 @@ advertised one); a source that fails this is banned. A verified state is taken a
 `trusted` source; otherwise only once two distinct peers that `counts_as_witness` vouch for its
 (step, hash), by serving it or by offering it (the caller decides who has standing, so sybil
 identities cannot agree a poisoned state into a trainer). A peer that dies mid-transfer, times
-out or answers an error only fails its own turn.
+out or answers an error only fails its own turn. A caller that polls until a state is confirmed
+passes one `FetchProgress` to every call: vouchers then add up across polls, and each source is
+asked no faster than its request budget allows (`node.collective.fetch_progress`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
@@ -46,11 +47,12 @@ from node.bans import BanList
 from node.broadcast.wire import WRITE_SLICE_BYTES, RateLimiter, TruncatedFrame, read_frame, write_frame
 from node.collective import state_wire as wire
 from node.collective.budgets import MAX_TRACKED_PEERS, PeerBudget
+from node.collective.fetch_progress import FetchProgress, FetchResult, Offer
 from node.collective.outer_state import OuterState
 from node.stream_slots import StreamSlot, StreamSlots
 from protocol.errors import HivenetError, InvalidMessage
 
-__all__ = ["FetchResult", "Offer", "SourceUnavailable", "StateService", "StateServiceConfig"]
+__all__ = ["FetchProgress", "FetchResult", "Offer", "SourceUnavailable", "StateService", "StateServiceConfig"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,30 +83,15 @@ class StateServiceConfig:
     refusal_linger_s: float = 1.0
     """How long a refused stream is drained before closing, so the answer is not lost to a reset."""
 
+    @property
+    def ask_interval_s(self) -> float:
+        """How often a downloader asks one source: the pace its request budget allows."""
+        return self.window_s / self.offers_per_peer_per_window
+
     def __post_init__(self) -> None:
         counts = (self.downloads_per_peer_per_window, self.offers_per_peer_per_window)
         if min(counts) < 1 or self.window_s <= 0 or self.frame_timeout_s <= 0:
             raise ValueError("state service budgets, windows and timeouts must be positive")
-
-
-@dataclass(frozen=True)
-class Offer:
-    """A verified state nobody confirmed: who served it, at which step, with which hash."""
-
-    source: PeerID
-    step: int
-    hash: str
-
-
-@dataclass(frozen=True)
-class FetchResult:
-    """The outcome of `StateService.fetch`: "agreed" (`source`, `state`), "unconfirmed" (`offers`) or
-    "none" (no peer served a verified state)."""
-
-    verdict: Literal["agreed", "unconfirmed", "none"]
-    source: PeerID | None = None
-    state: OuterState | None = None
-    offers: tuple[Offer, ...] = ()
 
 
 class _Refused(Exception):
@@ -141,6 +128,7 @@ class StateService:
     ) -> None:
         """`clock`: the monotonic seconds of the per-peer budgets (a test's fake one)."""
         self.p2p, self.proto, self.config, self.bans, self.label = p2p, proto, config, bans, label
+        self._clock = clock
         self.shapes = [tuple(int(d) for d in shape) for shape in shapes]
         self.expected_bytes = wire.payload_bytes(self.shapes)
         self.limiter = RateLimiter(config.upload_bytes_per_s)
@@ -160,6 +148,13 @@ class StateService:
         self.refusals: Counter[str] = Counter()
         """Refused requests by reason: banned, malformed, timeout, request_streams, request_budget,
         no_state, stale, download_budget, streams, preempted."""
+
+    def new_progress(self) -> FetchProgress:
+        """The memory of a download polled over several `fetch` calls, paced by our own budgets
+        (every trainer of a run serves under the same ones)."""
+        return FetchProgress(
+            ask_interval_s=self.config.ask_interval_s, max_wait_s=self.config.window_s, clock=self._clock
+        )
 
     async def start(self) -> None:
         await self.p2p.add_binary_stream_handler(self.proto, self._serve)
@@ -383,41 +378,43 @@ class StateService:
         trusted: frozenset[bytes] = frozenset(),
         counts_as_witness: Callable[[bytes], bool] = lambda peer: True,
         timeout_s: float,
-        held: dict[tuple[int, str], tuple[PeerID, OuterState]] | None = None,
+        progress: FetchProgress | None = None,
     ) -> FetchResult:
         """The run's state at an outer step above `newer_than`, by the trust rules of the module
         docstring. `timeout_s` bounds each request to one candidate (an offer or a download).
 
-        `held` ({(step, hash): (source, verified state)}) carries the unconfirmed states of an earlier
-        call into this one and receives this call's, so that a caller polling for confirmation
-        downloads each state once and asks the other candidates only for their offers.
+        `progress` (`new_progress`) carries what earlier calls of a caller polling for confirmation
+        learnt: the states it downloaded (each is downloaded once; the other candidates are asked for
+        their offers only), who vouched for which, and when each peer may be asked again.
         """
-        held = {} if held is None else held
-        vouchers: dict[tuple[int, str], set[bytes]] = {}
+        progress = progress if progress is not None else self.new_progress()
+        held = progress.held
         me = self.p2p.peer_id
         ordered = sorted(dict.fromkeys(candidates), key=lambda p: p.to_bytes() not in trusted)
         for peer in ordered:
             raw = peer.to_bytes()
-            if peer == me or self.bans.is_banned(peer):
+            if peer == me or self.bans.is_banned(peer) or not progress.may_ask(raw):
                 continue
             witness = counts_as_witness(raw)
             offer_only = bool(held) and raw not in trusted
             if offer_only and not witness:
                 continue  # its word cannot confirm a state we hold, and its own state could never be taken
             try:
+                progress.asked(raw)
                 header, payload = await self.query(
                     peer, download=not offer_only, newer_than=newer_than, timeout_s=timeout_s
                 )
                 if header.error:
+                    progress.asked(raw, header.error)
                     raise SourceUnavailable(f"answered {header.error!r}")
                 key = (header.step, header.hash)
-                if witness:
-                    vouchers.setdefault(key, set()).add(raw)
+                progress.vouch(key, raw)
                 if offer_only and key not in held:
                     header, payload = await self.query(
                         peer, download=True, newer_than=newer_than, timeout_s=timeout_s
                     )
                     if header.error:
+                        progress.asked(raw, header.error)
                         raise SourceUnavailable(f"answered {header.error!r}")
                 if payload is not None:
                     key = (header.step, header.hash)
@@ -430,22 +427,21 @@ class StateService:
                             self.label, _short(peer), *key,
                         )  # fmt: skip
                         return FetchResult("agreed", peer, state)
-                    held.setdefault(key, (peer, state))
-                    if witness:
-                        vouchers.setdefault(key, set()).add(raw)
+                    progress.hold(key, peer, state)
+                    progress.vouch(key, raw)
             except InvalidMessage as exc:
-                for vouched in vouchers.values():
-                    vouched.discard(raw)
+                progress.withdraw(raw)
                 self.bans.ban(peer, f"state: {exc}")
                 continue
             except SourceUnavailable as exc:
                 logger.info("%s: no state from %s: %s", self.label, _short(peer), exc)
                 continue
-            if key in held and len(vouchers.get(key, ())) >= 2:
+            if (agreed := progress.confirmed(counts_as_witness)) is not None:
+                key, witnesses = agreed
                 source, state = held[key]
                 logger.info(
                     "%s: %d peers vouch for the state of %s (outer step %d, hash %s)",
-                    self.label, len(vouchers[key]), _short(source), *key,
+                    self.label, witnesses, _short(source), *key,
                 )  # fmt: skip
                 return FetchResult("agreed", source, state)
         if not held:

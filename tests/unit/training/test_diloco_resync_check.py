@@ -2,7 +2,8 @@
 
 Sources that agree may all be one attacker's identities: what the trainer can check itself is
 what the state does on its held-out batches. A state far worse than its own is refused (it keeps
-its own, and says so); a good one, as any honest resync or join brings, is taken.
+its own, and says so); a good one, as any honest resync or join brings, is taken. Each outer state,
+resynced or not, is handed over for serving before the next round is declared.
 """
 
 from __future__ import annotations
@@ -114,3 +115,41 @@ def test_the_check_refuses_non_finite_and_far_worse_states_and_takes_better_ones
     assert plausible_state(model, own, _poisoned(model), [])  # nothing to check with: no refusal
     # the model still holds its own parameters afterwards
     assert all(torch.equal(p, o) for p, o in zip(model.parameters(), own.params, strict=True))
+
+
+class _Recording:
+    """An averager that averages alone and notes, in order, each round it is told of."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str) -> None:
+        self.events.append(f"declare {step}")
+
+    def start_average(
+        self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str
+    ) -> DoneAverage:
+        return DoneAverage(RoundOutcome(None, num_peers=1))
+
+    def bytes_sent(self) -> int:
+        return 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_each_outer_state_is_offered_for_serving_before_the_next_round_is_declared(overlap: bool) -> None:
+    # Seen in the churn soak: a trainer that applied a step but had not declared its next round
+    # (a slow machine) still served the step before, so a member left out of that round found a
+    # single source of the run's state, which nobody could confirm.
+    events: list[str] = []
+    batches = iter(_batches(1, 100))
+    trainer = DiLoCoTrainer(
+        _model(),
+        DiLoCoConfig(inner_steps=3, max_outer_steps=3, inner_warmup_steps=0, overlap_communication=overlap),
+        next_batch=lambda: next(batches),
+        averager=_Recording(events),
+        on_state_applied=lambda state: events.append(f"serve {state.step}"),
+    )
+    trainer.run(threading.Event())
+    for step in (1, 2):
+        assert events.index(f"serve {step}") < events.index(f"declare {step}"), events
+    assert events.count("serve 3") == 1

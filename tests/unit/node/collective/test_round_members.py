@@ -1,9 +1,10 @@
 """Who a round expects (`node.collective.members.round_candidates`): a trainer whose run has ended
-is nobody's candidate, even as last round's member."""
+is nobody's candidate, even as last round's member. Whom a trainer asks for the run's state
+(`state_sources`)."""
 
 from __future__ import annotations
 
-from node.collective.members import left_behind, live_standing, round_candidates
+from node.collective.members import left_behind, live_standing, round_candidates, state_sources
 from protocol.averaging_round import RoundDeclaration
 
 ME, A, B = b"me", b"peer-a", b"peer-b"
@@ -40,3 +41,14 @@ def test_standing_counts_only_while_its_peers_still_declare_a_round() -> None:
     assert left_behind(declared, 3, standing={b"gone"})
     # while one partner lives, only its word counts
     assert not left_behind({A: _declared(3), B: _declared(9), b"c": _declared(9)}, 3, standing={A})
+
+
+def test_the_state_is_also_asked_of_trainers_still_declaring_the_step_it_must_be_newer_than() -> None:
+    # Seen in the churn soak: a member that a round left out asked only the one trainer already
+    # declaring the next step, while another member had applied that step (and served it) but not
+    # yet declared its next round; with a single source the state was never confirmed.
+    declared = {A: _declared(10), B: _declared(9), b"c": _declared(8)}
+    assert state_sources(declared, 9, standing=()) == [B, A]  # nearest the median step first
+    assert state_sources(declared, 9, standing={A}) == [A, B]  # standing first
+    not_serving = RoundDeclaration(10, "0123456789abcdef", "int8", 0.0, False, False)
+    assert state_sources({A: not_serving}, 9, standing=()) == []

@@ -384,3 +384,74 @@ def test_set_state_none_serves_nothing_and_each_state_is_serialized_once(
         assert (await client.fetch([source.peer_id], newer_than=0, timeout_s=10)).verdict == "none"
 
     run(main)
+
+
+def test_a_poller_asks_each_source_no_faster_than_its_budget_allows_and_is_never_shunned() -> None:
+    # Seen in the churn soak: trainers polling for a second witness every half second spent a
+    # source's request budget, were told "busy", kept asking, and got silence for the rest of the
+    # window, exactly while they needed that source to resync.
+    async def main(net: dict[PeerID, LoopbackP2P]) -> None:
+        now = [0.0]
+        budget: dict[str, Any] = dict(offers_per_peer_per_window=4, window_s=60.0, clock=lambda: now[0])
+        source, me = LoopbackP2P(net, "source"), LoopbackP2P(net, "me")
+        server = await serving(source, make_state(), **budget)
+        client = service(me, **budget)
+        progress = client.new_progress()
+        for _ in range(60):  # 30 s of polls, two a second; nobody confirms the single source
+            result = await client.fetch([source.peer_id], newer_than=4, timeout_s=10, progress=progress)
+            assert result.verdict == "unconfirmed"
+            now[0] += 0.5
+        assert server.refusals == {}
+        assert server.answered == {"download": 1, "offer": 1}  # at 0 s and at 15 s
+
+    run(main)
+
+
+def test_a_poller_waits_as_long_as_a_busy_source_asks() -> None:
+    async def main(net: dict[PeerID, LoopbackP2P]) -> None:
+        now = [0.0]
+        asked: list[float] = []
+        busy, me = LoopbackP2P(net, "busy"), LoopbackP2P(net, "me")
+
+        async def handler(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            asked.append(now[0])
+            await read_frame(reader, wire.MAX_REQUEST_BYTES)
+            writer.write(
+                encode_frame(wire.encode_error("busy: state request budget spent; try again in 9 s"))
+            )
+            await writer.drain()
+            writer.close()
+
+        busy.handlers[PROTO] = handler
+        client = service(me, clock=lambda: now[0])
+        progress = client.new_progress()
+        for _ in range(40):  # 20 s of polls
+            assert (
+                await client.fetch([busy.peer_id], newer_than=4, timeout_s=10, progress=progress)
+            ).verdict == "none"
+            now[0] += 0.5
+        assert asked == [0.0, 9.0, 18.0]
+        assert not client.bans.is_banned(busy.peer_id)
+
+    run(main)
+
+
+def test_vouchers_add_up_across_polls_while_the_sources_move_on() -> None:
+    # Peers apply an outer step at different moments: one witness of a state is often asked a
+    # poll before the other, by which time the first serves the next step.
+    async def main(net: dict[PeerID, LoopbackP2P]) -> None:
+        now = [0.0]
+        at_5, at_6 = make_state(step=5, seed=1), make_state(step=6, seed=2)
+        s1, s2, me = LoopbackP2P(net, "s1"), LoopbackP2P(net, "s2"), LoopbackP2P(net, "me")
+        first, second = await serving(s1, at_5), await serving(s2, make_state(step=4, seed=0))
+        client = service(me, clock=lambda: now[0])
+        progress = client.new_progress()
+        poll = client.fetch([s1.peer_id, s2.peer_id], newer_than=4, timeout_s=10, progress=progress)
+        assert (await poll).verdict == "unconfirmed"  # s1 serves step 5; s2 is still at step 4
+        first.set_state(at_6)
+        second.set_state(at_5)
+        now[0] += client.config.ask_interval_s
+        result = await client.fetch([s1.peer_id, s2.peer_id], newer_than=4, timeout_s=10, progress=progress)
+        assert result.verdict == "agreed" and same(result.state, at_5) and result.source == s1.peer_id
+
+    run(main)
