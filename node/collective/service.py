@@ -8,7 +8,9 @@ declared for the same step (at most `max_group_size`, chosen the same way by eve
 collects theirs. An answer carries the answerer's own contribution once it has one, so a member
 that sends late still gets what it missed. The gather ends when every candidate has contributed
 or at the latest declared gather time plus `gather_timeout_s`. Each member then **commits**:
-it signs the list of contributions it holds and sends it to their senders. Every member
+it signs the list of contributions it holds and sends it to their senders, and to any peer
+whose commit named ours; a contribution that arrives after the gather is answered with the
+commit, so a member too late for another's gather learns that it was left out. Every member
 aggregates the contributions held, with the same hash, by every member whose commit it received
 (`node.collective.book`), in PeerID order, with deterministic robust arithmetic
 (`node.collective.aggregate`), so members that saw the same commits hold bit-identical results.
@@ -239,6 +241,11 @@ class AveragingService(FramedService):
         if problem is not None and peer in book.equivocators:
             self.bans.ban(PeerID(peer), f"averaging: {problem}")
         reply = pb.RoundReply(error=problem or "")
+        if not book.gathering and book.own_commit is not None:
+            # A contribution too late for our gather: our commit tells its sender which set we
+            # aggregate (without it), so that it does not aggregate one with itself in it.
+            reply.commit = book.own_commit
+            book.given_commit.add(peer)
         # A peer we sent ours to gets it from that request: answering with it too would send every
         # payload twice when two members send to each other at once.
         if book.own_contribution is not None and peer not in book.sent_contribution:
@@ -412,7 +419,10 @@ class AveragingService(FramedService):
     ) -> None:
         book.own_commit = self._seal(step, COMMIT_DOMAIN, commit_payload(step, held))
         message = pb.RoundMessage(commit=book.own_commit)
-        for peer in set(held) - {self.me, *book.given_commit}:
+        # Also to the peers whose commit came first: one that committed to our contribution while
+        # we left its own out must learn it, or it would aggregate a set with itself in it.
+        committed_to_us = {p for p, theirs in book.commits.items() if self.me in theirs}
+        for peer in {*held, *committed_to_us} - {self.me, *book.given_commit}:
             self._spawn(self._send(peer, message, book))
         deadline = max(gather_deadline, time.monotonic()) + self.averaging.commit_timeout_s
         while time.monotonic() < deadline and book.missing_commits(self.me):

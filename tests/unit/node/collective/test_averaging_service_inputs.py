@@ -799,6 +799,48 @@ def test_a_contribution_after_the_gather_gets_an_error_without_a_ban() -> None:
     asyncio.run(main())
 
 
+def test_a_contribution_too_late_for_the_gather_is_answered_with_the_commit_that_leaves_it_out() -> None:
+    # Seen in the churn soak: a joiner's contribution reached the members after their gathers had
+    # ended, their commits never reached it, and it aggregated a set with itself in it while they
+    # aggregated one without it: two states after one round, and nobody knew.
+    async def main() -> None:
+        p2p = StandInP2P()
+        service = await make_service(p2p=p2p)
+        a = peer_bytes(MEMBER_A)
+        assert await send(service, MEMBER_A, contribution(MEMBER_A, seed=1)) == pb.RoundReply()
+        service.declared = {a: declaration()}
+        outcome = await _run_round(service)
+        assert outcome.num_peers == 2 and outcome.in_sync
+        ((_, own),) = [(p, m.commit) for p, m in p2p.sent("commit")]
+        reply = await send(service, HONEST, contribution(HONEST))
+        assert reply.error == "this round's gather is over" and reply.commit == own
+        assert set(opened_commit(service, reply.commit)) == {service.me, a}
+        assert not service.bans.is_banned(pid(HONEST))
+
+    asyncio.run(main())
+
+
+def test_a_peer_that_committed_to_our_contribution_gets_our_commit_though_we_left_its_own_out() -> None:
+    async def main() -> None:
+        p2p = StandInP2P()
+        service = await make_service(p2p=p2p)
+        a, late = peer_bytes(MEMBER_A), peer_bytes(LATE)
+        assert await send(service, MEMBER_A, contribution(MEMBER_A, seed=1)) == pb.RoundReply()
+        # LATE gathered our contribution and A's and committed to them, but its own never reached us
+        ours = sha(CODEC.encode(tensors(50)))
+        theirs = {late: sha(payload_of(7)), a: sha(contribution(MEMBER_A, seed=1).contribution.payload)}
+        assert await send(service, LATE, commit(LATE, {**theirs, service.me: ours})) == pb.RoundReply()
+        service.declared = {a: declaration()}
+        outcome = await _run_round(service)
+        assert outcome.num_peers == 2 and outcome.in_sync
+        assert {p for p, _ in p2p.sent("commit")} == {a, late}
+        stranger = await send(service, HONEST, commit(HONEST, {peer_bytes(HONEST): sha(payload_of(8))}))
+        assert stranger.commit  # answered, as any commit is, but never sent ours unasked
+        assert {p for p, _ in p2p.sent("commit")} == {a, late}
+
+    asyncio.run(main())
+
+
 def test_an_honest_exchange_takes_a_members_contribution_and_answers_with_the_services_own() -> None:
     """Answers carry the service's own contribution to a member that did not get it from the service's
     own request (here B, whose service was not ready for the round yet), and only to such a member:
