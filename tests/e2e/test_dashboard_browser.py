@@ -200,11 +200,21 @@ def swarm_cells(driver: Any, peer: str) -> list[str]:
 
 
 def check_axes(driver: Any, chart: str) -> None:
-    """A chart's axes, its three gridlines and their values."""
-    assert len(driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg line.grid")) == 3
-    assert len(driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg line.axis")) == 2
-    ticks = driver.find_elements(By.CSS_SELECTOR, f"#{chart} svg text.tick")
-    assert len(ticks) == 3 and all(t.text for t in ticks), chart
+    """A chart's axes, its three gridlines and their values, read in one script call: the page
+    redraws its charts when data arrives, and elements found by one call may be gone by the next."""
+    script = """
+        const svg = document.querySelector('#' + arguments[0] + ' svg');
+        if (!svg) return null;
+        return {
+            grid: svg.querySelectorAll('line.grid').length,
+            axes: svg.querySelectorAll('line.axis').length,
+            ticks: Array.from(svg.querySelectorAll('text.tick'), (t) => t.textContent.trim()),
+        };
+    """
+    drawn = driver.execute_script(script, chart)
+    assert drawn is not None, f"{chart} has no chart"
+    assert (drawn["grid"], drawn["axes"]) == (3, 2), (chart, drawn)
+    assert len(drawn["ticks"]) == 3 and all(drawn["ticks"]), (chart, drawn)
 
 
 def js_number(value: float, digits: int) -> str:
