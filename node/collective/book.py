@@ -57,6 +57,9 @@ class RoundBook:
     sent_contribution: set[bytes] = field(default_factory=set)
     """Peers our contribution was sent to (in flight or taken): an answer to them need not carry it.
     A send that fails leaves the set, so that the next answer or send carries it."""
+    refused_ours: set[bytes] = field(default_factory=set)
+    """Peers whose last answer to our contribution refused it (too late for their gather, or they
+    had moved on): they aggregate without it."""
     given_commit: set[bytes] = field(default_factory=set)
     """Peers that got our commit in an answer."""
     preferred: list[bytes] = field(default_factory=list)
@@ -116,7 +119,11 @@ class RoundBook:
         return self.held()
 
     def missing_commits(self, me: bytes) -> set[bytes]:
-        return {p for p in self.contributions if p != me and p not in self.commits}
+        """Members whose commit may still come: not one that refused our contribution without its
+        commit (it had none to give: it gathered alone, or had moved on)."""
+        return {
+            p for p in self.contributions if p != me and p not in self.commits and p not in self.refused_ours
+        }
 
     def final_set(self, me: bytes) -> dict[bytes, bytes]:
         """{peer: payload hash} of the contributions every committer holds, with the same hash."""

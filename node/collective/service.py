@@ -44,7 +44,7 @@ from node.collective.book import Received, RoundBook
 from node.collective.codecs import PseudoGradCodec
 from node.collective.config import AveragingConfig
 from node.collective.declarations import DeclarationBoard
-from node.collective.members import left_behind, round_candidates
+from node.collective.members import ahead_of_run, left_behind, round_candidates
 from node.collective.outcome import tally_round
 from node.collective.round_types import RoundOutcome
 from node.collective.sealing import open_for_round, seal_for_round
@@ -289,6 +289,14 @@ class AveragingService(FramedService):
             logger.info("%s: most trainers of the run are past outer step %d: resyncing", self.label, step)
             self._last_members = set()
             return RoundOutcome(None, 1, in_sync=False)
+        run_step = ahead_of_run(declared, step, self.standing)
+        if run_step is not None:
+            logger.info(
+                "%s: most trainers of the run are at outer step %d, behind our %d: taking the run's state",
+                self.label, run_step, step,
+            )  # fmt: skip
+            self._last_members = set()
+            return RoundOutcome(None, 1, in_sync=False, run_step=run_step)
         # Last round's members are expected too: their declaration of this round may not have
         # reached the DHT yet (a loaded machine). One that died costs this round its deadline, once.
         expected = self._candidates(declared, step, also=self._last_members)
@@ -387,8 +395,12 @@ class AveragingService(FramedService):
                 timeout_s=self.averaging.request_timeout_s,
             )
             reply = parse_untrusted(pb.RoundReply, data, "averaging reply")
-            if reply.error and message.HasField("contribution"):
-                self._not_delivered(book, peer)
+            if message.HasField("contribution"):
+                if reply.error:
+                    book.refused_ours.add(peer)
+                    self._not_delivered(book, peer)
+                else:
+                    book.refused_ours.discard(peer)
             if reply.HasField("contribution") and book.gathering:
                 self._take_contribution(peer, reply.contribution)
             if reply.commit:
@@ -434,6 +446,16 @@ class AveragingService(FramedService):
             "%s: round of outer step %d: held %s, commits from %s, aggregating %s",
             self.label, step, _short(book.contributions), _short(book.commits), _short(final),
         )  # fmt: skip
+        refused = {p for p in book.refused_ours if p in final and p not in book.commits}
+        if self.me in final and refused:
+            # A member whose contribution we hold refused ours (its gather was over, or it had moved
+            # on) and we have no commit of it: it aggregates a set without us that we cannot know.
+            logger.info(
+                "%s: the round of outer step %d: %s refused our contribution: resyncing",
+                self.label, step, _short(refused),
+            )  # fmt: skip
+            self._last_members = set()
+            return RoundOutcome(None, 1, in_sync=False)
         follows = book.settled_without(self.me, final) and (
             not self.standing or all(p in self.standing for p in final)
         )

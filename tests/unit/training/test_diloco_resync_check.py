@@ -153,3 +153,52 @@ def test_each_outer_state_is_offered_for_serving_before_the_next_round_is_declar
     for step in (1, 2):
         assert events.index(f"serve {step}") < events.index(f"declare {step}"), events
     assert events.count("serve 3") == 1
+
+
+class _AheadOfRun:
+    """The run is at outer step 2 while the trainer holds a later one (it trained alone, cut off)."""
+
+    def prepare_round(self, step: int, expected_duration_s: float, outer_hash: str) -> None:
+        pass
+
+    def start_average(
+        self, pseudo_grads: Sequence[torch.Tensor], *, step: int, outer_hash: str
+    ) -> DoneAverage:
+        return DoneAverage(RoundOutcome(None, num_peers=1, in_sync=False, run_step=2))
+
+    def bytes_sent(self) -> int:
+        return 0
+
+
+class _RunState:
+    """The run's state at outer step 3 (it is past step 2), served to any request newer than 2 or less."""
+
+    def __init__(self, state: OuterState) -> None:
+        self.state, self.asked = state, []  # type: ignore[var-annotated]
+
+    def fetch_state(
+        self, *, newer_than: int, timeout_s: float = 60.0, wait_s: float | None = None
+    ) -> OuterState | None:
+        self.asked.append(newer_than)
+        return self.state if self.state.step > newer_than else None
+
+
+def test_a_trainer_ahead_of_the_run_takes_the_runs_older_state() -> None:
+    model = _model()
+    batches = iter(_batches(1, 100))
+    own = OuterState.from_model(model)
+    run = _RunState(OuterState(own.params, own.momentum, 3))
+    trainer = DiLoCoTrainer(
+        model,
+        DiLoCoConfig(inner_steps=3, max_outer_steps=20, inner_warmup_steps=0, overlap_communication=False),
+        next_batch=lambda: next(batches),
+        averager=_AheadOfRun(),
+        state_source=run,
+        initial_state=OuterState(own.params, own.momentum, 9),
+        eval_batches=_batches(2, 2),
+    )
+    report = trainer.run_round()
+    assert report is not None
+    assert run.asked == [1]  # a state past the run's step 2 less one, not past our own 9
+    assert [(r.outer_step, r.resynced) for r in report] == [(3, True)]
+    assert trainer.state.step == 3

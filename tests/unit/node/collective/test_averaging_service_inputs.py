@@ -799,6 +799,48 @@ def test_a_contribution_after_the_gather_gets_an_error_without_a_ban() -> None:
     asyncio.run(main())
 
 
+def test_a_round_well_ahead_of_the_run_ends_out_of_sync_naming_the_runs_step() -> None:
+    async def main() -> None:
+        p2p = StandInP2P()
+        service = await make_service(p2p=p2p)
+        a, b = peer_bytes(MEMBER_A), peer_bytes(MEMBER_B)
+        service.standing.update({a, b})
+        service.declared = {a: declaration(STEP - 3), b: declaration(STEP - 3)}
+        outcome = await _run_round(service)
+        assert (outcome.in_sync, outcome.run_step, outcome.averaged) == (False, STEP - 3, None)
+        assert not p2p.requests  # nobody averages a step the run has not reached
+        one_ahead = await make_service(p2p=StandInP2P())
+        one_ahead.standing.update({a, b})
+        one_ahead.declared = {a: declaration(STEP - 1), b: declaration(STEP - 1)}
+        outcome = await _run_round(one_ahead)  # the others have not declared this round yet
+        assert (outcome.in_sync, outcome.run_step) == (True, None)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    "refusal", ["this round's gather is over", f"not averaging for outer step {STEP} (at {STEP + 1})"]
+)
+def test_a_member_that_refused_our_contribution_without_a_commit_makes_us_resync(refusal: str) -> None:
+    # Seen in the elastic test's last round: the other survivor's gather had ended alone before our
+    # contribution came (it answered so, and had no commit to send); we held its contribution and
+    # aggregated both, it applied its own alone: two states, and no round after to find it.
+    def respond(peer: bytes, message: pb.RoundMessage) -> pb.RoundReply:
+        if message.HasField("contribution"):
+            return pb.RoundReply(error=refusal)
+        return pb.RoundReply()  # no commit: it has none for this round
+
+    async def main() -> None:
+        service = await make_service(p2p=StandInP2P(respond))
+        a = peer_bytes(MEMBER_A)
+        assert await send(service, MEMBER_A, contribution(MEMBER_A, seed=1)) == pb.RoundReply()
+        service.declared = {a: declaration()}
+        outcome = await _run_round(service)
+        assert (outcome.in_sync, outcome.averaged, outcome.num_peers) == (False, None, 1)
+
+    asyncio.run(main())
+
+
 def test_a_contribution_too_late_for_the_gather_is_answered_with_the_commit_that_leaves_it_out() -> None:
     # Seen in the churn soak: a joiner's contribution reached the members after their gathers had
     # ended, their commits never reached it, and it aggregated a set with itself in it while they

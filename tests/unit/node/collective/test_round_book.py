@@ -338,3 +338,11 @@ def test_a_member_left_out_follows_only_a_set_every_member_of_it_committed() -> 
     partial.close_gather()
     partial.add_commit(B, _held(B, C))
     assert not partial.settled_without(A, partial.final_set(A))
+
+
+def test_a_member_that_refused_our_contribution_is_not_waited_for() -> None:
+    book = RoundBook(step=1, max_members=8)
+    for peer in (A, B):
+        book.add_contribution(peer, _received(peer))
+    book.refused_ours.add(B)
+    assert book.missing_commits(A) == set()
