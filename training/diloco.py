@@ -279,10 +279,7 @@ class DiLoCoTrainer:
         steps_until_average = self.inner_steps_done - pending.inner_steps_at_send
         resynced = False
         if not outcome.in_sync and self.state_source is not None:
-            newer_than = pending.state.step
-            if outcome.run_step is not None:  # we are ahead of the run: its state is older than ours
-                newer_than = min(newer_than, outcome.run_step - 1)
-            fetched = self.state_source.fetch_state(newer_than=newer_than)
+            fetched = self.state_source.fetch_state(newer_than=pending.state.step)
             if (
                 fetched is not None
                 and fetched.matches(self.model)

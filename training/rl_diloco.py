@@ -193,10 +193,7 @@ class DiLoCoUpdates:
         state = outer_update(before, averaged, self.outer)
         resynced = False
         if not outcome.in_sync and self.state_source is not None:
-            newer_than = before.step
-            if outcome.run_step is not None:  # ahead of the run: its state is older than ours
-                newer_than = min(newer_than, outcome.run_step - 1)
-            fetched = self.state_source.fetch_state(newer_than=newer_than)
+            fetched = self.state_source.fetch_state(newer_than=before.step)
             if fetched is not None and fetched.matches(self.learner.model):
                 logger.warning("%s: outer state disagreed with the group; adopted a peer's state", self.name)
                 state, resynced = fetched, True

@@ -1,4 +1,4 @@
-"""Who a trainer averages with in a round, whether the run has left its round behind (or it left the run behind), and whom it asks for the run's state.
+"""Who a trainer averages with in a round, whether the run has left its round behind, and whom it asks for the run's state.
 
 Pure functions of the round declarations a trainer reads (`AveragingService.declarations`) and
 of its standing (the peers it has averaged with in sync): every member of a round computes the
@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from protocol.averaging_round import RoundDeclaration
 
-__all__ = ["AHEAD_BY", "ahead_of_run", "left_behind", "live_standing", "round_candidates", "state_sources"]
+__all__ = ["left_behind", "live_standing", "round_candidates", "state_sources"]
 
 
 def live_standing(declared: Mapping[bytes, RoundDeclaration], standing: Collection[bytes]) -> set[bytes]:
@@ -29,24 +29,6 @@ def left_behind(declared: Mapping[bytes, RoundDeclaration], step: int, standing:
     live = live_standing(declared, standing)
     counted = [d.step for p, d in declared.items() if not live or p in live]
     return bool(counted) and statistics.median_low([*counted, step]) > step
-
-
-AHEAD_BY = 2
-"""Outer steps a trainer must be ahead of most of the run to count as ahead of it. A step less
-would flag every trainer that applies a round's outcome before the others have declared theirs."""
-
-
-def ahead_of_run(
-    declared: Mapping[bytes, RoundDeclaration], step: int, standing: Collection[bytes]
-) -> int | None:
-    """The outer step most live trainers are at, if that is at least `AHEAD_BY` steps behind `step`
-    (a trainer cut off from the run took outer steps alone). Counted as in `left_behind`."""
-    live = live_standing(declared, standing)
-    counted = [d.step for p, d in declared.items() if not live or p in live]
-    if not counted:
-        return None
-    run_step = statistics.median_low([*counted, step])
-    return run_step if run_step + AHEAD_BY <= step else None
 
 
 def round_candidates(

@@ -26,12 +26,7 @@ class RoundOutcome:
 
     in_sync: bool = True
     """False if this peer's outer state hash disagreed with the majority of its group, or if most live
-    peers had moved past its round (it is behind the run), or were well behind it (it took outer
-    steps alone, cut off from the run): in each case it must resync."""
-
-    run_step: int | None = None
-    """Set when this peer is ahead of the run: the outer step most live peers are at, whose state
-    it takes although it is older than its own."""
+    peers had moved past its round (it is behind the run): in either case it must resync."""
 
     refused_peers: int = 0
     """Senders whose contributions were refused (malformed, undecodable or over the norm cap) in this round."""

@@ -44,7 +44,7 @@ from node.collective.book import Received, RoundBook
 from node.collective.codecs import PseudoGradCodec
 from node.collective.config import AveragingConfig
 from node.collective.declarations import DeclarationBoard
-from node.collective.members import ahead_of_run, left_behind, round_candidates
+from node.collective.members import left_behind, round_candidates
 from node.collective.outcome import tally_round
 from node.collective.round_types import RoundOutcome
 from node.collective.sealing import open_for_round, seal_for_round
@@ -289,14 +289,6 @@ class AveragingService(FramedService):
             logger.info("%s: most trainers of the run are past outer step %d: resyncing", self.label, step)
             self._last_members = set()
             return RoundOutcome(None, 1, in_sync=False)
-        run_step = ahead_of_run(declared, step, self.standing)
-        if run_step is not None:
-            logger.info(
-                "%s: most trainers of the run are at outer step %d, behind our %d: taking the run's state",
-                self.label, run_step, step,
-            )  # fmt: skip
-            self._last_members = set()
-            return RoundOutcome(None, 1, in_sync=False, run_step=run_step)
         # Last round's members are expected too: their declaration of this round may not have
         # reached the DHT yet (a loaded machine). One that died costs this round its deadline, once.
         expected = self._candidates(declared, step, also=self._last_members)

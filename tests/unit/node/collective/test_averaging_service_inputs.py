@@ -799,25 +799,6 @@ def test_a_contribution_after_the_gather_gets_an_error_without_a_ban() -> None:
     asyncio.run(main())
 
 
-def test_a_round_well_ahead_of_the_run_ends_out_of_sync_naming_the_runs_step() -> None:
-    async def main() -> None:
-        p2p = StandInP2P()
-        service = await make_service(p2p=p2p)
-        a, b = peer_bytes(MEMBER_A), peer_bytes(MEMBER_B)
-        service.standing.update({a, b})
-        service.declared = {a: declaration(STEP - 3), b: declaration(STEP - 3)}
-        outcome = await _run_round(service)
-        assert (outcome.in_sync, outcome.run_step, outcome.averaged) == (False, STEP - 3, None)
-        assert not p2p.requests  # nobody averages a step the run has not reached
-        one_ahead = await make_service(p2p=StandInP2P())
-        one_ahead.standing.update({a, b})
-        one_ahead.declared = {a: declaration(STEP - 1), b: declaration(STEP - 1)}
-        outcome = await _run_round(one_ahead)  # the others have not declared this round yet
-        assert (outcome.in_sync, outcome.run_step) == (True, None)
-
-    asyncio.run(main())
-
-
 @pytest.mark.parametrize(
     "refusal", ["this round's gather is over", f"not averaging for outer step {STEP} (at {STEP + 1})"]
 )

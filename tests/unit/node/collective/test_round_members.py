@@ -4,14 +4,7 @@ is nobody's candidate, even as last round's member. Whom a trainer asks for the 
 
 from __future__ import annotations
 
-from node.collective.members import (
-    AHEAD_BY,
-    ahead_of_run,
-    left_behind,
-    live_standing,
-    round_candidates,
-    state_sources,
-)
+from node.collective.members import left_behind, live_standing, round_candidates, state_sources
 from protocol.averaging_round import RoundDeclaration
 
 ME, A, B = b"me", b"peer-a", b"peer-b"
@@ -59,16 +52,3 @@ def test_the_state_is_also_asked_of_trainers_still_declaring_the_step_it_must_be
     assert state_sources(declared, 9, standing={A}) == [A, B]  # standing first
     not_serving = RoundDeclaration(10, "0123456789abcdef", "int8", 0.0, False, False)
     assert state_sources({A: not_serving}, 9, standing=()) == []
-
-
-def test_a_trainer_two_steps_or_more_ahead_of_most_of_the_run_is_ahead_of_it() -> None:
-    # Seen in the namespace lab: a trainer whose link was cut took outer steps alone and, once back,
-    # stayed ahead of the run, averaging alone for good.
-    assert ahead_of_run({A: _declared(5), B: _declared(5)}, 9, standing={A, B}) == 5
-    assert ahead_of_run({A: _declared(5)}, 5 + AHEAD_BY, standing={A}) == 5
-    # a step ahead is how the run looks to a trainer that applied a round before the others declared
-    assert ahead_of_run({A: _declared(8), B: _declared(8)}, 9, standing={A, B}) is None
-    assert ahead_of_run({A: _declared(9), B: _declared(5)}, 9, standing=()) is None  # not most of it
-    assert ahead_of_run({}, 9, standing={A}) is None  # nobody to be ahead of
-    # while a partner with standing lives, strangers declaring old steps cannot make it go back
-    assert ahead_of_run({A: _declared(9), b"x": _declared(1), b"y": _declared(1)}, 9, standing={A}) is None
