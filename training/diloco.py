@@ -93,8 +93,9 @@ class _Pending:
 class StateSource(Protocol):
     """Downloads the run's current outer state from peers (implemented by `node.collective.averager.GatherAverager`)."""
 
-    def fetch_state(self, *, newer_than: int) -> OuterState | None:
-        """The state of a peer at an outer step greater than `newer_than`, or None if none is available."""
+    def fetch_state(self, *, newer_than: int, stop_event: threading.Event | None = None) -> OuterState | None:
+        """The state of a peer at an outer step greater than `newer_than`, or None if none is
+        available (or, at once, when `stop_event` is set: a stopping trainer keeps its own state)."""
         ...
 
 
@@ -194,6 +195,8 @@ class DiLoCoTrainer:
         self.wait_time_s = 0.0
         self._step_time_s: float | None = None
         self._pending: _Pending | None = None
+        self._stop_event: threading.Event | None = None
+        """The stop event of the rounds being run: a resync download gives up when it is set."""
 
     # -- state -------------------------------------------------------------------------
     def _new_inner_optimizer(self) -> torch.optim.AdamW:
@@ -279,7 +282,9 @@ class DiLoCoTrainer:
         steps_until_average = self.inner_steps_done - pending.inner_steps_at_send
         resynced = False
         if not outcome.in_sync and self.state_source is not None:
-            fetched = self.state_source.fetch_state(newer_than=pending.state.step)
+            fetched = self.state_source.fetch_state(
+                newer_than=pending.state.step, stop_event=self._stop_event
+            )
             if (
                 fetched is not None
                 and fetched.matches(self.model)
@@ -320,9 +325,12 @@ class DiLoCoTrainer:
         step before returning. With it, the next round's inner steps start from the eager outer
         step (our own pseudo-gradient's), the group's average arrives while they run and only
         its difference from the eager step is applied (the inner progress made meanwhile is
-        kept). None if stopped during the inner steps.
+        kept). Stopped during the inner steps: the outer steps completed so far in this round, or
+        None if there were none.
         """
         reports: list[OuterStepReport] = []
+        if stop_event is not None:
+            self._stop_event = stop_event
         # This round averages for outer step `state.step` (+1 while the previous round is in flight).
         round_step = self.state.step + (0 if self._pending is None else 1)
         self.global_inner_step = round_step * self.config.inner_steps
@@ -333,7 +341,7 @@ class DiLoCoTrainer:
         for h in range(self.config.inner_steps):
             if stop_event is not None and stop_event.is_set():
                 self.inner_time_s += time.perf_counter() - t0
-                return None
+                return reports or None
             losses.append(self.inner_step())
             if self._pending is not None:
                 now = time.perf_counter()

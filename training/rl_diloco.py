@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import statistics
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -171,7 +172,9 @@ class DiLoCoUpdates:
         """A copy of the outer state (served to trainers that resync)."""
         return self.state.clone()
 
-    def step(self, batch: Sequence[Sequence[ScoredRollout]]) -> tuple[GRPOStepReport, bool]:
+    def step(
+        self, batch: Sequence[Sequence[ScoredRollout]], *, stop_event: threading.Event | None = None
+    ) -> tuple[GRPOStepReport, bool]:
         started = time.monotonic()
         report = self.learner.inner_step(batch)
         self._inner_time_s += time.monotonic() - started
@@ -181,10 +184,10 @@ class DiLoCoUpdates:
         if self.inner_done < self.config.inner_steps:
             return report, False
         self.inner_done = 0
-        self._outer_step()
+        self._outer_step(stop_event)
         return report, True
 
-    def _outer_step(self) -> None:
+    def _outer_step(self, stop_event: threading.Event | None) -> None:
         before = self.state
         local = [p.detach().clone() for p in self.learner.model.parameters()]
         delta = pseudo_gradient(before.params, local)
@@ -193,7 +196,7 @@ class DiLoCoUpdates:
         state = outer_update(before, averaged, self.outer)
         resynced = False
         if not outcome.in_sync and self.state_source is not None:
-            fetched = self.state_source.fetch_state(newer_than=before.step)
+            fetched = self.state_source.fetch_state(newer_than=before.step, stop_event=stop_event)
             if fetched is not None and fetched.matches(self.learner.model):
                 logger.warning("%s: outer state disagreed with the group; adopted a peer's state", self.name)
                 state, resynced = fetched, True

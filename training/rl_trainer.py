@@ -28,6 +28,7 @@ import copy
 import logging
 import queue
 import statistics
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -107,8 +108,11 @@ class PolicyUpdates(Protocol):
         """The newest policy version: what rollouts, staleness and publishing refer to."""
         ...
 
-    def step(self, batch: Sequence[Sequence[ScoredRollout]]) -> tuple[GRPOStepReport, bool]:
-        """One GRPO step on `batch`; True when it made a new policy version."""
+    def step(
+        self, batch: Sequence[Sequence[ScoredRollout]], *, stop_event: threading.Event | None = None
+    ) -> tuple[GRPOStepReport, bool]:
+        """One GRPO step on `batch`; True when it made a new policy version. A download of the run's
+        state that the step may need gives up once `stop_event` is set."""
         ...
 
     def saved_state(self) -> dict[str, torch.Tensor]:
@@ -132,7 +136,9 @@ class EveryStepUpdates:
     def version(self) -> int:
         return self.learner.version
 
-    def step(self, batch: Sequence[Sequence[ScoredRollout]]) -> tuple[GRPOStepReport, bool]:
+    def step(
+        self, batch: Sequence[Sequence[ScoredRollout]], *, stop_event: threading.Event | None = None
+    ) -> tuple[GRPOStepReport, bool]:
         return self.learner.step(batch), True
 
     def saved_state(self) -> dict[str, torch.Tensor]:
@@ -443,7 +449,7 @@ class RLTrainer(RoleThread):
         version_before = self.version
         rewards = [r.reward for group in batch for r in group]
         staleness = [version_before - r.policy_version for group in batch for r in group]
-        result, new_version = self.updates.step(batch)
+        result, new_version = self.updates.step(batch, stop_event=self._stop)
         for group in batch:
             self.trained_hashes.update(r.rollout_hash for r in group)
             self.trained_from.update(r.worker for r in group)

@@ -275,7 +275,7 @@ class TrainerRuntime:
                 break
             stop_event.wait(0.1)
         fetched = self.averager.fetch_state(
-            newer_than=state.step, timeout_s=self.config.state_download_timeout_s
+            newer_than=state.step, timeout_s=self.config.state_download_timeout_s, stop_event=stop_event
         )
         if fetched is None or not fetched.matches(self.model):
             logger.warning("%s: could not download the run's state; starting from our own", self.name)

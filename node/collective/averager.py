@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 import hivemind
 import torch
@@ -52,6 +53,8 @@ logger = logging.getLogger(__name__)
 _DECLARATIONS_CACHE_S = 5.0
 _PEER_POLL_S = 0.5
 
+T = TypeVar("T")
+
 
 class _Pending:
     """A round in flight on the event loop; `result` never raises (a failed round is averaged alone)."""
@@ -73,6 +76,17 @@ class _Pending:
             logger.warning("%s: averaging round failed (%r); stepping alone", self.label, exc)
             self.codec.reset()  # the whole pseudo-gradient is applied: nothing is owed to later rounds
             return RoundOutcome(None, 1)
+
+
+def _unless_stopped(future: concurrent.futures.Future[T], stop: threading.Event) -> T | None:
+    """`future`'s result, or None (the future cancelled) once `stop` is set first."""
+    while not stop.is_set():
+        try:
+            return future.result(timeout=_PEER_POLL_S)
+        except concurrent.futures.TimeoutError:
+            continue
+    future.cancel()
+    return None
 
 
 class GatherAverager:
@@ -219,17 +233,24 @@ class GatherAverager:
         return lambda peer: peer in named or not live or peer in live
 
     def fetch_state(
-        self, *, newer_than: int, timeout_s: float = 60.0, wait_s: float | None = None
+        self,
+        *,
+        newer_than: int,
+        timeout_s: float = 60.0,
+        wait_s: float | None = None,
+        stop_event: threading.Event | None = None,
     ) -> OuterState | None:
-        """A state past outer step `newer_than` that the run vouches for, or None after `wait_s`."""
+        """A state past outer step `newer_than` that the run vouches for, or None after `wait_s`
+        (or as soon as `stop_event` is set: a download in flight is cancelled)."""
+        stop = stop_event if stop_event is not None else threading.Event()
         deadline = time.monotonic() + (self.config.averaging_timeout_s if wait_s is None else wait_s)
         progress = self.states.new_progress()
-        while True:
+        while not stop.is_set():
             self._declared_at = -float("inf")
             candidates = self._state_sources(newer_than)
             witness = self.witness_rule()
             if candidates:
-                result = self.runtime.call(
+                fetching = self.runtime.submit(
                     self.states.fetch(
                         [PeerID(p) for p in candidates],
                         newer_than=newer_than,
@@ -239,6 +260,9 @@ class GatherAverager:
                         progress=progress,
                     ),
                 )
+                result = _unless_stopped(fetching, stop)
+                if result is None:
+                    break
                 if result.state is not None:
                     self._doubtful = False
                     self.rounds.codec.reset()  # the error feedback was of our own, abandoned trajectory
@@ -256,7 +280,9 @@ class GatherAverager:
                     f" (refused, as nobody confirmed them: {refused})" if refused else "",
                 )
                 return None
-            time.sleep(_PEER_POLL_S)
+            stop.wait(_PEER_POLL_S)
+        logger.info("%s: stopped while looking for the run's state; keeping our own", self.label)
+        return None
 
     def _sole_partner(self) -> frozenset[bytes]:
         """The live trainer we have averaged in sync with, if it is the only one (see module docstring)."""

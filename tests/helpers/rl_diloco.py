@@ -87,7 +87,7 @@ class FixedStateSource:
         self.state = state
         self.asked: list[int] = []
 
-    def fetch_state(self, *, newer_than: int) -> OuterState | None:
+    def fetch_state(self, *, newer_than: int, stop_event: threading.Event | None = None) -> OuterState | None:
         self.asked.append(newer_than)
         return self.state.clone() if self.state.step > newer_than else None
 

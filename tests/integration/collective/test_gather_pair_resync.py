@@ -98,3 +98,30 @@ def test_at_the_end_of_a_run_the_winner_serves_its_last_state_until_the_loser_ha
         finally:
             stop.set()
             holding.join(60)
+
+
+def test_a_stop_ends_a_search_for_the_runs_state_at_once() -> None:
+    """Ctrl-C during a resync: the search that no source can satisfy ends with the stop, not after
+    the averaging timeout (the node's shutdown waits for the training thread)."""
+    with gather_swarm(3) as (a0, a1, a2):
+        start = _state(0.5, 1)
+        outcomes = run_round([a0, a1, a2], 1, _grads(3), [start.hash()] * 3)
+        assert all(o.in_sync and o.num_peers == 3 for o in outcomes), outcomes
+        _serve(a1, _state(7.0, 3))  # two partners that disagree: nothing can be taken
+        _serve(a2, _state(8.0, 3))
+        assert wait_until(lambda: set(a0.peer_steps().values()) == {3}, timeout_s=30)
+
+        stop, fetched = threading.Event(), []
+        searching = threading.Thread(
+            target=lambda: fetched.append(a0.fetch_state(newer_than=2, wait_s=3600.0, stop_event=stop))
+        )
+        searching.start()
+        try:
+            assert wait_until(lambda: a1.states.bytes_sent > 0 and a2.states.bytes_sent > 0, timeout_s=60)
+            stop.set()
+            searching.join(30)
+            assert not searching.is_alive(), "the search went on after the stop"
+            assert fetched == [None]
+        finally:
+            stop.set()
+            searching.join(60)

@@ -149,9 +149,15 @@ class _Churn:
             )
 
         def fetch_hooked(
-            *, newer_than: int, timeout_s: float = 60.0, wait_s: float | None = None
+            *,
+            newer_than: int,
+            timeout_s: float = 60.0,
+            wait_s: float | None = None,
+            stop_event: threading.Event | None = None,
         ) -> OuterState | None:
-            state = fetch_state(newer_than=newer_than, timeout_s=timeout_s, wait_s=wait_s)
+            state = fetch_state(
+                newer_than=newer_than, timeout_s=timeout_s, wait_s=wait_s, stop_event=stop_event
+            )
             if state is not None:
                 watched.fetched.append((state.step, state.hash()))
             return state

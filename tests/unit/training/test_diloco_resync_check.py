@@ -55,9 +55,7 @@ class _Serving:
     def __init__(self, state: OuterState) -> None:
         self.state = state
 
-    def fetch_state(
-        self, *, newer_than: int, timeout_s: float = 60.0, wait_s: float | None = None
-    ) -> OuterState | None:
+    def fetch_state(self, *, newer_than: int, stop_event: threading.Event | None = None) -> OuterState | None:
         return OuterState(self.state.params, self.state.momentum, newer_than + 1)
 
 
@@ -153,3 +151,30 @@ def test_each_outer_state_is_offered_for_serving_before_the_next_round_is_declar
     for step in (1, 2):
         assert events.index(f"serve {step}") < events.index(f"declare {step}"), events
     assert events.count("serve 3") == 1
+
+
+class _InterruptedDownload:
+    """A download during which the operator presses Ctrl-C: it sets the stop event it was handed."""
+
+    def __init__(self) -> None:
+        self.handed: list[threading.Event | None] = []
+
+    def fetch_state(self, *, newer_than: int, stop_event: threading.Event | None = None) -> OuterState | None:
+        self.handed.append(stop_event)
+        if stop_event is not None:
+            stop_event.set()
+        return None
+
+
+def test_a_resync_download_is_handed_the_runs_stop_event_and_the_run_ends_with_it() -> None:
+    model = _model()
+    batches = iter(_batches(1, 100))
+    config = DiLoCoConfig(inner_steps=3, max_outer_steps=5, inner_warmup_steps=0)
+    source = _InterruptedDownload()
+    trainer = DiLoCoTrainer(
+        model, config, next_batch=lambda: next(batches), averager=_Outvoted(), state_source=source
+    )
+    stop = threading.Event()
+    reports = trainer.run(stop)
+    assert source.handed == [stop], "the download could not see the run's stop (Ctrl-C)"
+    assert [r.outer_step for r in reports] == [1]
