@@ -19,7 +19,10 @@ Inside the learner, outer version V is numbered `V * (H + 1)` and the inner step
 
 A round that could not average with anybody (no other trainer, timeouts) steps alone; a
 trainer whose state hash disagreed with its group's majority downloads the majority's state
-when two other trainers confirm it (`StateSource`). The outer momentum is checkpointed with the
+when two other trainers confirm it (`StateSource`), and only if its loss on the latest rollouts
+this trainer trained on is not far above its own state's (`training.state_check`: sources that
+agree may be one attacker's identities, and a poisoned state cannot predict the policy's own
+samples). The outer momentum is checkpointed with the
 policy (`DiLoCoUpdates.saved_state`).
 
 Receipts. Every outer step is also reported as a `training.diloco.OuterStepReport` (`on_round`);
@@ -35,6 +38,7 @@ import logging
 import statistics
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
@@ -50,6 +54,7 @@ from training.diloco import OuterStepReport, RoundAverager, StateSource
 from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
 from training.outer_step import DiLoCoConfig, outer_update, pseudo_gradient
 from training.rl_run import RLDiLoCoConfig, RLRunConfig, run_task
+from training.state_check import plausible_state
 from training.trainer_node import sign_training_receipts
 
 __all__ = [
@@ -62,6 +67,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+_CHECK_SEQUENCES = 16
 
 
 class OuterVersionLearner(GRPOLearner):
@@ -152,6 +159,8 @@ class DiLoCoUpdates:
         self._inner_time_s = 0.0
         self._tokens = 0
         """Completion tokens trained on since this trainer started (what GRPO's loss covers)."""
+        self._recent: deque[torch.Tensor] = deque(maxlen=_CHECK_SEQUENCES)
+        """The latest rollouts trained on (prompt and completion), for checking a downloaded state."""
         self._started = time.monotonic()
         self._round_started = self._started
         self._last_round_s = 0.0
@@ -180,6 +189,12 @@ class DiLoCoUpdates:
         self._inner_time_s += time.monotonic() - started
         self._round_losses.append(float(report.loss))
         self._tokens += report.num_tokens
+        self._recent.extend(
+            torch.tensor([r.prompt_ids + r.completion_ids], dtype=torch.long)
+            for group in batch
+            for r in group
+            if len(r.prompt_ids) + len(r.completion_ids) >= 2
+        )
         self.inner_done += 1
         if self.inner_done < self.config.inner_steps:
             return report, False
@@ -197,7 +212,11 @@ class DiLoCoUpdates:
         resynced = False
         if not outcome.in_sync and self.state_source is not None:
             fetched = self.state_source.fetch_state(newer_than=before.step, stop_event=stop_event)
-            if fetched is not None and fetched.matches(self.learner.model):
+            if (
+                fetched is not None
+                and fetched.matches(self.learner.model)
+                and plausible_state(self.learner.model, state, fetched, list(self._recent), name=self.name)
+            ):
                 logger.warning("%s: outer state disagreed with the group; adopted a peer's state", self.name)
                 state, resynced = fetched, True
         self.state = state

@@ -174,6 +174,28 @@ def test_a_trainer_outvoted_by_its_group_adopts_the_majority_state() -> None:
     assert updates.version == 2
 
 
+def test_a_resync_refuses_a_state_that_cannot_predict_the_rollouts_trained_on() -> None:
+    """Agreeing sources may be one attacker's identities: a state far worse than ours on the
+    rollouts this trainer just trained on is refused, and the trainer keeps its own."""
+    torch.manual_seed(4)
+    policy = TinyGPT(TINY)
+    gen = torch.Generator().manual_seed(7)
+    poisoned = OuterState(
+        [torch.randn(p.shape, generator=gen) * 50.0 for p in policy.parameters()],
+        [torch.zeros_like(p) for p in policy.parameters()],
+        1,
+    )
+    source = FixedStateSource(poisoned)
+    learner = OuterVersionLearner(policy, GRPO, inner_steps=1, outer_version=0)
+    updates = DiLoCoUpdates(learner, RLDiLoCoConfig(inner_steps=1), OutvotedAverager(), state_source=source)
+
+    _, new = updates.step(scored_groups(8, 0))
+
+    assert new and source.asked == [0]
+    assert not updates.records[-1].resynced and updates.state.hash() != poisoned.hash()
+    assert not any(torch.equal(p, o) for p, o in zip(params(policy), poisoned.params, strict=True))
+
+
 class GroupAverager(LoneAverager):
     """Every round is averaged with two others: one contribution accepted (its bytes counted), one refused."""
 
