@@ -7,7 +7,10 @@ outer parameters. Modules:
 
 - `averager`: `GatherAverager`, the service as a trainer's synchronous averager and state source.
 - `service`: `AveragingService`, one round per outer step (declare, gather, commit, aggregate).
-- `members`: whom a round contacts, and whether the run has left a round behind.
+- `members`: whom a round contacts (passing over declared members it could not reach), and
+  whether the run has left a round behind.
+- `intake`: `RoundIntake`, the checks a contribution or commit passes and the books of the
+  rounds messages are taken for.
 - `book`: `RoundBook`, what one round has received (contributions, commits) and its final set.
 - `sealing`: round messages signed for exactly one round of one run.
 - `outcome`: `tally_round`, decoding and aggregating a round's final set.

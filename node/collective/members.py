@@ -2,7 +2,8 @@
 
 Pure functions of the round declarations a trainer reads (`AveragingService.declarations`) and
 of its standing (the peers it has averaged with in sync): every member of a round computes the
-same candidates from the same declarations, so they contact the same peers.
+same candidates from the same declarations, so they contact the same peers. `PassedOver`
+remembers the declared members a round could not reach, which the next few rounds skip.
 """
 
 from __future__ import annotations
@@ -13,7 +14,30 @@ from collections.abc import Callable, Collection, Mapping
 
 from protocol.averaging_round import RoundDeclaration
 
-__all__ = ["left_behind", "live_standing", "round_candidates", "state_sources"]
+__all__ = ["PassedOver", "left_behind", "live_standing", "round_candidates", "state_sources"]
+
+
+PASS_OVER_ROUNDS = 3
+"""How many further rounds pass over a declared member that a round could not reach."""
+
+
+class PassedOver:
+    """Declared members a round could not reach (and that sent nothing), passed over by the next
+    `PASS_OVER_ROUNDS` rounds: a declaration is free to sign, and one with no live host behind it
+    would otherwise cost every round its failed sends again. One that does live still gets our
+    contribution in the answer to its own."""
+
+    def __init__(self) -> None:
+        self._until: dict[bytes, int] = {}
+
+    def remember(self, unreachable: Collection[bytes], step: int) -> None:
+        """The round of outer step `step` could not reach `unreachable`."""
+        self._until = {p: until for p, until in self._until.items() if until >= step}
+        for peer in unreachable:
+            self._until[peer] = step + PASS_OVER_ROUNDS
+
+    def passes_over(self, peer: bytes, step: int) -> bool:
+        return self._until.get(peer, -1) >= step
 
 
 def live_standing(declared: Mapping[bytes, RoundDeclaration], standing: Collection[bytes]) -> set[bytes]:

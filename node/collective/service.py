@@ -44,10 +44,11 @@ from node.collective.book import Received, RoundBook
 from node.collective.codecs import PseudoGradCodec
 from node.collective.config import AveragingConfig
 from node.collective.declarations import DeclarationBoard
-from node.collective.members import left_behind, round_candidates
+from node.collective.intake import MAX_COMMIT_ENVELOPE_BYTES, RoundIntake
+from node.collective.members import PassedOver, left_behind, round_candidates
 from node.collective.outcome import tally_round
 from node.collective.round_types import RoundOutcome
-from node.collective.sealing import open_for_round, seal_for_round
+from node.collective.sealing import seal_for_round
 from node.identity import Identity
 from node.rollouts.errors import RolloutTransportError
 from node.rollouts.streams import FramedService, exchange
@@ -60,8 +61,6 @@ from protocol.averaging_round import (
     ContributionHeader,
     RoundDeclaration,
     commit_payload,
-    parse_commit,
-    parse_contribution_header,
 )
 from protocol.dht_keys import averaging_round_key, round_channel_key
 from protocol.errors import ExpiredMessage, InvalidMessage
@@ -73,7 +72,6 @@ logger = logging.getLogger(__name__)
 
 _FRAME_SLACK_BYTES = 64 * 1024
 """Room in a frame for a contribution's signed header, or for a whole commit."""
-_MAX_COMMIT_ENVELOPE_BYTES = 48 * 1024
 _MAX_SEND_ATTEMPTS = 3
 """Most times a gather sends our contribution to one member whose service did not take it."""
 _REDISCOVER_S = 1.0
@@ -117,8 +115,7 @@ class AveragingService(FramedService):
         self._key = signing_key
         self._records = SignedRecords(dht, Identity(private_key=signing_key, path=None))  # type: ignore[arg-type]
         self.me = self._records.identity.peer_id_bytes
-        self._books: dict[int, RoundBook] = {}
-        self._low_step = 0
+        self.intake = RoundIntake(prefix, codec, config.max_group_size, self.bans)
         self._board = DeclarationBoard(
             self._records,
             averaging_round_key(prefix),
@@ -129,8 +126,11 @@ class AveragingService(FramedService):
         self._renewer: asyncio.Task[None] | None = None
         self._sending: set[asyncio.Task[None]] = set()
         self._last_members: set[bytes] = set()
+        self._passed_over = PassedOver()
         self.bytes_requested = 0
         """Bytes of the request frames this service sent (its contributions and commits)."""
+        self.requests_sent = 0
+        """Requests this service tried to send (delivered or not)."""
         self.standing: set[bytes] = set()
         """Peers that averaged with us in a round where we both held the group's state: evidence
         that cannot be minted with a fresh identity."""
@@ -158,7 +158,7 @@ class AveragingService(FramedService):
     @property
     def declared_step(self) -> int:
         """The outer step we last declared (the round we take messages for, with the next)."""
-        return self._low_step
+        return self.intake.low_step
 
     @property
     def round_key(self) -> str:
@@ -170,9 +170,7 @@ class AveragingService(FramedService):
         """Say which outer step we hold and average for next, or (`final`) that our run ended there;
         drop the books of earlier rounds."""
         declaration = RoundDeclaration(step, outer_hash, self.codec.name, gather_at, serves_state, final)
-        self._low_step = step
-        for old in [s for s in self._books if s < step]:
-            del self._books[old]
+        self.intake.move_to(step)
         await self._board.publish(declaration)
 
     async def declarations(self) -> dict[bytes, RoundDeclaration]:
@@ -197,84 +195,23 @@ class AveragingService(FramedService):
         kind = message.WhichOneof("body")
         try:
             if kind == "contribution":
-                reply = self._take_contribution(peer.to_bytes(), message.contribution)
+                reply = self.intake.take_contribution(peer.to_bytes(), message.contribution)
             elif kind == "commit":
-                reply = self._take_commit(peer.to_bytes(), message.commit)
+                reply = self.intake.take_commit(peer.to_bytes(), message.commit)
             else:
                 raise InvalidMessage("averaging message holds neither a contribution nor a commit")
         except ExpiredMessage as exc:  # a slow sender's own stale message: refused, not banned
             reply = pb.RoundReply(error=f"stale: {exc}")
         return reply.SerializeToString()
 
-    def _open(self, sealed: bytes, domain: str, peer: bytes, max_bytes: int) -> tuple[int, bytes]:
-        return open_for_round(sealed, prefix=self.prefix, domain=domain, signer=peer, max_bytes=max_bytes)
-
-    def _book_for(self, step: int) -> RoundBook | None:
-        """The round of `step`, if it is one we take messages for (ours now, or the next)."""
-        if not self._low_step <= step <= self._low_step + 1:
-            return None
-        book = self._books.get(step)
-        if book is None:
-            book = self._books[step] = RoundBook(step, self.averaging.max_group_size)
-        return book
-
-    def _take_contribution(self, peer: bytes, contribution: pb.Contribution) -> pb.RoundReply:
-        step, header_bytes = self._open(contribution.header, CONTRIBUTION_DOMAIN, peer, 8 * 1024)
-        header = parse_contribution_header(header_bytes)
-        if header.step != step:
-            raise InvalidMessage("contribution header names another step than the round it is signed for")
-        if header.codec != self.codec.name:
-            return pb.RoundReply(error=f"this trainer averages with the {self.codec.name!r} codec")
-        payload = contribution.payload
-        if len(payload) != header.payload_bytes:
-            raise InvalidMessage(f"contribution payload of {len(payload)} bytes does not match its header")
-        if len(payload) != self.codec.max_payload_bytes():
-            raise InvalidMessage(
-                f"contribution payload of {len(payload)} bytes is not the codec's {self.codec.max_payload_bytes()}"
-            )
-        if hashlib.sha256(payload).digest() != header.payload_sha256:
-            raise InvalidMessage("contribution payload does not match the hash its sender signed")
-        book = self._book_for(step)
-        if book is None:
-            return pb.RoundReply(error=f"not averaging for outer step {step} (at {self._low_step})")
-        problem = book.add_contribution(peer, Received(header, bytes(payload)))
-        if problem is not None and peer in book.equivocators:
-            self.bans.ban(PeerID(peer), f"averaging: {problem}")
-        reply = pb.RoundReply(error=problem or "")
-        if not book.gathering and book.own_commit is not None:
-            # A contribution too late for our gather: our commit tells its sender which set we
-            # aggregate (without it), so that it does not aggregate one with itself in it.
-            reply.commit = book.own_commit
-            book.given_commit.add(peer)
-        # A peer we sent ours to gets it from that request: answering with it too would send every
-        # payload twice when two members send to each other at once.
-        if book.own_contribution is not None and peer not in book.sent_contribution:
-            reply.contribution.CopyFrom(book.own_contribution)
-            book.given_contribution.add(peer)
-        return reply
-
-    def _take_commit(self, peer: bytes, sealed: bytes) -> pb.RoundReply:
-        step, payload = self._open(sealed, COMMIT_DOMAIN, peer, _MAX_COMMIT_ENVELOPE_BYTES)
-        commit_step, held = parse_commit(payload)
-        if commit_step != step:
-            raise InvalidMessage("commit names another step than the round it is signed for")
-        book = self._book_for(step)
-        if book is None:
-            return pb.RoundReply(error=f"not averaging for outer step {step} (at {self._low_step})")
-        book.add_commit(peer, held)
-        if book.own_commit is None:
-            return pb.RoundReply()
-        book.given_commit.add(peer)
-        return pb.RoundReply(commit=book.own_commit)
-
     # ---- one round -------------------------------------------------------------------------
 
     async def average(self, step: int, tensors: Sequence[torch.Tensor], outer_hash: str) -> RoundOutcome:
         """Average our pseudo-gradient for outer step `step` with the round's members."""
         started = time.monotonic()
-        book = self._book_for(step)
+        book = self.intake.book_for(step)
         if book is None:
-            raise ValueError(f"average({step}) called after declaring outer step {self._low_step}")
+            raise ValueError(f"average({step}) called after declaring outer step {self.intake.low_step}")
         payload = await offload(self.codec.encode, list(tensors))
         header = ContributionHeader(
             step, outer_hash, self.codec.name, hashlib.sha256(payload).digest(), len(payload)
@@ -291,7 +228,7 @@ class AveragingService(FramedService):
             return RoundOutcome(None, 1, in_sync=False)
         # Last round's members are expected too: their declaration of this round may not have
         # reached the DHT yet (a loaded machine). One that died costs this round its deadline, once.
-        expected = self._candidates(declared, step, also=self._last_members)
+        expected = self._candidates(declared, step, book, also=self._last_members)
         book.prefer([self.me, *expected])
         latest = max([d.gather_at for p, d in declared.items() if p in expected] + [time.time()])
         deadline = started + min(
@@ -305,7 +242,12 @@ class AveragingService(FramedService):
         # trainer that has just declared (a joiner) is found and waited for.
         min_end = started + self.averaging.min_gather_s
         discovered = time.monotonic()
+        skipped = 0
         while True:
+            if len(book.unreachable) > skipped:  # walk past them to the next declared members
+                skipped = len(book.unreachable)
+                expected = self._candidates(declared, step, book, also=expected)
+                book.prefer([self.me, *expected])
             for peer in {*expected, *book.contributions} - sent - book.given_contribution:
                 if attempts[peer] < _MAX_SEND_ATTEMPTS:
                     attempts[peer] += 1
@@ -318,7 +260,8 @@ class AveragingService(FramedService):
             wake = min_end if gathered else deadline
             await book.wait_changed(min(wake, discovered + _REDISCOVER_S) - now)
             if time.monotonic() >= discovered + _REDISCOVER_S:  # who else declared this round meanwhile
-                expected = self._candidates(await self.declarations(), step, also=expected)
+                declared = await self.declarations()
+                expected = self._candidates(declared, step, book, also=expected)
                 book.prefer([self.me, *expected])
                 discovered = time.monotonic()
         held = book.close_gather()
@@ -327,6 +270,12 @@ class AveragingService(FramedService):
             self.label, step, sum(p in held for p in expected), len(expected),
             len(set(held) - set(expected) - {self.me}),
         )  # fmt: skip
+        self._passed_over.remember(book.unreachable - set(held), step)
+        if book.unreachable:
+            logger.info(
+                "%s: %d trainers declared for outer step %d could not be reached: %s",
+                self.label, len(book.unreachable), step, _short(sorted(book.unreachable)[:8]),
+            )  # fmt: skip
         if len(held) > 1:
             await self._commit(book, step, held, deadline)
         return await self._outcome(book, step, outer_hash)
@@ -348,15 +297,26 @@ class AveragingService(FramedService):
         )
 
     def _candidates(
-        self, declared: dict[bytes, RoundDeclaration], step: int, also: Collection[bytes] = ()
+        self,
+        declared: dict[bytes, RoundDeclaration],
+        step: int,
+        book: RoundBook,
+        also: Collection[bytes] = (),
     ) -> list[bytes]:
+        """The round's members as `round_candidates` picks them, passing over those this round could
+        not reach: a declaration is free to sign, so one with no live host behind it must not keep
+        a place that a reachable trainer needs."""
         return round_candidates(
             declared,
             step,
             codec=self.codec.name,
             me=self.me,
             standing=self.standing,
-            excluded=self.bans.is_banned,
+            excluded=lambda peer: (
+                peer in book.unreachable
+                or self._passed_over.passes_over(peer, step)
+                or self.bans.is_banned(peer)
+            ),
             max_others=self.averaging.max_group_size - 1,
             also=also,
         )
@@ -370,13 +330,14 @@ class AveragingService(FramedService):
             payload=payload,
             ttl_s=self.averaging.averaging_timeout_s + 60.0,
             seq=self._records.next_seq(),
-            max_bytes=_MAX_COMMIT_ENVELOPE_BYTES,
+            max_bytes=MAX_COMMIT_ENVELOPE_BYTES,
         )
 
     async def _send(self, peer: bytes, message: pb.RoundMessage, book: RoundBook) -> None:
         """Send `message` to `peer` and take the contribution or commit its answer carries."""
         request = message.SerializeToString()
         self.bytes_requested += len(request) + 4
+        self.requests_sent += 1
         try:
             data = await exchange(
                 self.p2p,
@@ -394,15 +355,15 @@ class AveragingService(FramedService):
                 else:
                     book.refused_ours.discard(peer)
             if reply.HasField("contribution") and book.gathering:
-                self._take_contribution(peer, reply.contribution)
+                self.intake.take_contribution(peer, reply.contribution)
             if reply.commit:
-                self._take_commit(peer, reply.commit)
+                self.intake.take_commit(peer, reply.commit)
         except ExpiredMessage as exc:  # its sender was slow or stuck past the round: stale, not forged
             logger.info("%s: stale averaging reply from %s ignored: %s", self.label, PeerID(peer), exc)
         except InvalidMessage as exc:
             self.bans.ban(PeerID(peer), f"bad averaging reply: {exc}")
-        except (RolloutTransportError, OSError) as exc:
-            logger.info("%s: averaging exchange with %s failed: %s", self.label, PeerID(peer), exc)
+        except (RolloutTransportError, OSError) as exc:  # the gather's end sums up the unreachable
+            logger.debug("%s: averaging exchange with %s failed: %s", self.label, PeerID(peer), exc)
             if message.HasField("contribution"):
                 self._not_delivered(book, peer, lost=True)
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 import time
 from typing import Any
@@ -201,4 +202,43 @@ async def store_sybil_pointers(_dht: Any, node: Any, targets: list[PeerID], run_
         batch = sybil_pointers(run_id, min(100, count - start))
         for target in targets:
             stored += await _store_batch(node, target, weights_pointer_key(run_id), batch)
+    return stored
+
+
+def sybil_round_declarations(
+    key: str, signers: range, *, seed: bytes, step: int, outer_hash: str, codec: str, ttl_s: float = 240.0
+) -> list[tuple[str, bytes, float]]:
+    """Valid round declarations for `step` under `key` by the sybils numbered `signers` (identity i
+    derived from `seed` and i, so the same sybils can declare again; no host stands behind any of
+    them): (subkey, value, expiry)."""
+    expires = time.time() + ttl_s
+    payload = RoundDeclaration(step, outer_hash, codec, time.time(), True).payload()
+    made = []
+    for i in signers:
+        signer = Ed25519PrivateKey.from_private_bytes(hashlib.sha256(seed + i.to_bytes(4, "big")).digest())
+        envelope = seal(
+            signer,
+            domain=ROUND_DECLARATION_DOMAIN,
+            run_id="",
+            dht_key=key,
+            expires_at=expires,
+            seq=step,
+            payload=payload,
+        )
+        subkey = signed_subkey(PeerID(peer_id_from_private_key(signer)).to_base58())
+        made.append((subkey, MSGPackSerializer.dumps(envelope), expires))
+    return made
+
+
+async def store_sybil_declarations(
+    _dht: Any, node: Any, targets: list[PeerID], key: str, count: int, seed: bytes, **declared: Any
+) -> int:
+    """Store the round declarations of `count` sybils (`sybil_round_declarations` with `seed` and
+    `declared`'s step, outer_hash and codec; a hundred per request) at each of `targets`; how many
+    stores succeeded."""
+    stored = 0
+    for start in range(0, count, 100):
+        batch = sybil_round_declarations(key, range(start, min(count, start + 100)), seed=seed, **declared)
+        for target in targets:
+            stored += await _store_batch(node, target, key, batch)
     return stored

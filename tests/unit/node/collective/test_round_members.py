@@ -4,7 +4,14 @@ is nobody's candidate, even as last round's member. Whom a trainer asks for the 
 
 from __future__ import annotations
 
-from node.collective.members import left_behind, live_standing, round_candidates, state_sources
+from node.collective.members import (
+    PASS_OVER_ROUNDS,
+    PassedOver,
+    left_behind,
+    live_standing,
+    round_candidates,
+    state_sources,
+)
 from protocol.averaging_round import RoundDeclaration
 
 ME, A, B = b"me", b"peer-a", b"peer-b"
@@ -52,3 +59,18 @@ def test_the_state_is_also_asked_of_trainers_still_declaring_the_step_it_must_be
     assert state_sources(declared, 9, standing={A}) == [A, B]  # standing first
     not_serving = RoundDeclaration(10, "0123456789abcdef", "int8", 0.0, False, False)
     assert state_sources({A: not_serving}, 9, standing=()) == []
+
+
+def test_members_a_round_could_not_reach_are_passed_over_for_the_next_rounds_only() -> None:
+    passed = PassedOver()
+    ghost, other = b"ghost", b"other"
+    passed.remember([ghost], step=4)
+    assert [passed.passes_over(ghost, s) for s in (4, 5, 4 + PASS_OVER_ROUNDS, 5 + PASS_OVER_ROUNDS)] == [
+        True,
+        True,
+        True,
+        False,
+    ]
+    assert not passed.passes_over(other, 5)
+    passed.remember([ghost], step=4 + PASS_OVER_ROUNDS)  # still unreachable: passed over again
+    assert passed.passes_over(ghost, 5 + PASS_OVER_ROUNDS)
