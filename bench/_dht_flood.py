@@ -12,6 +12,12 @@ hivemind node that signs every record with a fresh key (`tests.helpers.dht_attac
   newcomer's lookup must list both members. Reported: `subkey_flood_nodes_listed_frac` (target 1),
   and the same for two members that joined just before the flood and are flushed by it, after their
   next refresh (`subkey_flood_newcomers_listed_frac`).
+* **The matchmaking key**: two trainers' averaging services (`GatherAverager`) average one clean
+  round, then one with 1,100 valid round declarations for its step from sybils with no host behind
+  them, then one more that the same sybils declare again. Reported: the flooded rounds in which the
+  two averaged with each other (`declaration_flood_rounds_averaged`, target 2/2) and each flooded
+  round's time over the clean one's (`declaration_flood_round_ratio`, then
+  `declaration_flood_next_round_ratio`: the sybils are passed over).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 
 import hivemind
 import psutil
+import torch
 
 from node.dht_node import start_loopback_dht
 from node.dht_quota import QuotaLimits, Standing
@@ -31,6 +38,7 @@ from node.identity import create_identity
 from node.membership import Membership, fetch_run_records
 from node.swarm import wait_until
 from tests.helpers.dht_attacks import flood_many_runs, standing_tier, store_sybil_records
+from tests.helpers.gather import SHAPES, averaged_together, dht_of, flood_declarations, gather_swarm
 from tests.helpers.members import validator_membership
 
 MIB = 2**20
@@ -143,9 +151,49 @@ def subkey_flood(counts: list[int]) -> dict[str, str]:
     return fields
 
 
+def declaration_flood(sybils: int = 1_100) -> dict[str, str]:
+    outer_hash = "0123456789abcdef"
+    seconds: list[float] = []
+    together: list[bool] = []
+    with gather_swarm(2) as pair:
+        attacker = hivemind.DHT(
+            start=True,
+            initial_peers=[str(a) for a in dht_of(pair[0]).get_visible_maddrs()],
+            host_maddrs=["/ip4/127.0.0.1/tcp/0"],
+        )
+        try:
+            for step in (1, 2, 3):
+                for averager in pair:
+                    averager.prepare_round(step, 0.0, outer_hash)
+                if step == 1:
+                    assert wait_until(lambda: all(len(a.peer_steps()) == 1 for a in pair), timeout_s=60)
+                else:
+                    flood_declarations(attacker, pair, step, outer_hash, count=sybils, seed=b"bench")
+                grads = [[torch.randn(s) * 0.01 for s in SHAPES] for _ in pair]
+                started = time.monotonic()
+                pending = [
+                    a.start_average(g, step=step, outer_hash=outer_hash)
+                    for a, g in zip(pair, grads, strict=True)
+                ]
+                outcomes = [p.result() for p in pending]
+                seconds.append(time.monotonic() - started)
+                together.append(averaged_together(outcomes))
+        finally:
+            attacker.shutdown()
+    print(f"matchmaking-key flood: {sybils} sybil round declarations; rounds of {seconds[0]:.1f} s clean, "
+          f"{seconds[1]:.1f} s flooded, {seconds[2]:.1f} s with the same sybils again; "
+          f"averaged together: {together}")  # fmt: skip
+    return {
+        "declaration_flood_rounds_averaged": f"{sum(together[1:])}/2",
+        "declaration_flood_round_ratio": f"{seconds[1] / seconds[0]:.2f}",
+        "declaration_flood_next_round_ratio": f"{seconds[2] / seconds[0]:.2f}",
+    }
+
+
 def run_dht_floods(quick: bool) -> dict[str, str]:
     """Part 4's figures (see the module docstring)."""
     return {
         **memory_flood(20_000 if quick else 100_000),
         **subkey_flood([1100] if quick else [1100, 10_000]),
+        **declaration_flood(),
     }

@@ -40,7 +40,11 @@ the run's signers known (`junk_receipts_stored_mib`, target <= 16) and without
 Part 4, floods of valid DHT records from fresh identities (`bench/_dht_flood.py`): the growth of
 a DHT node's memory under 100,000 records (20,000 with `--quick`; `dht_flood_rss_growth_mib`,
 target <= 64), and whether a newcomer still lists a run's honest nodes with 1,100 and 10,000 sybil
-records stored under the run's key (`subkey_flood_nodes_listed_frac`, target 1).
+records stored under the run's key (`subkey_flood_nodes_listed_frac`, target 1), and whether two
+trainers still average with each other under 1,100 valid round declarations from sybils with no host
+behind them (`declaration_flood_rounds_averaged`, target 2/2; each flooded round's time over a clean
+one's, `declaration_flood_round_ratio` and, the same sybils declaring again,
+`declaration_flood_next_round_ratio`).
 
 Part 5, a flood of outer-state downloads (`bench/_state_flood.py`): two gather trainers train while
 4 fresh identities with 4 download streams each ask one of them for its state without pause, in

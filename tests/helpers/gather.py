@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
+import hivemind
 import torch
 
 from node.collective.averager import GatherAverager
@@ -15,6 +17,8 @@ from node.collective.config import AveragingConfig
 from node.collective.round_types import RoundOutcome
 from node.dht_node import start_loopback_dht
 from node.swarm import wait_until
+from protocol.dht_keys import averaging_round_key
+from tests.helpers.dht_attacks import store_sybil_declarations
 
 SHAPES = [torch.Size([64, 33]), torch.Size([7])]
 PREFIX = "hivenet_diloco_gather_test"
@@ -90,3 +94,55 @@ def run_round(
         thread.join(120)
     assert all(o is not None for o in outcomes)
     return outcomes  # type: ignore[return-value]
+
+
+def dht_of(averager: GatherAverager) -> hivemind.DHT:
+    """The DHT `averager` runs on."""
+    dht = averager.rounds.dht
+    assert isinstance(dht, hivemind.DHT)
+    return dht
+
+
+def flood_declarations(
+    attacker: hivemind.DHT,
+    averagers: Sequence[GatherAverager],
+    step: int,
+    outer_hash: str,
+    *,
+    count: int,
+    seed: bytes,
+) -> None:
+    """Store `count` valid round declarations for `step` by sybils with no host behind them (numbered
+    from `seed`, so the same sybils can declare again) at every averager's DHT node, and wait until
+    the averagers read them."""
+    stored = attacker.run_coroutine(
+        partial(
+            store_sybil_declarations,
+            targets=[dht_of(a).peer_id for a in averagers],
+            key=averaging_round_key(PREFIX),
+            count=count,
+            seed=seed,
+            step=step,
+            outer_hash=outer_hash,
+            codec=averagers[0].rounds.codec.name,
+        ),
+        return_future=True,
+    ).result(timeout=300)
+    assert stored >= count, f"the flood was refused ({stored} stores): it tests nothing"
+    assert wait_until(
+        lambda: all(sum(s == step for s in a.peer_steps().values()) >= min(count, 1000) for a in averagers),
+        timeout_s=60,
+    ), "the sybils' declarations are not what the averagers read"
+
+
+def averaged_together(outcomes: Sequence[RoundOutcome]) -> bool:
+    """Whether every member averaged with all the others into the same bits."""
+    results = [o.averaged for o in outcomes]
+    first = results[0]
+    return (
+        all(o.in_sync and o.num_peers == len(outcomes) for o in outcomes)
+        and first is not None
+        and all(
+            r is not None and all(torch.equal(a, b) for a, b in zip(first, r, strict=True)) for r in results
+        )
+    )

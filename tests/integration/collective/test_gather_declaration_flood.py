@@ -12,48 +12,17 @@ round sends to nobody else, and each round says what it could not reach in one l
 
 from __future__ import annotations
 
-from functools import partial
-
 import hivemind
 import pytest
 import torch
 
 from node.collective.averager import GatherAverager
 from node.collective.round_types import RoundOutcome
-from node.swarm import wait_until
-from protocol.dht_keys import averaging_round_key
-from tests.helpers.dht_attacks import store_sybil_declarations
-from tests.helpers.gather import PREFIX, SHAPES, gather_swarm
+from tests.helpers.gather import SHAPES, averaged_together, dht_of, flood_declarations, gather_swarm
 
 SYBILS = 1_100
 SEED = b"declaration-flood"
 OUTER_HASH = "0123456789abcdef"
-
-
-def _dht(averager: GatherAverager) -> hivemind.DHT:
-    dht = averager.rounds.dht
-    assert isinstance(dht, hivemind.DHT)
-    return dht
-
-
-def _flood(attacker: hivemind.DHT, pair: list[GatherAverager], step: int) -> None:
-    stored = attacker.run_coroutine(
-        partial(
-            store_sybil_declarations,
-            targets=[_dht(a).peer_id for a in pair],
-            key=averaging_round_key(PREFIX),
-            count=SYBILS,
-            seed=SEED,
-            step=step,
-            outer_hash=OUTER_HASH,
-            codec=pair[0].rounds.codec.name,
-        ),
-        return_future=True,
-    ).result(timeout=300)
-    assert stored >= SYBILS, f"the flood was refused ({stored} stores): it tests nothing"
-    assert wait_until(
-        lambda: all(sum(s == step for s in a.peer_steps().values()) > 1_000 for a in pair), timeout_s=60
-    ), "the sybils' declarations are not what the trainers read"
 
 
 def _round(pair: list[GatherAverager], step: int) -> list[RoundOutcome]:
@@ -62,22 +31,12 @@ def _round(pair: list[GatherAverager], step: int) -> list[RoundOutcome]:
     return [p.result() for p in pending]
 
 
-def _averaged_together(outcomes: list[RoundOutcome]) -> bool:
-    first, second = (o.averaged for o in outcomes)
-    return (
-        all(o.in_sync and o.num_peers == 2 for o in outcomes)
-        and first is not None
-        and second is not None
-        and all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
-    )
-
-
 def test_a_flood_of_declarations_with_no_host_behind_them_hides_no_trainer(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level("INFO", logger="node.collective.service")
     with gather_swarm(2) as pair:
-        first = _dht(pair[0])
+        first = dht_of(pair[0])
         attacker = hivemind.DHT(
             start=True,
             initial_peers=[str(a) for a in first.get_visible_maddrs()],
@@ -87,10 +46,10 @@ def test_a_flood_of_declarations_with_no_host_behind_them_hides_no_trainer(
             for step in (1, 2):
                 for averager in pair:
                     averager.prepare_round(step, 0.0, OUTER_HASH)
-                _flood(attacker, pair, step)
+                flood_declarations(attacker, pair, step, OUTER_HASH, count=SYBILS, seed=SEED)
                 sent_before = [a.rounds.requests_sent for a in pair]
                 outcomes = _round(pair, step)
-                assert _averaged_together(outcomes), f"outer step {step}: {outcomes}"
+                assert averaged_together(outcomes), f"outer step {step}: {outcomes}"
                 if step == 2:  # the same sybils again: passed over, not tried
                     sent = [a.rounds.requests_sent - b for a, b in zip(pair, sent_before, strict=True)]
                     assert max(sent) <= 4, f"the second round still tried the sybils: {sent} requests"
