@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cli.errors import friendly_errors
+from cli.options import dialable_network_option
 from cli.output import echo_json, json_option, setup_logging
 from cli.rl import (
     CHEAT_CHOICES,
@@ -66,13 +67,7 @@ def _node_options(func: Any) -> Any:
             default=None,
             help="Behind NAT: look for relays, so that peers reach this node through one (env HIVENET_USE_AUTO_RELAY).",
         ),
-        click.option(
-            "--dialable-network",
-            "dialable_networks",
-            multiple=True,
-            help="A private network (e.g. 10.0.0.0/8) whose peers this node dials like public ones: a swarm "
-            "on a LAN, cluster or lab (repeatable; env HIVENET_DIALABLE_NETWORKS).",
-        ),
+        dialable_network_option,
         click.option("--status-file", type=click.Path(path_type=Path), help="Write a JSON status here."),
         click.option("--status-port", type=int, help="Serve JSON status on 127.0.0.1:PORT/status."),
         click.option(

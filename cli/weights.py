@@ -32,6 +32,7 @@ import click
 from pydantic import BaseModel, ConfigDict, Field
 
 from cli.errors import friendly_errors
+from cli.options import dialable_network_option
 from cli.output import echo_json, json_option, setup_logging
 from node.runtime import offload
 from node.shutdown import StopRequest
@@ -69,6 +70,8 @@ class WeightsOptions(BaseModel):
     upload_bytes_per_s: float | None = None
     timeout_s: float | None = None
     """How long to keep trying the seeds; None: HIVENET_BOOTSTRAP_TIMEOUT_S or the node default (30 s)."""
+    dialable_networks: list[str] = Field(default_factory=list)
+    """Private networks whose peers are dialed like public ones; empty: HIVENET_DIALABLE_NETWORKS or none."""
     verbose: bool = False
 
     def node_config(self) -> NodeConfig:
@@ -81,6 +84,7 @@ class WeightsOptions(BaseModel):
             port=self.port,
             bootstrap_timeout_s=self.timeout_s,
             identity_path=self.identity_path,
+            dialable_networks=self.dialable_networks or None,
         )
 
     def broadcast_config(
@@ -124,6 +128,7 @@ _SHARED_OPTIONS = [
         help="Cap this node's upload in bytes/s (application-level).",
     ),
     click.option("--timeout", "timeout_s", type=float, help="Seconds to reach seeds (default 30)."),
+    dialable_network_option,
     click.option("-v", "--verbose", is_flag=True, help="Debug logging."),
 ]
 

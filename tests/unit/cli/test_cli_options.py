@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from cli.main import cli
 from cli.output import setup_logging
 from cli.train import build_trainer_config, resolve_trainer_options
+from cli.weights import WeightsOptions, weights_options
 from protocol.errors import ConfigError
 
 
@@ -200,3 +201,19 @@ def test_the_torch_free_task_names_are_the_registrys() -> None:
     from training.tasks.registry import BUILTIN_TASKS
 
     assert set(BUILTIN_TASK_NAMES) == set(BUILTIN_TASKS)
+
+
+def test_the_weights_commands_dial_the_private_networks_they_are_told_to() -> None:
+    # `hivenet weights fetch` in a lab or on a LAN could not reach a publisher at a private address.
+    seen: list[WeightsOptions] = []
+
+    @click.command()
+    @weights_options
+    def probe(options: WeightsOptions) -> None:
+        seen.append(options)
+
+    result = CliRunner().invoke(probe, ["--run", "lab", "--dialable-network", "10.77.0.0/16"])
+    assert result.exit_code == 0, result.output
+    assert seen[0].node_config().dialable_networks == ["10.77.0.0/16"]
+    assert CliRunner().invoke(probe, ["--run", "lab"]).exit_code == 0
+    assert seen[1].node_config().dialable_networks == []
