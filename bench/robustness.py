@@ -52,6 +52,12 @@ phases alternating with clean ones. Reported: the victim's median inner-step tim
 clean (`flood_step_slowdown`, target <= 0.05), the state bytes it uploaded per second of flood
 (`flood_upload_mb_per_s`) and the requests it refused (`flood_refusals`). About 30 s with `--quick`.
 
+Part 6, free identities and hostile strings (`bench/_sybil_attacks.py`): how many honest trainers
+take a poisoned state that fresh identities agree on, running gather trainers and DiLoCo and RL
+resyncs (`sybil_state_accepted`, target 0), and how many hostile verdict strings (markup, escapes,
+control characters, huge) break an inference worker's reporting path or reach its terminal as
+escapes (`worker_killed_by_string`, target 0). Under a minute.
+
     python bench/robustness.py --quick   # 10 outer steps of H=20 + part 2 (under 2 minutes on 2 cores)
     python bench/robustness.py           # 30 outer steps of H=50 (~15 minutes on 2 cores) + part 2
     python bench/robustness.py --quick --compression sparse   # part 1's contributions through the sparse codec
@@ -81,6 +87,7 @@ from bench._dht_flood import run_dht_floods  # noqa: E402
 from bench._receipt_flood import run_receipt_flood  # noqa: E402
 from bench._robustness_attacks import run_attacks  # noqa: E402
 from bench._state_flood import run_state_flood  # noqa: E402
+from bench._sybil_attacks import run_sybil_attacks  # noqa: E402
 from node.collective.aggregate import aggregate_contributions  # noqa: E402
 from node.collective.codecs import PseudoGradCodec, codec_for  # noqa: E402
 from node.collective.config import AveragingConfig  # noqa: E402
@@ -368,6 +375,7 @@ def main() -> None:
     fields.update(run_receipt_flood(quick=args.quick))
     fields.update(run_dht_floods(quick=args.quick))
     fields.update(run_state_flood(quick=args.quick))
+    fields.update(run_sybil_attacks())
     fields.update(rule=args.rule, compression=args.compression, H=str(args.inner_steps),
                   outer_steps=str(args.outer_steps))  # fmt: skip
     if args.compression == "sparse":

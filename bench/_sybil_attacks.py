@@ -1,0 +1,191 @@
+"""Part 6 of `bench/robustness.py`: free identities against a trainer's state, and a peer's string against a worker.
+
+* **Sybil-agreed state** (`sybil_state_accepted`, target 0): how many honest trainers take a poisoned
+  state that several fresh identities agree on, over three scenarios. (1) Two trainers of a gather
+  run that have averaged together; three identities declare outer step 50 and serve one consistent
+  poisoned state: a trainer counts as taken if its next round does not average with its partner in
+  sync, or if a resync download would hand it the state. (2) A DiLoCo trainer outvoted by its group
+  resyncs, and the state on offer (as two agreeing sources would serve it) is large random weights:
+  taken if the trainer adopts it. (3) The same for an RL trainer's DiLoCo resync.
+* **A peer's string against a worker** (`worker_killed_by_string`, target 0): a validator signs
+  verdicts whose reason and detail are hostile text (rich markup, ANSI and OSC escapes, control
+  characters, line breaks, a huge string); each goes through the worker's own path, opened as the
+  worker opens it and reported through the line printer `hivenet join` gives an inference worker,
+  on a terminal console. Counted: strings that raised out of the worker's reporting path, or put an
+  escape or bell character on the terminal.
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from types import SimpleNamespace
+
+import torch
+from rich.console import Console
+
+from cli.output import plain_printer
+from node.collective.outer_state import OuterState
+from node.swarm import wait_until
+from protocol import rollouts_pb2 as rpb
+from protocol.envelope import seal
+from protocol.errors import InvalidMessage
+from protocol.rollout_messages import DOMAIN_VERDICT, open_verdict
+from tests.helpers.gather import SHAPES, gather_swarm, run_round
+from tests.helpers.rl_diloco import FixedStateSource, OutvotedAverager, scored_groups
+from tests.helpers.rollouts import RUN, key, peer_bytes
+from training.diloco import DiLoCoConfig, DiLoCoTrainer
+from training.grpo import GRPOConfig
+from training.model import ModelConfig, TinyGPT
+from training.rl_diloco import DiLoCoUpdates, OuterVersionLearner
+from training.rl_run import RLDiLoCoConfig
+from training.rl_worker import GroupReport, InferenceWorker
+
+HONEST_HASH = "00" * 8
+TINY = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=96)
+HOSTILE_TEXT = [
+    "[/bold]",
+    "[red]x[/red]",
+    "[link=http://x]y",
+    "\x1b[31mred",
+    "\x1b]8;;http://x\x07click",
+    "a\nb",
+    "\r\x00",
+    "\u202e",
+    "[" * 100_000,
+    "[/]" * 1000,
+]
+NOW = 1_800_000_000.0
+
+
+def _gather_trainers_taken() -> int:
+    """Scenario (1): how many of the two running trainers gave up their state for the sybils'."""
+
+    def one_round(averagers: list, step: int) -> list:  # type: ignore[type-arg]
+        grads = [[torch.randn(s) * 0.01 for s in SHAPES] for _ in averagers]
+        return run_round(averagers, step, grads, [HONEST_HASH] * len(averagers))
+
+    with gather_swarm(5) as (a0, a1, *sybils):
+        honest = [a0, a1]
+        assert all(o.num_peers == 2 and o.in_sync for o in one_round(honest, 0))
+        poisoned = OuterState([torch.full(s, 7.0) for s in SHAPES], [torch.zeros(s) for s in SHAPES], 50)
+        for sybil in sybils:
+            sybil.set_state_provider(poisoned.clone)
+            sybil.prepare_round(50, 0.0, poisoned.hash())
+            sybil.publish_step(50)
+        assert wait_until(lambda: sum(v == 50 for v in a0.peer_steps().values()) == 3, timeout_s=60)
+        outcomes = one_round(honest, 1)
+        taken = 0
+        for averager, outcome in zip(honest, outcomes, strict=True):
+            fetched = averager.fetch_state(newer_than=1, wait_s=0.0)
+            moved = fetched is not None and fetched.hash() == poisoned.hash()
+            taken += int(moved or not (outcome.in_sync and outcome.num_peers == 2))
+        return taken
+
+
+def _poisoned_like(model: torch.nn.Module, step: int) -> OuterState:
+    gen = torch.Generator().manual_seed(7)
+    params = [torch.randn(p.shape, generator=gen) * 50.0 for p in model.parameters()]
+    return OuterState(params, [torch.zeros_like(p) for p in params], step)
+
+
+def _diloco_resync_taken() -> int:
+    """Scenario (2): whether an outvoted DiLoCo trainer adopts the poisoned state on offer."""
+    torch.manual_seed(0)
+    model = TinyGPT(ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=32))
+    text = torch.tensor(list(b"abcabcabd" * 40), dtype=torch.long)
+    gen = torch.Generator().manual_seed(1)
+
+    def batch() -> torch.Tensor:
+        starts = torch.randint(0, len(text) - 17, (4,), generator=gen).tolist()
+        return torch.stack([text[s : s + 17] for s in starts])
+
+    poisoned = _poisoned_like(model, 50)
+    trainer = DiLoCoTrainer(
+        model,
+        DiLoCoConfig(inner_steps=3, max_outer_steps=1, inner_warmup_steps=0),
+        next_batch=batch,
+        averager=OutvotedAverager(),
+        state_source=FixedStateSource(poisoned),
+        eval_batches=[batch(), batch()],
+    )
+    reports = trainer.run(threading.Event())
+    return int(any(r.resynced for r in reports) or trainer.state.hash() == poisoned.hash())
+
+
+def _rl_resync_taken() -> int:
+    """Scenario (3): whether an outvoted RL DiLoCo trainer adopts the poisoned state on offer."""
+    torch.manual_seed(4)
+    policy = TinyGPT(TINY)
+    poisoned = _poisoned_like(policy, 1)
+    grpo = GRPOConfig(group_size=4, groups_per_step=1, async_level=1, lr=1e-2)
+    learner = OuterVersionLearner(policy, grpo, inner_steps=1, outer_version=0)
+    updates = DiLoCoUpdates(
+        learner, RLDiLoCoConfig(inner_steps=1), OutvotedAverager(), state_source=FixedStateSource(poisoned)
+    )
+    updates.step(scored_groups(8, 0))
+    return int(updates.records[-1].resynced or updates.state.hash() == poisoned.hash())
+
+
+def sybil_state() -> dict[str, str]:
+    scenarios = {
+        "running gather trainers (of 2)": _gather_trainers_taken(),
+        "DiLoCo resync (of 1)": _diloco_resync_taken(),
+        "RL DiLoCo resync (of 1)": _rl_resync_taken(),
+    }
+    for name, taken in scenarios.items():
+        print(f"sybil-agreed state: {name}: {taken} took it")
+    return {"sybil_state_accepted": str(sum(scenarios.values()))}
+
+
+def _killed_by(text: str, validator: object) -> bool:
+    """Whether `text` as a verdict's reason and as its detail broke the worker's reporting path."""
+    killed = False
+    for reason, detail in ((text, "detail"), ("reward_error", text)):
+        verdict = rpb.RolloutVerdict(
+            worker=peer_bytes(key("bench worker")), rollout_hash=b"\x01" * 32, accepted=False,
+            reason=reason, detail=detail, issued_at=NOW,
+        )  # fmt: skip
+        try:  # a hostile validator signs whatever it likes
+            sealed = seal(
+                validator,  # type: ignore[arg-type]
+                domain=DOMAIN_VERDICT,
+                run_id=RUN,
+                payload=verdict.SerializeToString(),
+                expires_at=NOW + 60,
+                seq=0,
+            )
+            _, opened = open_verdict(sealed, run_id=RUN, validator=peer_bytes(validator), now=NOW)  # type: ignore[arg-type]
+        except InvalidMessage:  # refused where it is parsed: nothing reaches the worker
+            continue
+        report = GroupReport(1, 0, "validatr", 10, 0.5)
+        report.rejected[opened.reason] += 1
+        out = io.StringIO()
+        printer = plain_printer(Console(file=out, force_terminal=True, width=100))
+        worker = SimpleNamespace(
+            node=SimpleNamespace(short_id="w0"),
+            reports=[],
+            on_group=lambda r, p=printer, d=opened.detail: p(f"{r.describe()} {d}"),  # type: ignore[misc]
+        )
+        try:
+            InferenceWorker._report(worker, report)  # type: ignore[arg-type]
+        except Exception:
+            killed = True
+        printed = out.getvalue()
+        if "\x1b" in printed or "\x07" in printed:  # an unstyled line has no escape of its own
+            killed = True
+    return killed
+
+
+def worker_strings() -> dict[str, str]:
+    validator = key("bench hostile validator")
+    killed = [text[:20] for text in HOSTILE_TEXT if _killed_by(text, validator)]
+    print(
+        f"hostile verdict strings: {len(HOSTILE_TEXT)} tried, {len(killed)} broke the worker's reporting {killed}"
+    )
+    return {"worker_killed_by_string": str(len(killed))}
+
+
+def run_sybil_attacks() -> dict[str, str]:
+    """Part 6's figures (see the module docstring)."""
+    return {**sybil_state(), **worker_strings()}
