@@ -303,9 +303,8 @@ class AveragingService(FramedService):
         book: RoundBook,
         also: Collection[bytes] = (),
     ) -> list[bytes]:
-        """The round's members as `round_candidates` picks them, passing over those this round could
-        not reach: a declaration is free to sign, so one with no live host behind it must not keep
-        a place that a reachable trainer needs."""
+        """The round's members as `round_candidates` picks them, passing over those it could not reach
+        (a declaration is free: one with no host behind it must not keep a reachable trainer's place)."""
         return round_candidates(
             declared,
             step,
@@ -400,6 +399,8 @@ class AveragingService(FramedService):
             self.label, step, _short(book.contributions), _short(book.commits), _short(final),
         )  # fmt: skip
         refused = {p for p in book.refused_ours if p in final and p not in book.commits}
+        if any(p in self.standing for p in final if p != self.me):
+            refused &= self.standing  # members of standing decide the set: a stranger's view is its own
         if self.me in final and refused:
             # A member whose contribution we hold refused ours (its gather was over, or it had moved
             # on) and we have no commit of it: it aggregates a set without us that we cannot know.

@@ -822,6 +822,41 @@ def test_a_member_that_refused_our_contribution_without_a_commit_makes_us_resync
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("refuser_has_standing", [False, True])
+def test_a_refusal_without_a_commit_moves_a_trainer_with_standing_only_if_the_refuser_has_standing(
+    refuser_has_standing: bool,
+) -> None:
+    # A stranger (a fresh identity with a live host) that sends its contribution and refuses ours
+    # made every round of a running trainer end in a resync: one identity stopped its progress. With
+    # a member of standing in the round, the members of standing decide the set: the stranger's
+    # contribution counts only as their commits hold it, and what it aggregates itself is its own
+    # affair (a member of standing that refuses ours still makes us resync, as before).
+    def respond(peer: bytes, message: pb.RoundMessage) -> pb.RoundReply:
+        if peer == peer_bytes(ATTACKER):
+            if message.HasField("contribution"):
+                return pb.RoundReply(error="this round's gather is over")
+            return pb.RoundReply()  # and never a commit
+        return StandInP2P.agreeing(p2p, peer, message)
+
+    async def main() -> None:
+        service = await make_service(p2p=p2p)
+        a, stranger = peer_bytes(MEMBER_A), peer_bytes(ATTACKER)
+        service.standing.add(a)
+        if refuser_has_standing:
+            service.standing.add(stranger)
+        assert await send(service, MEMBER_A, contribution(MEMBER_A, seed=1)) == pb.RoundReply()
+        assert await send(service, ATTACKER, contribution(ATTACKER, seed=2)) == pb.RoundReply()
+        service.declared = {a: declaration()}
+        outcome = await _run_round(service)
+        if refuser_has_standing:
+            assert (outcome.in_sync, outcome.averaged) == (False, None)
+        else:
+            assert outcome.in_sync and outcome.num_peers == 3, outcome
+
+    p2p = StandInP2P(respond)
+    asyncio.run(main())
+
+
 def test_a_contribution_too_late_for_the_gather_is_answered_with_the_commit_that_leaves_it_out() -> None:
     # Seen in the churn soak: a joiner's contribution reached the members after their gathers had
     # ended, their commits never reached it, and it aggregated a set with itself in it while they
