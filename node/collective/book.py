@@ -30,7 +30,10 @@ from dataclasses import dataclass, field
 from protocol import collective_pb2 as pb
 from protocol.averaging_round import ContributionHeader
 
-__all__ = ["Received", "RoundBook"]
+__all__ = ["MAX_SEND_ATTEMPTS", "Received", "RoundBook"]
+
+MAX_SEND_ATTEMPTS = 3
+"""Most times a gather sends our contribution to one member whose service did not take it."""
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,17 @@ class RoundBook:
         if peer not in self.commits:
             self.commits[peer] = held
             self.changed.set()
+
+    def not_delivered(self, peer: bytes, *, lost: bool = False) -> None:
+        """Our contribution did not reach `peer`: its next request gets it in the answer, and the
+        gather may send it again. After `MAX_SEND_ATTEMPTS` sends lost in transport the gather
+        stops waiting for it (a trainer killed since the last round costs one deadline otherwise)."""
+        self.sent_contribution.discard(peer)
+        if lost:
+            self.lost_sends[peer] += 1
+            if self.lost_sends[peer] >= MAX_SEND_ATTEMPTS:
+                self.unreachable.add(peer)
+        self.changed.set()
 
     def held(self) -> dict[bytes, bytes]:
         """{peer: payload hash} of the contributions held now."""

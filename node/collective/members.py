@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Mapping
 
 from protocol.averaging_round import RoundDeclaration
 
-__all__ = ["PassedOver", "left_behind", "live_standing", "round_candidates", "state_sources"]
+__all__ = ["PassedOver", "catching_up", "left_behind", "live_standing", "round_candidates", "state_sources"]
 
 
 PASS_OVER_ROUNDS = 3
@@ -53,6 +53,14 @@ def left_behind(declared: Mapping[bytes, RoundDeclaration], step: int, standing:
     live = live_standing(declared, standing)
     counted = [d.step for p, d in declared.items() if not live or p in live]
     return bool(counted) and statistics.median_low([*counted, step]) > step
+
+
+def catching_up(declared: Mapping[bytes, RoundDeclaration], step: int, *, me: bytes) -> bool:
+    """Whether a live trainer other than `me` still declares the step before `step`: one that is
+    resyncing, joining or slower, whose contribution to `step`'s round may still come. A member
+    alone waits for it: a state averaged alone has no second witness, and the trainers its round
+    left out would resync to it (or fail to) and be late again."""
+    return any(p != me and d.step == step - 1 and not d.final for p, d in declared.items())
 
 
 def round_candidates(

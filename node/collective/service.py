@@ -40,12 +40,12 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.p2p import P2P, PeerID
 
 from node.bans import BanList
-from node.collective.book import Received, RoundBook
+from node.collective.book import MAX_SEND_ATTEMPTS, Received, RoundBook
 from node.collective.codecs import PseudoGradCodec
 from node.collective.config import AveragingConfig
 from node.collective.declarations import DeclarationBoard
 from node.collective.intake import MAX_COMMIT_ENVELOPE_BYTES, RoundIntake
-from node.collective.members import PassedOver, left_behind, round_candidates
+from node.collective.members import PassedOver, catching_up, left_behind, round_candidates
 from node.collective.outcome import tally_round
 from node.collective.round_types import RoundOutcome
 from node.collective.sealing import seal_for_round
@@ -72,8 +72,6 @@ logger = logging.getLogger(__name__)
 
 _FRAME_SLACK_BYTES = 64 * 1024
 """Room in a frame for a contribution's signed header, or for a whole commit."""
-_MAX_SEND_ATTEMPTS = 3
-"""Most times a gather sends our contribution to one member whose service did not take it."""
 _REDISCOVER_S = 1.0
 """While a gather waits, how often it looks for members that declared the round since it started."""
 
@@ -249,12 +247,15 @@ class AveragingService(FramedService):
                 expected = self._candidates(declared, step, book, also=expected)
                 book.prefer([self.me, *expected])
             for peer in {*expected, *book.contributions} - sent - book.given_contribution:
-                if attempts[peer] < _MAX_SEND_ATTEMPTS:
+                if attempts[peer] < MAX_SEND_ATTEMPTS:
                     attempts[peer] += 1
                     sent.add(peer)
                     self._spawn(self._send(peer, message, book))
             now = time.monotonic()
-            gathered = self._gathered(book, expected)
+            alone = len(book.contributions) == 1  # then it waits for trainers on the step before too
+            gathered = self._gathered(book, expected) and not (
+                alone and catching_up(declared, step, me=self.me)
+            )
             if now >= deadline or (gathered and now >= min_end):
                 break
             wake = min_end if gathered else deadline
@@ -350,7 +351,7 @@ class AveragingService(FramedService):
             if message.HasField("contribution"):
                 if reply.error:
                     book.refused_ours.add(peer)
-                    self._not_delivered(book, peer)
+                    book.not_delivered(peer)
                 else:
                     book.refused_ours.discard(peer)
             if reply.HasField("contribution") and book.gathering:
@@ -364,19 +365,7 @@ class AveragingService(FramedService):
         except (RolloutTransportError, OSError) as exc:  # the gather's end sums up the unreachable
             logger.debug("%s: averaging exchange with %s failed: %s", self.label, PeerID(peer), exc)
             if message.HasField("contribution"):
-                self._not_delivered(book, peer, lost=True)
-
-    @staticmethod
-    def _not_delivered(book: RoundBook, peer: bytes, *, lost: bool = False) -> None:
-        """Our contribution did not reach `peer`: its next request gets it in the answer, and the
-        gather may send it again. After `_MAX_SEND_ATTEMPTS` sends lost in transport the gather
-        stops waiting for it (a trainer killed since the last round costs one deadline otherwise)."""
-        book.sent_contribution.discard(peer)
-        if lost:
-            book.lost_sends[peer] += 1
-            if book.lost_sends[peer] >= _MAX_SEND_ATTEMPTS:
-                book.unreachable.add(peer)
-        book.changed.set()
+                book.not_delivered(peer, lost=True)
 
     async def _commit(
         self, book: RoundBook, step: int, held: dict[bytes, bytes], gather_deadline: float

@@ -857,6 +857,34 @@ def test_a_refusal_without_a_commit_moves_a_trainer_with_standing_only_if_the_re
     asyncio.run(main())
 
 
+def test_a_gather_alone_waits_for_a_trainer_still_on_the_step_before() -> None:
+    # Seen in the churn soak under load: the only other trainers were resyncing (declaring the step
+    # before) when a member's gather began; it ended alone at once, refused their contributions as
+    # too late, and left them to resync to a state nobody could confirm: the run stalled.
+    async def main() -> None:
+        p2p = StandInP2P()
+        service = await make_service(p2p=p2p, gather_timeout_s=30.0)
+        b = peer_bytes(MEMBER_B)
+        service.declared = {b: declaration(STEP - 1)}
+        await service.start()
+        try:
+            task = asyncio.ensure_future(service.average(STEP, tensors(50), HASH))
+
+            def started() -> bool:
+                book = service.intake.books.get(STEP)
+                return task.done() or (book is not None and book.own_contribution is not None)
+
+            await async_wait_until(started, 10, 0.01)
+            reply = await send(service, MEMBER_B, contribution(MEMBER_B, seed=3))
+            assert not reply.error, reply.error  # the gather was still open
+            outcome = await asyncio.wait_for(task, 30)
+        finally:
+            await service.stop()
+        assert outcome.in_sync and outcome.num_peers == 2, outcome
+
+    asyncio.run(main())
+
+
 def test_a_contribution_too_late_for_the_gather_is_answered_with_the_commit_that_leaves_it_out() -> None:
     # Seen in the churn soak: a joiner's contribution reached the members after their gathers had
     # ended, their commits never reached it, and it aggregated a set with itself in it while they

@@ -7,6 +7,7 @@ from __future__ import annotations
 from node.collective.members import (
     PASS_OVER_ROUNDS,
     PassedOver,
+    catching_up,
     left_behind,
     live_standing,
     round_candidates,
@@ -74,3 +75,12 @@ def test_members_a_round_could_not_reach_are_passed_over_for_the_next_rounds_onl
     assert not passed.passes_over(other, 5)
     passed.remember([ghost], step=4 + PASS_OVER_ROUNDS)  # still unreachable: passed over again
     assert passed.passes_over(ghost, 5 + PASS_OVER_ROUNDS)
+
+
+def test_a_trainer_declaring_the_step_before_is_catching_up_unless_its_run_ended() -> None:
+    me, other = b"me", b"other"
+    assert catching_up({other: _declared(4)}, 5, me=me)
+    assert not catching_up({other: _declared(5)}, 5, me=me)  # a candidate of the round itself
+    assert not catching_up({other: _declared(3)}, 5, me=me)
+    assert not catching_up({me: _declared(4)}, 5, me=me)
+    assert not catching_up({other: _declared(4, final=True)}, 5, me=me)
