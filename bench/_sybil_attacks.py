@@ -13,26 +13,47 @@
   worker opens it and reported through the line printer `hivenet join` gives an inference worker,
   on a terminal console. Counted: strings that raised out of the worker's reporting path, or put an
   escape or bell character on the terminal.
+* **Rogue validators** (`rogue_validator_groups_lost`, target 0): an RL run on 127.0.0.1 (a trainer
+  with its validator, one inference worker) and two nodes that anyone could start, announcing the
+  validator role; the worker sees both and generates 12 groups. Counted: groups the rogues got
+  (judged, or reported to the worker as theirs), which the run would never train on.
+* **Records that aim at third parties** (`third_party_dials`, target 0): a fake validator record
+  lists 13 ports of another public host and 3 private addresses (16: the most a record holds); no seed the worker trusts
+  attested any of them. The worker's dialler (`node.rollouts.peers.connect_member`, recording
+  instead of dialling) connects five times, as a worker asking for tickets and submitting does.
+  Counted: addresses dialled.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
+import tempfile
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from hivemind.p2p import PeerID
 from rich.console import Console
 
 from cli.output import plain_printer
+from node.broadcast.dialing import HolderDialer
 from node.collective.outer_state import OuterState
+from node.identity import create_identity
+from node.rollouts.peers import connect_member
 from node.swarm import wait_until
 from protocol import rollouts_pb2 as rpb
 from protocol.envelope import seal
 from protocol.errors import InvalidMessage
+from protocol.node_record import Role
 from protocol.rollout_messages import DOMAIN_VERDICT, open_verdict
 from tests.helpers.gather import SHAPES, gather_swarm, run_round
+from tests.helpers.members import live_member
+from tests.helpers.receipts import new_peer
+from tests.helpers.recording_p2p import RecordingP2P
 from tests.helpers.rl_diloco import FixedStateSource, OutvotedAverager, scored_groups
+from tests.helpers.rl_loop import LoopbackNodes, tiny_run
 from tests.helpers.rollouts import RUN, key, peer_bytes
 from training.diloco import DiLoCoConfig, DiLoCoTrainer
 from training.grpo import GRPOConfig
@@ -40,6 +61,7 @@ from training.model import ModelConfig, TinyGPT
 from training.rl_diloco import DiLoCoUpdates, OuterVersionLearner
 from training.rl_run import RLDiLoCoConfig
 from training.rl_worker import GroupReport, InferenceWorker
+from verification.rl_roles import StandaloneValidator, start_rl_trainer
 
 HONEST_HASH = "00" * 8
 TINY = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=96)
@@ -186,6 +208,61 @@ def worker_strings() -> dict[str, str]:
     return {"worker_killed_by_string": str(len(killed))}
 
 
+def rogue_validators(groups: int = 12) -> dict[str, str]:
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        trainer_id = create_identity(root / "trainer.key").peer_id.to_base58()
+        config = tiny_run(None, async_level=4, authorized_publishers=[trainer_id])
+        nodes = LoopbackNodes(root, config.run_id)
+        trainer = worker = None
+        try:
+            trainer, _ = start_rl_trainer(
+                nodes.add("trainer", [Role.TRAINER, Role.VALIDATOR]), config, TinyGPT(TINY)
+            )
+            rogues = [
+                StandaloneValidator(nodes.add(f"rogue{i}", [Role.VALIDATOR]), config).start()
+                for i in range(2)
+            ]
+            worker = InferenceWorker(nodes.add("worker", [Role.INFERENCE]), config).start()
+            rogue_ids = {r.node.identity.peer_id for r in rogues}
+            assert wait_until(
+                lambda: rogue_ids <= {v.peer_id for v in worker.node.discover(Role.VALIDATOR)}, 60.0
+            ), "the worker never saw the rogue validators: the attack would prove nothing"
+            seen = len(worker.reports)
+            assert wait_until(lambda: len(worker.reports) >= seen + groups, 300.0)
+            rogue_names = {r.node.short_id for r in rogues}
+            reported = sum(r.validator in rogue_names for r in worker.reports)
+            judged = sum(r.validator.stats().groups for r in rogues)
+        finally:
+            if worker is not None:
+                worker.stop()
+            if trainer is not None:
+                trainer.stop()
+            nodes.close()
+    print(f"rogue validators: the worker generated {len(worker.reports)} groups; the two rogues judged "
+          f"{judged}, and {reported} were reported as theirs")  # fmt: skip
+    return {"rogue_validator_groups_lost": str(max(judged, reported))}
+
+
+def third_party_dials(attempts: int = 5) -> dict[str, str]:
+    victim = tuple(f"/ip4/93.184.216.34/tcp/{port}" for port in range(9000, 9013))
+    private = ("/ip4/10.0.0.5/tcp/22", "/ip4/127.0.0.1/tcp/6379", "/ip4/169.254.169.254/tcp/80")
+    p2p = RecordingP2P(reachable=False)
+
+    async def public_node() -> tuple[str, ...]:
+        return ("/ip4/198.51.100.7/tcp/31337",)
+
+    _, seed = new_peer()
+    dialer = HolderDialer(p2p, PeerID(new_peer()[1]), public_node, {seed})  # type: ignore[arg-type]
+    member = live_member(new_peer()[1], private + victim, name="fake validator")
+    for _ in range(attempts):
+        asyncio.run(connect_member(dialer, member))
+    print(f"third-party addresses: a fake validator record of {len(victim) + len(private)} addresses, "
+          f"{attempts} connection attempts: {len(p2p.dialled)} dials")  # fmt: skip
+    return {"third_party_dials": str(len(p2p.dialled))}
+
+
 def run_sybil_attacks() -> dict[str, str]:
     """Part 6's figures (see the module docstring)."""
-    return {**sybil_state(), **worker_strings()}
+    return {**sybil_state(), **worker_strings(), **rogue_validators(), **third_party_dials()}
