@@ -48,8 +48,9 @@ from protocol.envelope import seal
 from protocol.errors import InvalidMessage
 from protocol.node_record import Role
 from protocol.rollout_messages import DOMAIN_VERDICT, open_verdict
-from tests.helpers.gather import SHAPES, gather_swarm, run_round
+from tests.helpers.fuzzing import HOSTILE_TEXT_SAMPLES
 from tests.helpers.members import live_member
+from tests.helpers.poisoning import sybil_state_round
 from tests.helpers.receipts import new_peer
 from tests.helpers.recording_p2p import RecordingP2P
 from tests.helpers.rl_diloco import FixedStateSource, OutvotedAverager, scored_groups
@@ -65,44 +66,18 @@ from verification.rl_roles import StandaloneValidator, start_rl_trainer
 
 HONEST_HASH = "00" * 8
 TINY = ModelConfig(d_model=32, n_layers=1, n_heads=2, max_seq_len=96)
-HOSTILE_TEXT = [
-    "[/bold]",
-    "[red]x[/red]",
-    "[link=http://x]y",
-    "\x1b[31mred",
-    "\x1b]8;;http://x\x07click",
-    "a\nb",
-    "\r\x00",
-    "\u202e",
-    "[" * 100_000,
-    "[/]" * 1000,
-]
+HOSTILE_TEXT = [*HOSTILE_TEXT_SAMPLES, "[" * 100_000, "[/]" * 1000]
 NOW = 1_800_000_000.0
 
 
 def _gather_trainers_taken() -> int:
     """Scenario (1): how many of the two running trainers gave up their state for the sybils'."""
-
-    def one_round(averagers: list, step: int) -> list:  # type: ignore[type-arg]
-        grads = [[torch.randn(s) * 0.01 for s in SHAPES] for _ in averagers]
-        return run_round(averagers, step, grads, [HONEST_HASH] * len(averagers))
-
-    with gather_swarm(5) as (a0, a1, *sybils):
-        honest = [a0, a1]
-        assert all(o.num_peers == 2 and o.in_sync for o in one_round(honest, 0))
-        poisoned = OuterState([torch.full(s, 7.0) for s in SHAPES], [torch.zeros(s) for s in SHAPES], 50)
-        for sybil in sybils:
-            sybil.set_state_provider(poisoned.clone)
-            sybil.prepare_round(50, 0.0, poisoned.hash())
-            sybil.publish_step(50)
-        assert wait_until(lambda: sum(v == 50 for v in a0.peer_steps().values()) == 3, timeout_s=60)
-        outcomes = one_round(honest, 1)
-        taken = 0
-        for averager, outcome in zip(honest, outcomes, strict=True):
-            fetched = averager.fetch_state(newer_than=1, wait_s=0.0)
-            moved = fetched is not None and fetched.hash() == poisoned.hash()
-            taken += int(moved or not (outcome.in_sync and outcome.num_peers == 2))
-        return taken
+    result = sybil_state_round()
+    taken = 0
+    for outcome, offered in zip(result.outcomes, result.offered, strict=True):
+        moved = offered is not None and offered.hash() == result.poisoned.hash()
+        taken += int(moved or not (outcome.in_sync and outcome.num_peers == 2))
+    return taken
 
 
 def _poisoned_like(model: torch.nn.Module, step: int) -> OuterState:

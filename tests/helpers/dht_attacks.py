@@ -37,23 +37,17 @@ async def send_raw_store(_dht: Any, node: Any, target: PeerID, request: bytes) -
 
 async def store_declaration(_dht: Any, node: Any, target: PeerID, key: str) -> list[bool] | None:
     """Store one valid signed round declaration (by a fresh key, under its subkey) at `target`."""
-    signer = Ed25519PrivateKey.generate()
-    expires = time.time() + 30
-    envelope = seal(
-        signer,
-        domain=ROUND_DECLARATION_DOMAIN,
-        run_id="",
-        dht_key=key,
-        expires_at=expires,
-        seq=1,
-        payload=RoundDeclaration(1, "0123456789abcdef", "int8", expires, True).payload(),
+    ((subkey, value, expires),) = sybil_round_declarations(
+        key,
+        range(1),
+        seed=secrets.token_bytes(16),
+        step=1,
+        outer_hash="0123456789abcdef",
+        codec="int8",
+        ttl_s=30,
     )
     result = await node.protocol.call_store(
-        target,
-        [DHTID.generate(source=key)],
-        [MSGPackSerializer.dumps(envelope)],
-        [expires],
-        subkeys=[signed_subkey(PeerID(peer_id_from_private_key(signer)).to_base58())],
+        target, [DHTID.generate(source=key)], [value], [expires], subkeys=[subkey]
     )
     return None if result is None else list(result)
 

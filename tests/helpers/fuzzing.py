@@ -22,6 +22,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+HOSTILE_TEXT_SAMPLES = (
+    "[/bold]",
+    "[red]x[/red]",
+    "[link=http://x]y",
+    "\x1b[31mred",
+    "\x1b]8;;http://x\x07click",
+    "a\nb",
+    "\r\x00",
+    "\u202e",
+)
+"""Text a hostile peer sends to be printed: rich markup, ANSI and OSC escapes, control characters,
+a line break, a right-to-left override."""
+
 FAST_EXAMPLES = 50
 SLOW_EXAMPLES = 2000
 WAIT_S = 60.0

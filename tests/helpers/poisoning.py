@@ -33,6 +33,7 @@ from node.broadcast.wire import read_frame, write_frame
 from node.collective import state_wire as wire
 from node.collective.averager import GatherAverager
 from node.collective.outer_state import OuterState
+from node.collective.round_types import RoundOutcome
 from node.dht_node import signing_key_of, start_loopback_dht
 from node.identity import Identity
 from node.signed_records import SignedRecords
@@ -40,7 +41,8 @@ from node.swarm import wait_until
 from protocol.averaging_round import ROUND_DECLARATION_DOMAIN, RoundDeclaration
 from protocol.dht_keys import averaging_round_key
 from protocol.errors import HivenetError
-from tests.helpers.gather import gather_swarm
+from tests.helpers.gather import SHAPES as GATHER_SHAPES
+from tests.helpers.gather import gather_swarm, run_round
 
 __all__ = [
     "ATTACK_STEP",
@@ -51,12 +53,14 @@ __all__ = [
     "SHAPES",
     "LyingStateServer",
     "PoisonedRun",
+    "SybilStateRound",
     "advertise_fake_sources",
     "fetch_as_joiner",
     "outer_state",
     "poison_accepted",
     "poisoned_run",
     "poisoned_swarm",
+    "sybil_state_round",
 ]
 
 SHAPES = [torch.Size([100]), torch.Size([4, 5])]
@@ -207,3 +211,40 @@ def poison_accepted(fetched: OuterState | None) -> bool:
     return (fetched.step, fetched.hash()) != (HONEST_STEP, HONEST.hash()) or any(
         float(p.abs().max()) >= 1.0 for p in fetched.params
     )
+
+
+@dataclass
+class SybilStateRound:
+    """What two running trainers did after three fresh identities agreed on a later, poisoned state."""
+
+    outcomes: list[RoundOutcome]
+    """Their next round's outcomes."""
+    offered: list[OuterState | None]
+    """What a resync download would hand each of them then."""
+    poisoned: OuterState
+
+
+def sybil_state_round() -> SybilStateRound:
+    """Two trainers average outer step 0 together; three fresh identities then declare outer step
+    50 and serve one consistent poisoned state; the two run the round of outer step 1 and each looks
+    for a state past it."""
+
+    def one_round(averagers: list[GatherAverager], step: int) -> list[RoundOutcome]:
+        grads = [[torch.randn(s) * 0.01 for s in GATHER_SHAPES] for _ in averagers]
+        return run_round(averagers, step, grads, ["00" * 8] * len(averagers))
+
+    with gather_swarm(5) as (a0, a1, *sybils):
+        honest = [a0, a1]
+        first = one_round(honest, 0)
+        assert all(o.num_peers == 2 and o.in_sync for o in first), first
+        poisoned = OuterState(
+            [torch.full(s, 7.0) for s in GATHER_SHAPES], [torch.zeros(s) for s in GATHER_SHAPES], 50
+        )
+        for sybil in sybils:
+            sybil.set_state_provider(poisoned.clone)
+            sybil.prepare_round(50, 0.0, poisoned.hash())
+            sybil.publish_step(50)
+        assert wait_until(lambda: sum(v == 50 for v in a0.peer_steps().values()) == 3, timeout_s=60)
+        outcomes = one_round(honest, 1)
+        offered = [a.fetch_state(newer_than=1, wait_s=0.0) for a in honest]
+    return SybilStateRound(outcomes, offered, poisoned)

@@ -20,6 +20,7 @@ from node.dht_node import start_loopback_dht
 from node.swarm import wait_until
 from protocol.dht_keys import averaging_prefix
 from tests.helpers.gather import SHAPES, gather_swarm, run_round
+from tests.helpers.poisoning import sybil_state_round
 from tests.helpers.trainers import finished, harness, tiny_config
 
 HONEST_HASH = "00" * 8
@@ -31,20 +32,9 @@ def _round(averagers: list[GatherAverager], step: int) -> list[RoundOutcome]:
 
 
 def test_sybils_agreeing_on_a_later_state_move_no_running_trainer() -> None:
-    with gather_swarm(5) as (a0, a1, *sybils):
-        honest = [a0, a1]
-        assert all(o.num_peers == 2 and o.in_sync for o in _round(honest, 0))
-        poisoned = OuterState([torch.full(s, 7.0) for s in SHAPES], [torch.zeros(s) for s in SHAPES], 50)
-        for s in sybils:
-            s.set_state_provider(poisoned.clone)
-            s.prepare_round(50, 0.0, poisoned.hash())
-            s.publish_step(50)
-        assert wait_until(lambda: sum(v == 50 for v in a0.peer_steps().values()) == 3, timeout_s=60)
-
-        outcomes = _round(honest, 1)
-        assert all(o.in_sync and o.num_peers == 2 for o in outcomes), outcomes
-        assert a0.fetch_state(newer_than=1, wait_s=0.0) is None
-        assert a1.fetch_state(newer_than=1, wait_s=0.0) is None
+    result = sybil_state_round()
+    assert all(o.in_sync and o.num_peers == 2 for o in result.outcomes), result.outcomes
+    assert result.offered == [None, None]
 
 
 def test_a_joiner_refuses_the_poisoned_state_sybils_agree_on() -> None:

@@ -25,7 +25,7 @@ from protocol.errors import InvalidMessage
 from protocol.node_record import Capabilities, NodeRecord, Role
 from protocol.peer_keys import peer_id_from_private_key
 from protocol.rollout_messages import DOMAIN_VERDICT, open_verdict, seal_verdict
-from tests.helpers.fuzzing import fuzz_variants
+from tests.helpers.fuzzing import HOSTILE_TEXT_SAMPLES, fuzz_variants
 from tests.helpers.rollouts import RUN, key, peer_bytes
 from training.rl_worker import GroupReport, InferenceWorker
 
@@ -33,18 +33,7 @@ NOW = 1_800_000_000.0
 VALIDATOR = key("text validator")
 WORKER = key("text worker")
 HOSTILE = st.one_of(
-    st.sampled_from(
-        [
-            "[/bold]",
-            "[red]x[/red]",
-            "[link=http://x]y",
-            "\x1b[31mred",
-            "\x1b]8;;http://x\x07click",
-            "a\nb",
-            "\r\x00",
-            "\u202e",
-        ]
-    ),
+    st.sampled_from(HOSTILE_TEXT_SAMPLES),
     st.text(max_size=300),
     st.text(alphabet=st.sampled_from("[]/\x1b\x07\n;=ab"), max_size=60),
     st.integers(1000, 200_000).map(lambda n: "[" * n),
