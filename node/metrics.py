@@ -18,6 +18,9 @@ process in tests and simulations) and defines every metric a node exports:
 - `hivenet_receipts_pulled_total{outcome}`: receipts pulled from peers, by what became of them
   (`stored`, `duplicate`, `expired`: genuine but too old or from ahead of this clock, `deferred`:
   over their signer's quota, asked for again later);
+- `hivenet_rl_steps_total`, `hivenet_policy_version`, `hivenet_rl_reward`, `hivenet_rl_staleness`,
+  `hivenet_rl_loss`: an RL trainer's GRPO steps, the version it last published, and its last
+  step's mean reward, staleness and loss (the figures of its progress line);
 - `hivenet_build_info{version,protocol,python,hivemind}`: what this node runs (always 1), and the
   process collector's `process_*` series (CPU, memory, open files).
 
@@ -151,6 +154,8 @@ class MetricsFigures(BaseModel):
     """Mean reward of the verified rollouts its last GRPO step learnt from."""
     rl_staleness: float | None = None
     """Mean staleness (trainer version minus rollout version) of that step's rollouts."""
+    rl_loss: float | None = None
+    """GRPO loss of that step (what its progress line prints)."""
     credit: dict[str, float] = Field(default_factory=dict)
     """This node's credit from its ledger, in points: total, recent (per day) and untrusted."""
 
@@ -167,7 +172,9 @@ class NodeMetrics:
         self._train_loss: Gauge | None = (
             None  # registered with the first loss: a node that does not train has none
         )
-        self._rl: tuple[Counter, Gauge, Gauge, Gauge] | None = None  # registered with the first GRPO step
+        self._rl: tuple[Counter, Gauge, Gauge, Gauge, Gauge] | None = (
+            None  # registered with the first GRPO step
+        )
         self._credit: Gauge | None = None  # registered once the node has a ledger to count from
         self._tokens = Counter(
             "hivenet_tokens",
@@ -229,7 +236,13 @@ class NodeMetrics:
         self.bytes_sent("averaging", averaging_bytes_sent)
 
     def rl_step_done(
-        self, *, version: int, mean_reward: float, mean_staleness: float, tokens_trained: int
+        self,
+        *,
+        version: int,
+        mean_reward: float,
+        mean_staleness: float,
+        tokens_trained: int,
+        loss: float = 0.0,
     ) -> None:
         """One GRPO step of this node's RL trainer, which produced policy `version`."""
         if self._rl is None:
@@ -241,12 +254,14 @@ class NodeMetrics:
                       registry=registry),
                 Gauge("hivenet_rl_staleness", "Mean staleness (versions) of the last GRPO step's rollouts.",
                       registry=registry),
+                Gauge("hivenet_rl_loss", "GRPO loss (clipped surrogate) of the last step.", registry=registry),
             )  # fmt: skip
-        steps, version_gauge, reward, staleness = self._rl
+        steps, version_gauge, reward, staleness, loss_gauge = self._rl
         steps.inc()
         version_gauge.set(version)
         reward.set(mean_reward)
         staleness.set(mean_staleness)
+        loss_gauge.set(loss)
         self.tokens_processed("trainer", tokens_trained)
 
     def set_credit(self, *, total: float, recent: float, untrusted: float) -> None:
@@ -381,6 +396,8 @@ class NodeMetrics:
                     figures.rl_reward = value
                 elif name == "hivenet_rl_staleness":
                     figures.rl_staleness = value
+                elif name == "hivenet_rl_loss":
+                    figures.rl_loss = value
                 elif name == "hivenet_credit_points":
                     figures.credit[labels["kind"]] = value
         return figures

@@ -1,7 +1,7 @@
 """An RL trainer's checkpoint: everything a restarted trainer needs to go on as if it never stopped.
 
 One file, `policy.pt` in the trainer's checkpoint directory, holds the newest version's weights,
-its number, what the trainer's `PolicyUpdates` needs besides them (`saved_state`, e.g. DiLoCo's
+its number, the number of GRPO steps taken up to it, what the trainer's `PolicyUpdates` needs besides them (`saved_state`, e.g. DiLoCo's
 outer momentum) and the learner's optimizer state (AdamW's moments and step counts), so that a
 resumed trainer's next update is the one it would have made without the restart. It is written
 atomically (temporary file, fsync, rename), as `training.checkpoint` writes DiLoCo's, so a trainer
@@ -61,6 +61,9 @@ class RLCheckpoint:
     """What the trainer's `PolicyUpdates.saved_state` returned."""
     optimizer: dict[str, Any] | None
     """The learner's optimizer state (`optimizer_state`); None in a checkpoint written before it was saved."""
+    steps: int = 0
+    """GRPO steps the trainer had taken when it made this version (0 in a checkpoint written before
+    they were saved): a resumed trainer numbers its next step so."""
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -88,6 +91,7 @@ def save_rl_checkpoint(directory: Path, checkpoint: RLCheckpoint) -> Path:
         "state": checkpoint.state,
         "version": checkpoint.version,
         "updates": checkpoint.updates,
+        "steps": checkpoint.steps,
     }
     if checkpoint.optimizer is not None:
         saved["optimizer"] = checkpoint.optimizer
@@ -112,6 +116,9 @@ def load_rl_checkpoint(directory: Path) -> RLCheckpoint | None:
     version = saved.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version < 0:
         raise _unusable(path, f"its version is {version!r}, not a version number")
+    steps = saved.get("steps", 0)
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+        raise _unusable(path, f"its step count is {steps!r}, not a number of steps")
     optimizer = saved.get("optimizer")
     if optimizer is not None and not isinstance(optimizer, dict):
         raise _unusable(path, "its optimizer state is not a mapping")
@@ -120,6 +127,7 @@ def load_rl_checkpoint(directory: Path) -> RLCheckpoint | None:
         version=version,
         updates=_tensors(path, saved.get("updates", {}), "updates state"),
         optimizer=optimizer,
+        steps=steps,
     )
 
 
@@ -186,12 +194,13 @@ def _unfit(source: Path, why: str) -> CheckpointError:
 
 def resume_updates(
     checkpoint_dir: Path | None, policy: CausalLM, config: GRPOConfig, updates: UpdatesFactory
-) -> PolicyUpdates:
+) -> tuple[PolicyUpdates, int]:
     """`updates` of `policy` resumed from the checkpoint in `checkpoint_dir` (its weights, version, the
-    updates' state and the optimizer's), or at version 0 without one; CheckpointError if it does not fit."""
+    updates' state and the optimizer's), or at version 0 without one, with the number of GRPO steps
+    taken up to that version; CheckpointError if the checkpoint does not fit."""
     checkpoint = None if checkpoint_dir is None else load_rl_checkpoint(checkpoint_dir)
     if checkpoint_dir is None or checkpoint is None:
-        return updates(policy, config, 0)
+        return updates(policy, config, 0), 0
     path = checkpoint_dir / CHECKPOINT_NAME
     try:
         policy.load_state_dict(checkpoint.state)
@@ -206,12 +215,15 @@ def resume_updates(
     except CheckpointError:
         resumed.close()
         raise
-    logger.info("resumed from version %d (%s)", checkpoint.version, path)
-    return resumed
+    logger.info("resumed from version %d after step %d (%s)", checkpoint.version, checkpoint.steps, path)
+    return resumed, checkpoint.steps
 
 
-def checkpoint_updates(checkpoint_dir: Path, updates: PolicyUpdates, state: dict[str, torch.Tensor]) -> None:
-    """Checkpoint `updates` at its newest version, whose weights are `state`, for `resume_updates`."""
+def checkpoint_updates(
+    checkpoint_dir: Path, updates: PolicyUpdates, state: dict[str, torch.Tensor], *, steps: int
+) -> None:
+    """Checkpoint `updates` at its newest version, whose weights are `state` and which took `steps`
+    GRPO steps to make, for `resume_updates`."""
     save_rl_checkpoint(
         checkpoint_dir,
         RLCheckpoint(
@@ -219,5 +231,6 @@ def checkpoint_updates(checkpoint_dir: Path, updates: PolicyUpdates, state: dict
             version=updates.version,
             updates=updates.saved_state(),
             optimizer=optimizer_state(updates.learner.optimizer),
+            steps=steps,
         ),
     )

@@ -206,7 +206,7 @@ class RLTrainer(RoleThread):
         self.judge = judge
         self.on_step = on_step
         self.checkpoint_dir = checkpoint_dir
-        self.updates = resume_updates(checkpoint_dir, policy, config.grpo, updates)
+        self.updates, self.resumed_steps = resume_updates(checkpoint_dir, policy, config.grpo, updates)
         self.learner = self.updates.learner
         self.reports: list[RLStepReport] = []
         self.stale_dropped = 0
@@ -273,7 +273,7 @@ class RLTrainer(RoleThread):
     # ---- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> RLTrainer:
-        self._new_version(self.version)
+        self._new_version(self.version, steps=self.resumed_steps)
         self._start_thread(f"rl-trainer-{self.node.short_id}")
         return self
 
@@ -330,8 +330,9 @@ class RLTrainer(RoleThread):
 
     # ---- training ------------------------------------------------------------------------
 
-    def _new_version(self, version: int) -> None:
-        """Let the judge verify against `version`, checkpoint it, publish it.
+    def _new_version(self, version: int, *, steps: int) -> None:
+        """Let the judge verify against `version` (made by the run's first `steps` GRPO steps),
+        checkpoint it, publish it.
 
         The checkpoint comes first: a trainer that dies between the two resumes at a version the
         network may not have seen yet (it publishes it then), never at an older one, whose next
@@ -342,7 +343,7 @@ class RLTrainer(RoleThread):
         self.judge.set_trainer_step(version)
         state = self.learner.state_dict()
         if self.checkpoint_dir is not None:
-            checkpoint_updates(self.checkpoint_dir, self.updates, state)
+            checkpoint_updates(self.checkpoint_dir, self.updates, state, steps=steps)
         try:
             manifest = self.node.call(self._publish(version, state), timeout_s=PUBLISH_TIMEOUT_S)
             self.published_at[version] = time.time()
@@ -386,7 +387,7 @@ class RLTrainer(RoleThread):
 
     def _run(self) -> None:
         groups: dict[bytes, list[ScoredRollout]] = {}
-        step = 0
+        step = self.resumed_steps
         while not self._stop.is_set():
             if self.config.max_trainer_steps is not None and step >= self.config.max_trainer_steps:
                 return
@@ -437,6 +438,7 @@ class RLTrainer(RoleThread):
             mean_reward=report.mean_reward,
             mean_staleness=report.mean_staleness,
             tokens_trained=sum(len(r.completion_ids) for group in batch for r in group),
+            loss=report.loss,
         )
         if self.on_step is not None:
             try:
@@ -454,7 +456,7 @@ class RLTrainer(RoleThread):
             self.trained_hashes.update(r.rollout_hash for r in group)
             self.trained_from.update(r.worker for r in group)
         if new_version:
-            self._new_version(self.version)
+            self._new_version(self.version, steps=step + 1)
         return RLStepReport(
             step=step,
             version=self.version,

@@ -15,6 +15,7 @@ from node.identity import create_identity
 from node.swarm import LocalSwarm, wait_until
 
 STEP = re.compile(r"step +\d+ \| v(\d+) \|")
+STEP_NUMBER = re.compile(r"step +(\d+) \| v\d+ \|")
 ACCEPTED = re.compile(r"group +\d+ \| v(\d+) \| accepted [1-9]\d* \|.* validator (\S+)")
 
 
@@ -50,6 +51,7 @@ def test_a_killed_rl_trainer_resumes_at_its_version_and_the_run_goes_on(tmp_path
         )
         swarm.kill_node("trainer")
         killed_at = max(_versions(trainer.log_tail(400)))
+        killed_after_step = max(int(s) for s in STEP_NUMBER.findall(trainer.log_tail(400)))
         assert (tmp_path / "trainer-state" / "checkpoints" / "rl-restart").is_dir()
 
         swarm.add_node(name="trainer", roles=["trainer"], identity_path=trainer_key, extra_args=trainer_args)
@@ -60,6 +62,8 @@ def test_a_killed_rl_trainer_resumes_at_its_version_and_the_run_goes_on(tmp_path
         )
         versions = _versions(restarted.log_tail(400))
         assert min(versions) > killed_at - 1, versions  # it went on from its checkpoint, not from v0
+        steps = [int(s) for s in STEP_NUMBER.findall(restarted.log_tail(400))]
+        assert min(steps) >= killed_after_step - 1, steps  # and numbers its steps on, not from 0
         # the standalone validator went on too: it judged groups of the restarted trainer's versions
         standalone = validator_id[-8:]
         assert wait_until(

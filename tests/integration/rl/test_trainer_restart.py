@@ -137,6 +137,8 @@ def test_a_restarted_trainer_resumes_from_its_checkpoint_and_republishes_it(
         _submit(restarted, fake_group(3, version=2))
         assert wait_until(lambda: restarted.version == 3 and 3 in restarted.published_at, 60.0)
         assert_state_dicts_equal(_published_state(restarted, 3), restarted.learner.state_dict())
+        # it numbers its steps on from the checkpoint's (its progress lines and `max_trainer_steps` count the run's)
+        assert [report.step for report in restarted.reports] == [2]
     finally:
         _stop(nodes, restarted)
 

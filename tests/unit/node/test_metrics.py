@@ -102,17 +102,25 @@ def test_a_fresh_node_reports_no_loss_and_an_unknown_outcome_is_refused() -> Non
         metrics.rollout_judged("maybe", "")  # type: ignore[arg-type]
 
 
-def test_an_rl_step_exports_its_version_reward_and_staleness_and_none_before() -> None:
+def test_an_rl_step_exports_its_version_reward_staleness_and_loss_and_none_before() -> None:
     metrics = NodeMetrics()
     assert metrics.figures().policy_version is None and b"hivenet_policy_version" not in metrics.exposition()
-    metrics.rl_step_done(version=3, mean_reward=0.25, mean_staleness=1.5, tokens_trained=40)
+    metrics.rl_step_done(version=3, mean_reward=0.25, mean_staleness=1.5, tokens_trained=40, loss=-0.125)
     figures = metrics.figures()
-    assert (figures.rl_steps, figures.policy_version, figures.rl_reward, figures.rl_staleness) == (
+    assert (
+        figures.rl_steps,
+        figures.policy_version,
+        figures.rl_reward,
+        figures.rl_staleness,
+        figures.rl_loss,
+    ) == (
         1,
         3,
         0.25,
         1.5,
+        -0.125,
     )
+    assert b"hivenet_rl_loss -0.125" in metrics.exposition()
     assert figures.tokens["trainer"] == 40
     assert b"hivenet_policy_version 3.0" in metrics.exposition()
 

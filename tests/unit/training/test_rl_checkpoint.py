@@ -52,11 +52,11 @@ def _lone_diloco(policy: CausalLM, grpo: GRPOConfig, version: int) -> PolicyUpda
 
 def _train(directory: Path, updates: UpdatesFactory, steps: int) -> PolicyUpdates:
     """A trainer that took `steps` steps, checkpointing each version as `RLTrainer` does."""
-    running = resume_updates(directory, _policy(0), GRPO, updates)
-    assert running.version == 0
+    running, taken = resume_updates(directory, _policy(0), GRPO, updates)
+    assert running.version == 0 and taken == 0
     for step in range(steps):
         running.step(_batch(step, running.version))
-        checkpoint_updates(directory, running, running.learner.state_dict())
+        checkpoint_updates(directory, running, running.learner.state_dict(), steps=step + 1)
     return running
 
 
@@ -65,8 +65,11 @@ def test_a_resumed_trainer_makes_the_update_the_uninterrupted_one_makes(
     tmp_path: Path, updates: UpdatesFactory
 ) -> None:
     running = _train(tmp_path, updates, steps=3)
-    resumed = resume_updates(tmp_path, _policy(1), GRPO, updates)  # other random weights: all from the file
+    resumed, steps = resume_updates(
+        tmp_path, _policy(1), GRPO, updates
+    )  # other random weights: all from the file
     assert resumed.version == running.version == 3
+    assert steps == 3  # its next step is numbered as the uninterrupted trainer's
     assert_state_dicts_equal(resumed.learner.state_dict(), running.learner.state_dict())
 
     batch = _batch(99, 3)
@@ -79,7 +82,7 @@ def test_a_resumed_trainer_makes_the_update_the_uninterrupted_one_makes(
 def test_the_optimizer_keeps_the_runs_settings_not_the_checkpoints(tmp_path: Path) -> None:
     _train(tmp_path, every_step_updates, steps=1)
     faster = GRPO.model_copy(update={"lr": 5e-2})
-    resumed = resume_updates(tmp_path, _policy(1), faster, every_step_updates)
+    resumed, _ = resume_updates(tmp_path, _policy(1), faster, every_step_updates)
     assert [group["lr"] for group in resumed.learner.optimizer.param_groups] == [5e-2]
     assert resumed.learner.optimizer.state  # the moments came back
 
@@ -90,8 +93,8 @@ def test_a_checkpoint_without_optimizer_state_loads_with_a_fresh_optimizer_and_o
     weights = _policy(0).state_dict()
     torch.save({"state": weights, "version": 2, "updates": {}}, tmp_path / CHECKPOINT_NAME)  # the old format
     with caplog.at_level(logging.WARNING):
-        resumed = resume_updates(tmp_path, _policy(1), GRPO, every_step_updates)
-    assert resumed.version == 2 and not resumed.learner.optimizer.state
+        resumed, steps = resume_updates(tmp_path, _policy(1), GRPO, every_step_updates)
+    assert resumed.version == 2 and not resumed.learner.optimizer.state and steps == 0
     assert_state_dicts_equal(resumed.learner.state_dict(), weights)
     [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert "no optimizer state" in warning.getMessage()
@@ -111,6 +114,8 @@ def test_unreadable_or_malformed_checkpoints_are_clear_errors(tmp_path: Path) ->
         ({"state": {"w": 1.0}, "version": 3, "updates": {}}, "weights are not a mapping"),
         ({"state": weights, "version": 3, "updates": [torch.zeros(1)]}, "updates state are not"),
         ({"state": weights, "version": 3, "updates": {}, "optimizer": [1]}, "optimizer state is not"),
+        ({"state": weights, "version": 3, "updates": {}, "steps": -2}, "not a number of steps"),
+        ({"state": weights, "version": 3, "updates": {}, "steps": 2.5}, "not a number of steps"),
     ]
     for saved, message in cases:
         _write(tmp_path, saved)
