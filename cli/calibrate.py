@@ -51,10 +51,10 @@ def calibrate(
     Give the file to every node of the run with --verification-policy.
     """
     setup_logging()
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from cli.output import make_console
     from cli.rl import hf_model_option
     from training.devices import resolve_device
     from training.rl_run import RLRunConfig
@@ -67,7 +67,7 @@ def calibrate(
     config = RLRunConfig(run_id="calibration", task=task or DEFAULT_TASK, hf_model=hf_model)
     target = calibration_target(config, dtype, torch_device, seed=seed)
     plan = CalibrationPlan(honest_rollouts=rollouts, cheat_rollouts=cheat_rollouts, seed=seed)
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     progress = Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=console)  # fmt: skip
     bars = {"honest": progress.add_task("honest rollouts", total=rollouts)}
@@ -95,7 +95,7 @@ def calibrate(
         table.add_column(name, justify="left" if name == "rollouts" else "right", no_wrap=name == "rollouts")
     for row in rows[1:]:
         table.add_row(*row)
-    Console().print(table)
+    make_console().print(table)
     click.echo(
         f"honest logit noise {result.honest_logit_noise:.3g} of the largest |logit|; near-tie tolerance "
         f"{result.near_tie_rel_tol:.3g}; {result.seconds:.0f} s"

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
+from cli.output import make_console
 
 if TYPE_CHECKING:
     from node.node import HivenetNode
@@ -154,7 +154,7 @@ def run_doctor(
     """Run every check, print the report (one JSON document with `as_json`), and return whether all passed."""
     from cli.output import echo_json
 
-    console = Console(stderr=as_json)
+    console = make_console(stderr=as_json)
     checks = [_check_identity(identity_path), _check_versions()]
     checks += _check_resources((identity_path or Path.home()).parent)
     with console.status("checking the network (dialling seeds)..."):

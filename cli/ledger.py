@@ -246,9 +246,9 @@ def credit(
     if as_json:
         click.echo(json.dumps({"run_id": run_id, **_credit_json(report)}, indent=2))
     else:
-        from rich.console import Console
+        from cli.output import make_console
 
-        _print_credit(Console(), report, top, title=f"credit in run {run_id}")
+        _print_credit(make_console(), report, top, title=f"credit in run {run_id}")
 
 
 def _credit_json(report: CreditReport) -> dict[str, Any]:
@@ -287,10 +287,10 @@ def _audit_json(report: AuditReport) -> dict[str, Any]:
 
 
 def _print_audit(report: AuditReport, top: int) -> None:
-    from rich.console import Console
+    from cli.output import make_console
 
     assert report.credit is not None
-    console = Console()
+    console = make_console()
     status = "[green]all receipts verify[/]" if report.ok else "[red]the export does not fully verify[/]"
     console.print(
         f"{status}: run {report.run_id}, {report.valid} valid, {len(report.invalid)} invalid, "

@@ -324,8 +324,9 @@ def peers(
     initial_peers: tuple[str, ...], run_id: str, role: str | None, as_json: bool, timeout_s: float
 ) -> None:
     """List the live nodes of a run."""
-    from rich.console import Console
     from rich.table import Table
+
+    from cli.output import make_console
 
     client = _ephemeral_client(initial_peers, run_id, timeout_s)
     try:
@@ -365,7 +366,7 @@ def peers(
             _REACHABLE[node.record.reachability],
             f"{now - node.record.started_at:,.0f} s",
         )
-    Console().print(table)
+    make_console().print(table)
 
 
 @click.command()

@@ -104,6 +104,21 @@ def echo_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, default=str))
 
 
+OFF_TERMINAL_WIDTH = 1000
+"""Columns a command's output may use off a terminal: lines are never wrapped there."""
+
+
+def make_console(*, stderr: bool = False) -> Any:
+    """A rich `Console` for a command's output: on a terminal it fits the terminal, off one (a pipe, a
+    file, a journal) it never wraps, so that a PeerID or multiaddr stays on one line for grep and copy."""
+    from rich.console import Console
+
+    console = Console(stderr=stderr)
+    if console.is_terminal:
+        return console
+    return Console(stderr=stderr, width=OFF_TERMINAL_WIDTH, soft_wrap=True)
+
+
 def plain_printer(console: Any) -> Callable[[str], None]:
     """A function that prints a line on `console` as it is: no markup, no highlighting.
 

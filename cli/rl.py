@@ -197,15 +197,15 @@ def hf_model_option(model_dir: str | None, sha256: str | None) -> Any:
 
 def run_rl_simulation(config: Any, *, workers: int, cheat: str, device: str = "cpu") -> None:
     """`hivenet simulate --rl`: run the loop on this machine and print a row per trainer step."""
-    from rich.console import Console
     from rich.table import Table
 
+    from cli.output import make_console
     from node.shutdown import StopRequest
     from training.rl_run import initial_policy
     from training.rl_worker import CheatMode, GroupReport
     from verification.rl_simulation import simulate_rl
 
-    console = Console()
+    console = make_console()
     cheaters = {} if cheat == "none" or workers < 2 else {workers - 1: CheatMode(cheat)}
     pending: Counter[str] = Counter()
     lock = threading.Lock()

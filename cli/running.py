@@ -32,13 +32,13 @@ def run_until_interrupted(
     rl_checkpoint_dir: Path | None = None,
 ) -> None:
     """Start `node` (and its trainer, if any), show a live status line until Ctrl-C/SIGTERM, then leave cleanly."""
-    from rich.console import Console
     from rich.live import Live
     from rich.markup import escape
 
+    from cli.output import make_console
     from node.shutdown import StopRequest
 
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     print_plain = plain_printer(console)
     stop = StopRequest()
     trainer: TrainerThread | None = None

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from cli.output import make_console
 from node.shutdown import StopRequest
 from node.swarm import LocalSwarm
 from protocol.node_record import Role
@@ -39,7 +39,7 @@ def _swarm_table(swarm: LocalSwarm, started: float) -> Table:
 
 def run_simulation(*, num_nodes: int, roles: list[Role], duration_s: float | None, run_id: str) -> None:
     """Start a seed and `num_nodes` nodes, wait until they all see each other, and show them."""
-    console = Console()
+    console = make_console()
     started = time.time()
     with LocalSwarm(run_id=run_id) as swarm:
         with console.status(f"starting a seed and {num_nodes} nodes on 127.0.0.1..."):
@@ -65,7 +65,7 @@ def run_training_simulation(num_trainers: int, config: Any) -> None:
     from cli.train import describe_report
     from training.simulation import simulate_diloco
 
-    console = Console()
+    console = make_console()
     stop = threading.Event()
     signals = StopRequest()
 

@@ -250,10 +250,10 @@ def publish(
     The publisher's identity must be listed among the run's authorised publishers, or peers
     refuse the manifest. A non-safetensors torch checkpoint (.pt) is converted first.
     """
-    from rich.console import Console
+    from cli.output import make_console
 
     _setup_logging(options.verbose)
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     stop = StopRequest()
     run_id = options.run_id
     with _started_node(options, stop, console) as node:
@@ -333,7 +333,6 @@ def fetch(
     """Fetch a version of a run's weights from every holder at once into OUT (resumes if interrupted)."""
     if not options.publishers:  # before the heavy imports: a usage error must be instant
         raise click.UsageError("give the run's authorised publisher(s) with --publisher PEER_ID")
-    from rich.console import Console
     from rich.progress import (
         BarColumn,
         DownloadColumn,
@@ -343,10 +342,11 @@ def fetch(
         TransferSpeedColumn,
     )
 
+    from cli.output import make_console
     from node.broadcast.fetch_progress import FetchProgress
 
     _setup_logging(options.verbose)
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
     stop = StopRequest()
     run_id = options.run_id
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -418,18 +418,19 @@ def _version_json(item: Any) -> dict[str, Any]:
 @friendly_errors
 def status(store_dir: Path | None, as_json: bool, options: WeightsOptions) -> None:
     """Show a run's versions with their holders and how complete each holder is."""
-    from rich.console import Console
     from rich.table import Table
+
+    from cli.output import make_console
 
     if not options.publishers:
         raise click.UsageError("give the run's authorised publisher(s) with --publisher PEER_ID")
 
     _setup_logging(options.verbose)
-    console = Console()
+    console = make_console()
     stop = StopRequest()
     run_id = options.run_id
     config = options.broadcast_config(store_dir or Path(tempfile.mkdtemp(prefix="hivenet-status-")))
-    with _started_node(options, stop, Console(stderr=True)) as node:
+    with _started_node(options, stop, make_console(stderr=True)) as node:
         broadcast = _add_broadcast(node, config)
         try:
             statuses = node.call(_until_stopped(broadcast.status(run_id), stop))

@@ -79,3 +79,12 @@ def test_the_doctor_asks_for_the_dial_back_where_join_does(doctor: Any) -> None:
     (line,) = _dial_back_lines(report)
     assert not passed and line.split()[0] == "FAIL" and REFUSED.detail in line, line
     assert [probe.dial_backs for probe in FakeProbe.made] == [1]
+
+
+def test_off_a_terminal_the_report_keeps_each_check_on_one_line(
+    doctor: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("COLUMNS")  # a pipe or a journal: rich would wrap at 80 columns
+    _, report = doctor([LOOPBACK_SEED])
+    (line,) = _dial_back_lines(report)
+    assert len(line) > 80 and line.endswith("needs no dial-back"), report
