@@ -13,7 +13,7 @@ import logging
 import logging.handlers
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 _peer = "--------"
 
@@ -53,8 +53,26 @@ class JsonLineFormatter(logging.Formatter):
         return json.dumps(line, ensure_ascii=False)
 
 
+class TextLineFormatter(logging.Formatter):
+    """`TIME LEVEL [PEER] logger: message` with the message on that one line: its line breaks (a p2pd
+    error lists one dial per line, and a peer's text may carry any) are written as `\\n`, so that no
+    message can split a record or forge one. A traceback follows on lines indented by two spaces."""
+
+    def __init__(self) -> None:
+        super().__init__(_TEXT_FORMAT)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return super().formatMessage(record).replace("\r", "\\r").replace("\n", "\\n")
+
+    def formatException(self, ei: Any) -> str:
+        return "\n".join("  " + line for line in super().formatException(ei).splitlines())
+
+    def formatStack(self, stack_info: str) -> str:
+        return "\n".join("  " + line for line in stack_info.splitlines())
+
+
 def _formatter(log_format: LogFormat) -> logging.Formatter:
-    return JsonLineFormatter() if log_format == "json" else logging.Formatter(_TEXT_FORMAT)
+    return JsonLineFormatter() if log_format == "json" else TextLineFormatter()
 
 
 def configure_logging(

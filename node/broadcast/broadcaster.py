@@ -241,7 +241,7 @@ class WeightBroadcast:
         ]
         protect.update(serving[: self.config.keep_versions])
         for version in self.store.prune(run_id, self.config.keep_versions, protect=protect):
-            logger.info("[%s] pruned version %s of run %s", self.owner, version, run_id)
+            logger.debug("[%s] pruned version %s of run %s", self.owner, version, run_id)
             self.service.withdraw(run_id, version)
             self.records.published.pop((run_id, version), None)
 

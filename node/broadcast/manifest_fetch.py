@@ -27,6 +27,7 @@ from node.broadcast.records import HolderInfo
 from node.broadcast.requests import NotHeld, request_frame
 from node.broadcast.service import PROTO_MANIFEST
 from node.broadcast.wire import read_payload
+from node.log_limit import LogOncePer
 from protocol import broadcast_pb2 as bpb
 from protocol.errors import InvalidMessage
 from protocol.manifest import Manifest, UnauthorizedPublisher, WeightsPointer, parse_manifest
@@ -34,6 +35,9 @@ from protocol.manifest import Manifest, UnauthorizedPublisher, WeightsPointer, p
 logger = logging.getLogger(__name__)
 
 _RETRY_S = 1.0
+_FAILURE_LOG_INTERVAL_S = 60.0
+_failure_logged = LogOncePer(_FAILURE_LOG_INTERVAL_S, max_keys=4096)
+"""A peer that cannot serve is asked again every `_RETRY_S`: its failure is logged once per interval."""
 
 
 async def call_manifest(
@@ -116,7 +120,8 @@ async def obtain_manifest(
             except InvalidMessage as exc:
                 bans.ban(peer_id, f"bad manifest: {exc}")
             except Exception as exc:
-                logger.info("[%s] manifest from %s failed: %r", owner, peer_id.to_base58()[-8:], exc)
+                level = logging.INFO if _failure_logged((owner, peer_id)) else logging.DEBUG
+                logger.log(level, "[%s] manifest from %s failed: %r", owner, peer_id.to_base58()[-8:], exc)
         if superseded is not None and await superseded():
             raise VersionSuperseded(f"{pointer.run_id} v{pointer.version} was replaced by a newer version")
         if time.monotonic() > deadline:

@@ -57,3 +57,23 @@ def test_each_record_is_one_line_on_stderr_and_in_the_log_file(
         assert written[0].endswith(f"INFO [ab12cd34] node.membership: {message}")
         assert " WARN" in written[1]  # hivemind names the level WARN
         assert written[1].endswith("[ab12cd34] hivemind.p2p.p2p_daemon: dial failed")
+
+
+@pytest.mark.usefixtures("restored_logging")
+def test_a_message_with_line_breaks_stays_one_line_and_cannot_forge_a_record(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    configure_logging()
+    set_log_peer("ab12cd34")
+    forged = "2026-12-08 00:00:00,000 WARNING [deadbeef] node.bans: banned 12D3KooW..."
+    logging.getLogger("node.broadcast").info(
+        "manifest from %s failed: %s", "peer", f"dial backoff\n{forged}\r"
+    )
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        logging.getLogger("node.node").exception("a step failed")
+    first, second, *trace = capsys.readouterr().err.splitlines()
+    assert first.endswith(f"manifest from peer failed: dial backoff\\n{forged}\\r")
+    assert second.endswith("[ab12cd34] node.node: a step failed")
+    assert trace and all(line.startswith("  ") for line in trace) and trace[-1] == "  ValueError: boom"
