@@ -32,6 +32,7 @@ from collections.abc import Callable
 import torch
 
 from node.broadcast.store import VersionEntry
+from node.log_limit import LogOncePer
 from node.membership import LiveNode
 from node.node import HivenetNode
 from node.rollouts.client import Receipt, submit_group_receipts
@@ -108,6 +109,7 @@ class InferenceWorker(RoleThread):
         super().__init__()
         self._validator_turn = 0
         self._failed_until: dict[str, float] = {}
+        self._lapse_logged = LogOncePer(60.0)
         """Validators that did not answer lately, and until when they are passed over."""
         self.broadcast = add_policy_follower(node, config)
         self.trusted = frozenset([*config.authorized_publishers, *config.trusted_validators])
@@ -181,10 +183,9 @@ class InferenceWorker(RoleThread):
                 wanted = min(wanted, self.max_groups - produced)
             tickets = self._tickets(validator, wanted)
             generated: list[GeneratedGroup] = []
-            for ticket in tickets[:wanted]:
+            for ticket, model in tickets[:wanted]:
                 if self._stop.is_set():
                     break
-                model = self._model_for(ticket)
                 if model is None:
                     continue
                 try:
@@ -229,22 +230,28 @@ class InferenceWorker(RoleThread):
             self._stop.wait(_NO_VALIDATOR_WAIT_S)
         return None
 
-    def _tickets(self, validator: LiveNode, count: int) -> list[Ticket]:
+    def _tickets(self, validator: LiveNode, count: int) -> list[tuple[Ticket, CausalLM | None]]:
         """This worker's open tickets at `validator`, topped up to `count` with tickets of the newest
-        version both hold (the worker asks for its own versions, newest first); none, after a pause,
-        when the validator issues none or does not answer."""
-        versions = self.window.versions()
-        if not versions:
+        version both hold (the worker asks for its own versions, newest first), each with the model
+        of its version; none, after a pause, when the validator issues none or does not answer.
+
+        The models are taken from the window when the worker asks, so a version the window drops
+        while the request or the generation runs (a run that publishes faster than a group is made)
+        is still the one its tickets are generated with; an open ticket of a version dropped before
+        it asked has none (`_model_for`)."""
+        held = {version: self.window.get(version) for version in self.window.versions()}
+        if not held:
             self._waiting(self._no_version)
             self.window.wait_for_any(_NO_VERSION_WAIT_S)
             return []
         reason = ""
-        for version in reversed(versions):
+        for version in sorted(held, reverse=True):
             try:
-                return self.node.call(
+                tickets = self.node.call(
                     self._request_tickets(validator, count, version),
                     timeout_s=self.config.submit_timeout_s + 15.0,
                 )
+                return [(t, self._model_for(t, held)) for t in tickets]
             except TicketsRefused as exc:
                 reason = str(exc)  # maybe it does not hold this version yet: an older one, then
             except Exception as exc:
@@ -270,12 +277,16 @@ class InferenceWorker(RoleThread):
         """Pass over `validator` for a while: it did not answer (its tickets would be lost again)."""
         self._failed_until[validator.peer_id.to_base58()] = time.monotonic() + _FAILED_VALIDATOR_PAUSE_S
 
-    def _model_for(self, ticket: Ticket) -> CausalLM | None:
-        """The model of the ticket's version; None if this worker does not hold it (then the ticket
-        lapses). It asks for tickets of versions it holds, so only a ticket left open from before a
-        restart can name one it no longer has."""
-        model = self.window.get(int(ticket.policy_version))
+    def _model_for(self, ticket: Ticket, held: dict[int, CausalLM | None]) -> CausalLM | None:
+        """The model of the ticket's version among those `held` when the worker asked for it; None if
+        it held none (then the ticket lapses). It asks for tickets of versions it holds, so only a
+        ticket left open from before a restart, or from a request whose answer came too late, can
+        name one it no longer has."""
+        version = int(ticket.policy_version)
+        model = held.get(version)
         if model is None:
+            model = self.window.get(version)
+        if model is None and self._lapse_logged((ticket.counter, version)):  # asked again, it comes back
             logger.warning(
                 "[%s] ticket %d names policy v%d, which this worker does not hold: it lapses",
                 self.node.short_id,

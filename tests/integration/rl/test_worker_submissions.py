@@ -18,13 +18,15 @@ from node.identity import create_identity
 from node.swarm import wait_until
 from protocol.node_record import Role
 from protocol.rollout_messages import UNKNOWN_VERSION
-from protocol.rollouts_pb2 import RolloutGroup
+from protocol.rollouts_pb2 import RolloutGroup, Ticket
 from tests.helpers.rl_loop import TINY, FakeJudge, LoopbackNodes, tiny_run
 from training import rl_trainer
+from training.causal_lm import CausalLM
 from training.model import TinyGPT
 from training.rl_run import RLRunConfig
 from training.rl_trainer import RLTrainer
 from training.rl_worker import InferenceWorker
+from training.worker_groups import GeneratedGroup
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -125,6 +127,36 @@ def test_a_group_refused_as_unknown_version_is_submitted_again_until_judged(node
             r.describe() for r in reports
         ]
         assert all(answers[counter] == 2 for counter in range(3)), answers
+    finally:
+        worker.stop()
+        trainer.stop()
+
+
+def test_a_version_dropped_from_the_window_while_its_tickets_are_worked_on_is_still_used(
+    nodes: LoopbackNodes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that publishes faster than a worker makes a group: newer versions push the tickets'
+    version out of the worker's window between its first and its second group. Both are generated
+    with it; before, the second ticket lapsed, and the validator handed it back on every request."""
+    config = _config(nodes, groups_per_submission=2)
+    trainer, _, worker = _run(nodes, config, lambda worker, group: True)
+    generate = worker.generate
+    pushed = threading.Event()
+
+    def generate_then_push_out(ticket: Ticket, model: CausalLM) -> GeneratedGroup:
+        group = generate(ticket, model)
+        if not pushed.is_set():
+            pushed.set()
+            for version in range(1, worker.window.size + 1):
+                worker.window.add(version, TinyGPT(TINY).eval())
+            assert worker.window.get(0) is None
+        return group
+
+    monkeypatch.setattr(worker, "generate", generate_then_push_out)
+    try:
+        worker.start()
+        assert wait_until(lambda: len(worker.reports) >= 2, 120.0, interval_s=0.2), worker.reports
+        assert [(r.counter, r.version, r.accepted) for r in worker.reports[:2]] == [(0, 0, 4), (1, 0, 4)]
     finally:
         worker.stop()
         trainer.stop()
