@@ -26,8 +26,13 @@ switch). Reported, pooled over the phases of each kind:
   event-loop thread and of its p2pd per second of flood (against `clean_...`), what serving the
   flood cost the victim itself.
 
-The machine runs the attackers too (their process and four p2pd daemons): on a small machine
-part of any slowdown is theirs, not the victim's serving.
+The attackers are other machines in a real swarm; here they share this one. So that their own CPU
+(their process and four p2pd daemons) is not counted as the victim's slowdown, they run on cores
+of their own: on a machine of N >= 2 cores the attackers get the last N // 2 (at least one), and
+this process (both trainers, their event loops, p2pd and DHT daemons) the others, for the clean
+and the flooded phases alike (`flood_cpus`: this process's cores / the attackers'). What remains
+of the slowdown is what serving the flood costs the victim: its event loop, its p2pd, the
+network stack. On one core no split is possible and the figure includes the attackers.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import contextlib
 import itertools
 import logging
 import multiprocessing
+import os
 import statistics
 import threading
 import time
@@ -67,9 +73,11 @@ def _flood_worker(
     peers: list[str],
     identities: int,
     streams: int,
+    attacker_cpus: set[int],
 ) -> None:
     """The attackers' process: obeys "start", "pause" (answers the counters) and "stop" on `conn`."""
     logging.basicConfig(level=logging.WARNING)
+    _pin_process(attacker_cpus)  # before its daemons start: they inherit the cores
     with state_flood(
         PeerID.from_base58(victim), proto, shapes, peers, identities=identities, streams=streams, start=False
     ) as flood:
@@ -88,10 +96,29 @@ def _flood_worker(
                 return
 
 
+def _split_cpus() -> tuple[set[int], set[int]]:
+    """(this process's cores, the attackers' cores): disjoint where there are two or more."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return set(cpus), set(cpus)
+    split = len(cpus) - max(1, len(cpus) // 2)
+    return set(cpus[:split]), set(cpus[split:])
+
+
+def _pin_process(cpus: set[int]) -> set[int]:
+    """Pin every thread of this process to `cpus` (threads and processes started later inherit
+    it from their creator); returns the cores it had."""
+    before = os.sched_getaffinity(0)
+    for tid in os.listdir("/proc/self/task"):
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(tid), cpus)
+    return before
+
+
 class _Attackers:
     """The attackers' process, driven over a pipe."""
 
-    def __init__(self, victim: GatherAverager, peers: list[str]) -> None:
+    def __init__(self, victim: GatherAverager, peers: list[str], cpus: set[int]) -> None:
         ctx = multiprocessing.get_context("spawn")
         self.conn, child = ctx.Pipe()
         shapes = [tuple(s) for s in victim.shapes]
@@ -103,6 +130,7 @@ class _Attackers:
             peers,
             IDENTITIES,
             STREAMS,
+            cpus,
         )
         self.process = ctx.Process(target=_flood_worker, args=args, name="state-flood")
         self.process.start()
@@ -204,11 +232,38 @@ def run_state_flood(quick: bool) -> dict[str, str]:
         matchmaking_time_s=0.3,
     )
     phases: list[_Phase] = []
+    own_cpus, attacker_cpus = _split_cpus()
+    all_cpus = _pin_process(own_cpus)
+    try:
+        _flood_phases(
+            config, phases, attacker_cpus, inner_steps=inner_steps, steps=steps, reps=reps, warmup=warmup
+        )
+    finally:
+        _pin_process(all_cpus)
+    fields = _report(phases, time.perf_counter() - started)
+    fields["flood_cpus"] = f"{len(own_cpus)}/{len(attacker_cpus)}" + (
+        "" if own_cpus != attacker_cpus else "(shared)"
+    )
+    return fields
+
+
+def _flood_phases(
+    config: Any,
+    phases: list[_Phase],
+    attacker_cpus: set[int],
+    *,
+    inner_steps: int,
+    steps: int,
+    reps: int,
+    warmup: int,
+) -> None:
+    """Train the two trainers through `reps` clean and flooded phases of `steps` rounds each, appending to `phases`."""
     with harness() as h:
         # two trainers name each other (a run of two needs it to recover from a diverged round)
         victim_thread, peer_thread = h.prepare_publishers(config, ["flood-victim", "flood-peer"])
         victim: GatherAverager = victim_thread.runtime.averager
-        attackers = _Attackers(victim, [str(a) for a in victim_thread.runtime.dht.get_visible_maddrs()])
+        peers = [str(a) for a in victim_thread.runtime.dht.get_visible_maddrs()]
+        attackers = _Attackers(victim, peers, attacker_cpus)
         try:
             attackers.ready()
             victim_thread.start()
@@ -250,7 +305,6 @@ def run_state_flood(quick: bool) -> dict[str, str]:
                 phases.append(phase)
         finally:
             attackers.close()
-    return _report(phases, time.perf_counter() - started)
 
 
 def _report(phases: list[_Phase], wall_s: float) -> dict[str, str]:

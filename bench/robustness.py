@@ -50,7 +50,8 @@ Part 5, a flood of outer-state downloads (`bench/_state_flood.py`): two gather t
 4 fresh identities with 4 download streams each ask one of them for its state without pause, in
 phases alternating with clean ones. Reported: the victim's median inner-step time flooded over
 clean (`flood_step_slowdown`, target <= 0.05), the state bytes it uploaded per second of flood
-(`flood_upload_mb_per_s`) and the requests it refused (`flood_refusals`). About 30 s with `--quick`.
+(`flood_upload_mb_per_s`) and the requests it refused (`flood_refusals`); the attackers run on cores
+of their own (`flood_cpus`), as they would on other machines. About 30 s with `--quick`.
 
 Part 6, free identities and hostile strings (`bench/_sybil_attacks.py`): how many honest trainers
 take a poisoned state that fresh identities agree on, running gather trainers and DiLoCo and RL
