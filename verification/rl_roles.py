@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 
 from node.broadcast.store import VersionEntry
+from node.log_limit import LogOncePer
 from node.metrics import NodeMetrics
 from node.node import HivenetNode
 from node.rollouts.batcher import CallBatcher
@@ -66,6 +67,8 @@ __all__ = ["StandaloneValidator", "TrainerJudge", "scored", "start_rl_trainer"]
 logger = logging.getLogger(__name__)
 
 FORWARD_TIMEOUT_S = 30.0
+FORWARD_FAILURE_LOG_INTERVAL_S = 30.0
+"""A trainer that cannot take forwards (restarting, its slots busy) is named once per this long."""
 
 
 def scored(rollout: VerifiedRollout) -> ScoredRollout:
@@ -213,6 +216,7 @@ class StandaloneValidator:
             )
         )
         self._forward_seq = itertools.count(time.time_ns())
+        self._forward_failure_logged = LogOncePer(FORWARD_FAILURE_LOG_INTERVAL_S)
         self.forwards = node.add_service(
             ForwardQueue(
                 node.config.weights_dir / f"{config.run_id}.forwards.db",
@@ -277,9 +281,16 @@ class StandaloneValidator:
                     seq=next(self._forward_seq),
                     on_receipts=self.node.receipt_sink,  # the trainer's validation receipt, checked
                 )
-            except Exception as exc:
-                logger.warning(
-                    "[%s] could not forward to trainer %s: %s", self.node.short_id, trainer.short_id, exc
+            except (
+                Exception
+            ) as exc:  # the group stays queued: a restarting trainer fails every forward for a while
+                level = logging.WARNING if self._forward_failure_logged(trainer.peer_id) else logging.DEBUG
+                logger.log(
+                    level,
+                    "[%s] could not forward to trainer %s: %s",
+                    self.node.short_id,
+                    trainer.short_id,
+                    exc,
                 )
             else:
                 if receipt is not None:

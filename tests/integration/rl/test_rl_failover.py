@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import hashlib
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -129,7 +130,7 @@ def test_a_group_judged_by_one_validator_is_refused_by_the_other_and_trained_on_
 
 
 def test_a_group_accepted_while_the_trainer_refuses_forwards_is_trained_on_once_it_takes_them(
-    run: TwoValidators,
+    run: TwoValidators, caplog: pytest.LogCaptureFixture
 ) -> None:
     scripted = ScriptedWorker(run.nodes.add("scripted-q", [Role.INFERENCE]), run.config)
     forwards = run.trainer.forwards
@@ -146,8 +147,13 @@ def test_a_group_accepted_while_the_trainer_refuses_forwards_is_trained_on_once_
         retries = queue.retries
 
         assert all(v.accepted for v in scripted.submit(other, scripted.seal(group)))  # queued durably
-        assert wait_until(lambda: queue.retries > retries, 60.0), "the forward was never tried"
+        caplog.set_level(logging.DEBUG, logger="verification.rl_roles")
+        assert wait_until(lambda: queue.retries > retries + 1, 60.0), "the forward was never tried again"
         assert len(queue) == 1 and scripted.peer not in run.trainer.trained_from
+        failures = [r for r in caplog.records if "could not forward" in r.getMessage()]
+        assert (
+            len(failures) >= 2 and [r.levelno for r in failures].count(logging.WARNING) == 1
+        )  # one line per trainer
 
         run.trainer.node.call(forwards.start())  # it takes forwards again: the queue's next try lands
         assert wait_until(lambda: len(queue) == 0, 120.0), "the queued group never reached the trainer"
