@@ -14,7 +14,7 @@ A runtime service (`name`, `async start()`, `async stop()`) that owns nothing bu
   knows as another peer's), and pulls at most
   `max_receipts_per_pull` receipts after the cursor it reached last time
   (`node.receipts.client.pull_receipts`), one peer after another, and at most
-  `max_pulled_per_signer` new receipts of any one signer per `signer_window_s` over all pulls
+  `max_pulled_per_signer` new receipts of any one signer but the run's named ones per `signer_window_s` over all pulls
   (`node.receipts.quota.SignerQuota`; the surplus is logged, counted in `capped` and asked for
   again in a later pull, which resumes at its page).
   Receipts of signers without standing in the run are kept only within small budgets, per peer
@@ -110,9 +110,10 @@ class ReceiptExchange:
         """What the last pull cycle did, one result per peer."""
         self.recorded = 0
         """Receipts of this node's own stored through `record` or `store`."""
-        self.quota = SignerQuota(self.config.max_pulled_per_signer, self.config.signer_window_s)
+        named = frozenset(PeerID.from_base58(text).to_bytes() for text in self.config.trusted_signers)
+        self.quota = SignerQuota(self.config.max_pulled_per_signer, self.config.signer_window_s, exempt=named)
         self.standing = StandingFilter(
-            (PeerID.from_base58(text).to_bytes() for text in self.config.trusted_signers),
+            named,
             own=identity.peer_id_bytes,
             per_source=self.config.max_unvouched_per_source,
             total=self.config.max_unvouched,

@@ -6,7 +6,10 @@ pull (`ReceiptsConfig.max_receipts_per_pull`), `SignerQuota` admits at most `per
 receipts of any one signer per `window_s` from pulls; the surplus is left unverified and counted,
 and the pull stops before its page (`node.receipts.client`), so it is asked for again and stored
 in a later window: a prolific honest signer's receipts are delayed, never lost. Receipts the
-ledger already holds do not count, nor do the node's own receipts (they are not pulled).
+ledger already holds do not count, nor do the node's own receipts (they are not pulled), nor the
+receipts of the signers the run names (`exempt`: its trainers and validators, whose verdicts are
+the run's own volume, far above any per-signer quota in a busy run, and whose receipts a node needs
+to count credit as the signers' own nodes do).
 
 Signers are read from the envelope before it is verified: a receipt that claims a signer it was
 not signed by is refused by the ledger right after, and its server banned, so a lie only costs the
@@ -41,10 +44,19 @@ def claimed_signer(envelope: bytes) -> bytes | None:
 class SignerQuota:
     """Counts the new receipts each signer placed in the ledger from pulls in the current window."""
 
-    def __init__(self, per_window: int, window_s: float, *, max_signers: int = 65_536) -> None:
+    def __init__(
+        self,
+        per_window: int,
+        window_s: float,
+        *,
+        max_signers: int = 65_536,
+        exempt: frozenset[bytes] = frozenset(),
+    ) -> None:
         if per_window < 1 or window_s <= 0 or max_signers < 1:
             raise ValueError("per_window and max_signers must be positive, window_s above 0")
         self.per_window = per_window
+        self.exempt = exempt
+        """Signers admitted without a quota (the run's named signers)."""
         self.window_s = window_s
         self.max_signers = max_signers
         self._window_start = float("-inf")
@@ -75,7 +87,7 @@ class SignerQuota:
         kept: list[bytes] = []
         dropped = 0
         for envelope, signer in zip(envelopes, signers, strict=True):
-            if signer is None:
+            if signer is None or signer in self.exempt:
                 kept.append(envelope)
                 continue
             used = self._counts.get(signer, 0)

@@ -202,3 +202,29 @@ def test_a_signers_quota_is_renewed_when_its_window_ends() -> None:
     assert quota.dropped == 2
     # an envelope whose signer cannot be read is passed on, for the ledger to refuse (and ban)
     assert quota.admit([b"junk"], now=61.0) == ([b"junk"], 0)
+
+
+def test_the_runs_named_signers_are_pulled_in_full_past_the_per_signer_quota(
+    swarm: Swarm, tmp_path: Path
+) -> None:
+    """A busy run's validator signs far more verdicts per hour than any per-signer quota: held back,
+    they made a dashboard's and every node's ledger lag further behind the run, hour after hour."""
+    server_node, puller_node = swarm.nodes
+    validator, validator_id = new_peer()
+    verdicts = [make.transfer(validator, new_peer()[1]) for _ in range(10)]
+    stranger = _receipts(10)
+    member = _member(server_node)
+
+    async def main() -> None:
+        with Ledger(tmp_path / "busy.db", RUN) as served, Ledger(tmp_path / "dash.db", RUN) as pulled:
+            served.add_many(verdicts + stranger)
+            named = [PeerID(validator_id).to_base58()]
+            async with (
+                serving(server_node, served),
+                puller(puller_node, pulled, max_pulled_per_signer=4, trusted_signers=named) as exchange,
+            ):
+                result = await exchange.pull_from(member)
+                assert (result.added, result.capped) == (10 + 4, 6)  # the stranger alone is held to 4
+                assert sum(r.signer == validator_id for r in pulled.receipts()) == 10
+
+    asyncio.run(main())
