@@ -65,7 +65,8 @@ def test_swarm_counts_live_nodes_by_role(served: Any) -> None:
     run, data, server = served
     before = get(server, "/api/swarm")[1]["list"]  # no snapshot yet
     assert all(n["credit_recent"] is None and n["tokens_per_min"] is None for n in before)
-    get(server, "/api/leaderboard")
+    # asking for the swarm alone (no other panel) has the snapshot made for the next ask
+    assert wait_until(lambda: get(server, "/api/swarm")[1]["list"][0]["credit_recent"] is not None, 30.0)
     status, swarm = get(server, "/api/swarm")
     assert status == 200
     assert swarm["connected"] is True and swarm["nodes"] == len(run.peers)
