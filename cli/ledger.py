@@ -70,18 +70,21 @@ def _base58(peer: bytes) -> str:
 SIGNER_OPTIONS = [
     click.option(
         "--trainer",
+        "--publisher",
         "trainers",
         multiple=True,
         metavar="PEERID",
-        help="Base58 PeerID of one of the run's trainers (repeatable): its training receipts count, and its "
-        "rollout verdicts (each trainer runs a validator).",
+        help="Base58 PeerID of one of the run's trainers (repeatable; the PeerIDs its nodes take with "
+        "--publisher): its training receipts count, and its rollout verdicts (each trainer runs a validator).",
     ),
     click.option(
         "--validator",
+        "--trusted-validator",
         "validators",
         multiple=True,
         metavar="PEERID",
-        help="Base58 PeerID of one of the run's standalone validators (repeatable): its rollout verdicts count.",
+        help="Base58 PeerID of one of the run's standalone validators (repeatable; the PeerIDs its nodes take "
+        "with --trusted-validator): its rollout verdicts count.",
     ),
     click.option(
         "--trusted",

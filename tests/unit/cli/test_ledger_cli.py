@@ -125,6 +125,9 @@ def test_signers_by_role_a_validator_named_as_trainer_earns_its_workers_nothing(
 
     assert worker_total("--validator", _b58(peers["validator"])) == 42
     assert worker_total("--trainer", _b58(peers["validator"])) == 42  # a trainer validates too
+    # the flags the run's nodes name the same signers with
+    assert worker_total("--trusted-validator", _b58(peers["validator"])) == 42
+    assert worker_total("--publisher", _b58(peers["validator"])) == 42
     # the sybil named as a validator: its training receipt for its friend still counts zero
     code, output = _invoke("ledger", "credit", "--db", db, "--validator", _b58(peers["sybil"]), "--json")
     friend = next(r for r in json.loads(output)["contributors"] if r["peer_id"] == _b58(peers["friend"]))
