@@ -1,7 +1,7 @@
 """What the trusted receipts say each node did lately: the swarm table's policy and throughput columns.
 
 Only receipts of a kind the run lets their signer sign count (`RunSigners.trusts`: a validator's
-verdict, a trainer's training receipt), and one piece of work counts once however many signers
+verdict, a trainer's training or validation receipt), and one piece of work counts once however many signers
 attest it (`claim_of`), so a node cannot raise its figures by signing for itself, by minting
 signers or by collecting one round's receipts from every member.
 """
@@ -29,7 +29,8 @@ class NodeWork:
     policy_version: int | None
     """Newest policy version among its rollouts the run's validators accepted (None: no such rollout)."""
     tokens_per_min: float
-    """Verified tokens (accepted rollouts, trained tokens) per minute over `THROUGHPUT_WINDOW_S`."""
+    """Verified tokens (accepted rollouts, trained tokens, validated tokens a trainer took) per minute
+    over `THROUGHPUT_WINDOW_S`."""
 
 
 class WorkTally:
@@ -43,7 +44,7 @@ class WorkTally:
         self._claims: set[tuple[Any, ...]] = set()
 
     def add(self, receipt: Receipt) -> None:
-        if receipt.kind not in (ReceiptKind.ROLLOUT, ReceiptKind.TRAINING):
+        if receipt.kind not in (ReceiptKind.ROLLOUT, ReceiptKind.TRAINING, ReceiptKind.VALIDATION):
             return
         if not self.signers.trusts(receipt.kind, receipt.signer):
             return

@@ -11,7 +11,7 @@ from node.dashboard.work_view import THROUGHPUT_WINDOW_S, WorkTally
 from node.ledger import RunSigners
 from protocol.receipts import open_receipt
 from tests.helpers.dashboard_training import rewarded_verdict, training_round
-from tests.helpers.receipts import RUN, new_peer, transfer
+from tests.helpers.receipts import RUN, new_peer, transfer, validation
 
 NOW = time.time()
 
@@ -65,3 +65,18 @@ def test_throughput_counts_verified_tokens_of_the_window_once() -> None:
     assert work[peer["outsider"]].tokens_per_min == pytest.approx(300 / minutes)
     assert work[peer["a"]].policy_version is None
     assert peer["val"] not in work
+
+
+def test_a_standalone_validators_throughput_is_the_tokens_trainers_took_from_it() -> None:
+    """Its column read 0 in a run where it validated thousands of tokens a minute."""
+    (trainer, trainer_id), (sybil, _), (_, validator) = (new_peer() for _ in range(3))
+    signers = RunSigners(validators=frozenset({validator, trainer_id}), trainers=frozenset({trainer_id}))
+    work = _tally(
+        signers,
+        [
+            validation(trainer, validator, tokens=600),
+            validation(sybil, validator, tokens=9000),  # not the run's trainer
+        ],
+    ).finish()
+    assert work[validator].tokens_per_min == pytest.approx(600 / (THROUGHPUT_WINDOW_S / 60.0))
+    assert work[validator].policy_version is None
