@@ -225,9 +225,9 @@ def bench_reference(python: str, reps: int) -> dict[str, float] | None:
 def calibrate(cases: int, completion: int) -> None:
     from protocol.errors import InvalidProofError
     from tests.helpers.scenarios import KINDS, Lab
+    from verification.recompute import recompute
     from verification.rollout import CLAIM_DTYPES
     from verification.sampling_check import check_sampling
-    from verification.verdict import recompute
 
     lab = Lab(completion_tokens=completion)
     verifier = RolloutVerifier(lab.policy, lab.policy_version)

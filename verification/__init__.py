@@ -9,6 +9,7 @@ Map of the main names and where they live:
 - `policy_file`: reads and writes a run's `RunVerification` (the limits per precision and device
   class, defined in `protocol.verification_policy` with the built-in `EXACT_POLICY`, `PAPER_POLICY`);
 - `calibration`: measures honest noise and cheats on a model and derives a `RunVerification`.
+- `recompute`: `recompute`, `recompute_batch` (the hidden states and logits a claim is checked against).
 - `verdict`: `verify_rollout`, `RolloutVerifier`, `judge`, `Verdict`, `RejectReason`.
 - `validator`: `Validator` (judges a worker's `RolloutGroup` of an RL run; its sealed verdicts also go
   to `on_verdicts`, e.g. the node's ledger), `VerifiedRollout`,

@@ -46,9 +46,10 @@ from protocol.toploc import ChunkCheck, verify_proofs_batch
 from protocol.verification_policy import VerificationPolicy
 from training.causal_lm import CausalLM
 from verification.cheats import Assignment, RolloutFactory, cheat_classes
+from verification.recompute import recompute_batch
 from verification.rollout import RolloutClaim
 from verification.sampling_check import SamplingCheck, check_sampling_batch
-from verification.verdict import decide, recompute_batch
+from verification.verdict import decide
 
 __all__ = [
     "FIGURES",

@@ -16,9 +16,9 @@ are proved). Then, in order, the first failing check decides:
 `judge` is the pure part (claim + recomputed tensors -> verdict); `verify_rollout` adds the
 prefill, and `RolloutVerifier` keeps one model copy per precision for a policy version.
 `RolloutVerifier.verify_group` judges a group's claims with one batched pass per precision
-(`recompute_batch`: the shared prompt once, the completions as a batch), which recomputes the
-very rows of one prefill per claim (`recompute`); `verify_groups` does the same for several
-groups at once.
+(`verification.recompute.recompute_batch`: the shared prompt once, the completions as a batch),
+which recomputes the very rows of one prefill per claim (`recompute`); `verify_groups` does the
+same for several groups at once.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from protocol.errors import InvalidProofError
 from protocol.toploc import CHUNK_TOKENS, TOPK, ChunkCheck, verify_proofs_batch
 from protocol.verification_policy import RunVerification, VerificationPolicy, default_run_verification
 from training.causal_lm import CausalLM
+from verification.recompute import recompute, recompute_batch
 from verification.rollout import CLAIM_DTYPES, RolloutClaim
 from verification.sampling_check import SamplingCheck, check_sampling, check_sampling_batch
 
@@ -255,59 +256,6 @@ def _check_claim(
             f"prompt + completion need {positions} positions, the model has {model.max_seq_len}",
         )
     return None
-
-
-@torch.inference_mode()
-def recompute(claim: RolloutClaim, model: CausalLM) -> tuple[torch.Tensor, torch.Tensor]:
-    """One prefill of `prompt + completion[:-1]`; returns the completion rows `(hidden, logits)`."""
-    ids = torch.tensor(
-        [list(claim.prompt_ids) + list(claim.completion_ids[:-1])], dtype=torch.long, device=model.device
-    )
-    model.eval()
-    logits, hidden = model.forward_with_hidden(ids, outputs_from=len(claim.prompt_ids) - 1)
-    return hidden[0].cpu(), logits[0].cpu()
-
-
-@torch.inference_mode()
-def recompute_batch(
-    claims: Sequence[RolloutClaim], model: CausalLM
-) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """`recompute` for several claims at once: the same `(hidden, logits)` rows per claim.
-
-    All claims go through one pass, and claims that answer the same prompt (a group's rollouts
-    all answer its one assigned prompt) share their prompt's rows: the prompt is computed once,
-    and the completions after it as one right-padded batch whose padding only attention sees
-    (`CausalLM.forward_shared_prefixes`).
-    Neither the padding nor the sharing changes a real row: under causal attention a position
-    sees only the positions before it, and `CausalLM`'s inference path (float64 accumulation,
-    one rounding) makes a row's result independent of the other rows computed with it, so
-    each claim's rows are bit for bit those of its own prefill. Against one prefill per claim
-    this saves the per-call overhead of every layer and the prompt's repeated rows, which
-    dominate for short completions.
-    """
-    if not claims:
-        return []
-    if model.training:
-        model.eval()
-    by_prompt: dict[tuple[int, ...], list[int]] = {}
-    for i, claim in enumerate(claims):
-        by_prompt.setdefault(tuple(claim.prompt_ids), []).append(i)
-    parts = []
-    for prompt, members in by_prompt.items():
-        tails = [[prompt[-1], *claims[i].completion_ids[:-1]] for i in members]
-        lengths = [len(tail) for tail in tails]
-        width = max(lengths)
-        ids = torch.tensor(
-            [tail + [0] * (width - len(tail)) for tail in tails], dtype=torch.long, device=model.device
-        )
-        parts.append((torch.tensor(list(prompt[:-1]), dtype=torch.long, device=model.device), ids, lengths))
-    rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    for members, (logits, hidden), (_, _, lengths) in zip(
-        by_prompt.values(), model.forward_shared_prefixes(parts), parts, strict=True
-    ):
-        hidden, logits = hidden.cpu(), logits.cpu()
-        rows.update(zip(members, zip(hidden.split(lengths), logits.split(lengths), strict=True), strict=True))
-    return [rows[i] for i in range(len(claims))]
 
 
 def verify_rollout(

@@ -83,7 +83,7 @@ def test_every_role_computes_on_its_device_and_hands_the_network_cpu_tensors(dev
     from training.model import ModelConfig, TinyGPT
     from training.outer_step import pseudo_gradient
     from training.sampling import SamplingParams
-    from verification.verdict import recompute_batch
+    from verification.recompute import recompute_batch
 
     torch.manual_seed(0)
     reference = TinyGPT(ModelConfig(max_seq_len=64)).eval()

@@ -13,7 +13,8 @@ from protocol.verification_policy import (
 )
 from tests.helpers.scenarios import Lab
 from training.sampling import seeded_scores
-from verification.verdict import GroupClaims, RejectReason, RolloutVerifier, judge, recompute
+from verification.recompute import recompute
+from verification.verdict import GroupClaims, RejectReason, RolloutVerifier, judge
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,8 +12,9 @@ from protocol.verification_policy import EXACT_POLICY
 from tests.helpers.scenarios import HONEST_KINDS, KINDS, TAMPERED_KINDS, Lab
 from training.generation import generate
 from training.sampling import SamplingParams
+from verification.recompute import recompute
 from verification.rollout import RolloutClaim
-from verification.verdict import RejectReason, RolloutVerifier, judge, recompute, summarize
+from verification.verdict import RejectReason, RolloutVerifier, judge, summarize
 
 TOPLOC_REASONS = {
     RejectReason.TOPLOC_EXPONENT,
