@@ -35,4 +35,5 @@ service (`node.collective.averager.GatherAverager`) into them.
   (the single-process synchronous GRPO baseline).
 - `rl_run`: `RLRunConfig` (what a run's roles agree on, its model included), `run_task`,
   `run_tokenizer`, `initial_policy`, `model_from_state`.
+- `policy_updates`: `PolicyUpdates` (how GRPO steps become policy versions), `every_step_updates`.
 """

@@ -32,7 +32,7 @@ from training.checkpoint import CheckpointError
 if TYPE_CHECKING:
     from training.causal_lm import CausalLM
     from training.grpo import GRPOConfig
-    from training.rl_trainer import PolicyUpdates, UpdatesFactory
+    from training.policy_updates import PolicyUpdates, UpdatesFactory
 
 __all__ = [
     "CHECKPOINT_NAME",

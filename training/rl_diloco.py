@@ -124,7 +124,7 @@ class OuterStepRecord:
 
 
 class DiLoCoUpdates:
-    """`training.rl_trainer.PolicyUpdates` for a trainer among several: a version every H GRPO steps."""
+    """`training.policy_updates.PolicyUpdates` for a trainer among several: a version every H GRPO steps."""
 
     def __init__(
         self,

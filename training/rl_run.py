@@ -15,6 +15,7 @@ inference worker may generate with; threads wait on it for the first version. (T
 from __future__ import annotations
 
 import hashlib
+import logging
 import threading
 from collections.abc import Mapping
 from typing import Any, Literal
@@ -242,6 +243,21 @@ class RoleThread:
     def __init__(self) -> None:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.waiting_for: str | None = None
+        """What the role waits for now (a sentence for its operator), or None while it works."""
+
+    def _waiting(self, reason: str | None, *, level: int = logging.INFO) -> None:
+        """Say what the role waits for, once each time that changes (and when it stops waiting); a
+        refusal (a ban, a wrong group size) is a warning, waiting for the run to start is not."""
+        if reason == self.waiting_for:
+            return
+        log = logging.getLogger(type(self).__module__)
+        short_id = self.node.short_id  # type: ignore[attr-defined]  # every role has its node
+        if reason is not None:
+            log.log(level, "[%s] waiting: %s", short_id, reason)
+        elif self.waiting_for is not None:
+            log.info("[%s] no longer waiting (%s)", short_id, self.waiting_for)
+        self.waiting_for = reason
 
     def _run(self) -> None:
         raise NotImplementedError

@@ -28,10 +28,9 @@ import copy
 import logging
 import queue
 import statistics
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -52,27 +51,22 @@ from node.rollouts.tickets import TicketIntake
 from node.runtime import offload
 from protocol.envelope import Envelope
 from protocol.manifest import Manifest
+from protocol.node_record import Role
 from protocol.rollout_messages import Forwarded, parse_rollout
 from protocol.rollouts_pb2 import RolloutGroup, Ticket
 from training.causal_lm import CausalLM
-from training.checkpoint import CheckpointError
-from training.grpo import GRPOConfig, GRPOLearner, GRPOStepReport, ScoredRollout
+from training.grpo import ScoredRollout
+from training.policy_updates import UpdatesFactory, every_step_updates
 from training.rl_checkpoint import checkpoint_updates, resume_updates
 from training.rl_run import JUDGE_LINGER_S, JUDGE_MAX_BATCH, RLRunConfig, RoleThread, group_id
 
-__all__ = [
-    "EveryStepUpdates",
-    "PolicyUpdates",
-    "RLStepReport",
-    "RLTrainer",
-    "RolloutJudge",
-    "UpdatesFactory",
-    "every_step_updates",
-]
+__all__ = ["RLStepReport", "RLTrainer", "RolloutJudge"]
 
 logger = logging.getLogger(__name__)
 
 PUBLISH_TIMEOUT_S = 120.0
+IDLE_REPORT_S = 30.0
+"""A trainer that received no group for this long says why (no worker live, or none verified)."""
 
 
 class RolloutJudge(Protocol):
@@ -93,73 +87,6 @@ class RolloutJudge(Protocol):
     def add_version(self, version: int, model: CausalLM) -> None: ...
 
     def set_trainer_step(self, step: int) -> None: ...
-
-
-class PolicyUpdates(Protocol):
-    """Turns GRPO batches into policy versions (the trainer publishes each new one)."""
-
-    @property
-    def learner(self) -> GRPOLearner:
-        """Its model holds the newest version's weights whenever `step` returns True."""
-        ...
-
-    @property
-    def version(self) -> int:
-        """The newest policy version: what rollouts, staleness and publishing refer to."""
-        ...
-
-    def step(
-        self, batch: Sequence[Sequence[ScoredRollout]], *, stop_event: threading.Event | None = None
-    ) -> tuple[GRPOStepReport, bool]:
-        """One GRPO step on `batch`; True when it made a new policy version. A download of the run's
-        state that the step may need gives up once `stop_event` is set."""
-        ...
-
-    def saved_state(self) -> dict[str, torch.Tensor]:
-        """What a restart needs besides the newest version's weights (saved with them in the checkpoint)."""
-        ...
-
-    def restore(self, saved: dict[str, torch.Tensor]) -> None:
-        """Take back what `saved_state` returned before a restart; CheckpointError if it does not fit."""
-        ...
-
-    def close(self) -> None: ...
-
-
-class EveryStepUpdates:
-    """One trainer alone: every GRPO optimizer step is a new policy version."""
-
-    def __init__(self, learner: GRPOLearner) -> None:
-        self.learner = learner
-
-    @property
-    def version(self) -> int:
-        return self.learner.version
-
-    def step(
-        self, batch: Sequence[Sequence[ScoredRollout]], *, stop_event: threading.Event | None = None
-    ) -> tuple[GRPOStepReport, bool]:
-        return self.learner.step(batch), True
-
-    def saved_state(self) -> dict[str, torch.Tensor]:
-        return {}
-
-    def restore(self, saved: dict[str, torch.Tensor]) -> None:
-        if saved:
-            raise CheckpointError(
-                "the checkpoint was written by a trainer with DiLoCo: resume it with the same DiLoCo settings"
-            )
-
-    def close(self) -> None:
-        pass
-
-
-UpdatesFactory = Callable[[CausalLM, GRPOConfig, int], PolicyUpdates]
-"""Builds a trainer's `PolicyUpdates` from (policy, GRPO config, the version it starts at)."""
-
-
-def every_step_updates(policy: CausalLM, config: GRPOConfig, version: int) -> PolicyUpdates:
-    return EveryStepUpdates(GRPOLearner(policy, config, version=version))
 
 
 @dataclass
@@ -225,6 +152,8 @@ class RLTrainer(RoleThread):
         """Policy version of every group id taken into the buffer while that version is usable."""
         self._taken_rollouts: dict[bytes, int] = {}
         """The same for the hash of every rollout of those groups."""
+        self.idle_report_s = IDLE_REPORT_S
+        self._last_group_at = self._idle_checked_at = time.monotonic()
         super().__init__()
         publishers = [node.identity.peer_id.to_base58(), *config.authorized_publishers]
         self.broadcast = node.add_service(
@@ -398,6 +327,36 @@ class RLTrainer(RoleThread):
             step = self._take(arrived, groups, step)
             if arrived:
                 self.groups_settled += 1
+            self._note_idleness(bool(arrived))
+
+    def _note_idleness(self, arrived: bool) -> None:
+        """Once no group arrived for `idle_report_s`, say why (every `idle_report_s`, a line when it changes)."""
+        now = time.monotonic()
+        if arrived:
+            self._last_group_at = now
+            self._waiting(None)
+        elif (
+            now - self._last_group_at >= self.idle_report_s
+            and now - self._idle_checked_at >= self.idle_report_s
+        ):
+            self._idle_checked_at = now
+            self._waiting(self._idle_reason())
+
+    def _idle_reason(self) -> str:
+        idle = f"{self.idle_report_s:g} s"
+        try:
+            workers = len(self.node.discover(Role.INFERENCE))
+        except Exception:  # a failed lookup says nothing about the workers
+            return f"no verified group has reached this trainer for {idle}"
+        if workers == 0:
+            return (
+                f"no inference worker of run {self.config.run_id!r} is live: workers join with `hivenet join --rl "
+                f"--role inference --publisher {self.node.identity.peer_id.to_base58()} ...`"
+            )
+        return (
+            f"{workers} inference worker(s) live, but no verified group has reached this trainer for {idle} "
+            "(the workers' lines say why)"
+        )
 
     def _take(self, arrived: list[ScoredRollout], groups: dict[bytes, list[ScoredRollout]], step: int) -> int:
         """Buffer the group that `arrived` (if any), drop what fell out of use, and step on a full

@@ -116,23 +116,11 @@ class InferenceWorker(RoleThread):
         """The validators this worker submits to: the run's trainers (each runs one) and its trusted
         standalone validators. Any node may claim the validator role; a rogue one would answer
         "accepted", forward nothing and so swallow the work."""
-        self.waiting_for: str | None = None
         self._no_version = (
             f"no policy version of run {config.run_id!r} yet, from its publishers "
             f"{', '.join(p[-8:] for p in config.authorized_publishers) or '(none named)'}"
         )
         """Why the worker is not generating or submitting right now (None while it is), as last logged."""
-
-    def _waiting(self, reason: str | None, *, level: int = logging.INFO) -> None:
-        """Say what the worker waits for, once each time that changes (and when it stops waiting); a
-        refusal (a ban, a wrong group size) is a warning, waiting for the run to start is not."""
-        if reason == self.waiting_for:
-            return
-        if reason is not None:
-            logger.log(level, "[%s] waiting: %s", self.node.short_id, reason)
-        elif self.waiting_for is not None:
-            logger.info("[%s] no longer waiting (%s)", self.node.short_id, self.waiting_for)
-        self.waiting_for = reason
 
     # ---- lifecycle -----------------------------------------------------------------------
 

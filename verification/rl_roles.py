@@ -46,6 +46,7 @@ from protocol.rollouts_pb2 import RolloutGroup, RolloutVerdict, Ticket
 from training.causal_lm import CausalLM
 from training.devices import resolve_device
 from training.grpo import ScoredRollout
+from training.policy_updates import UpdatesFactory, every_step_updates
 from training.rl_diloco import node_diloco_updates
 from training.rl_run import (
     JUDGE_LINGER_S,
@@ -57,7 +58,7 @@ from training.rl_run import (
     model_from_state,
     run_task,
 )
-from training.rl_trainer import RLStepReport, RLTrainer, UpdatesFactory, every_step_updates
+from training.rl_trainer import RLStepReport, RLTrainer
 from verification.replay_memory import ReplayMemory
 from verification.tickets import TicketBook
 from verification.validator import Validator, VerifiedRollout

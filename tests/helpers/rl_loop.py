@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Union
 
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from hivemind.p2p import P2P
 
 from node.broadcast.dialing import HolderDialer
@@ -39,7 +40,8 @@ from node.swarm import wait_until
 from protocol.assignment import derive_assignment
 from protocol.limits import TICKET_NONCE_BYTES
 from protocol.node_record import Role
-from protocol.rollout_messages import rollout_hash, seal_group, seal_verdict
+from protocol.peer_keys import peer_id_from_private_key
+from protocol.rollout_messages import open_group, rollout_hash, seal_group, seal_verdict
 from protocol.rollouts_pb2 import Rollout, RolloutGroup, RolloutVerdict, Ticket
 from protocol.toploc import proof_length
 from training.causal_lm import CausalLM
@@ -193,6 +195,17 @@ def fake_group(counter: int, *, version: int = 0, size: int = 4) -> RolloutGroup
         for index in range(size)
     ]
     return RolloutGroup(policy_version=version, counter=counter, task="line-length", rollouts=rollouts)
+
+
+def submit_to_intake(trainer: RLTrainer, group: RolloutGroup, worker_key: Ed25519PrivateKey) -> None:
+    """Hand `group`, sealed by `worker_key`, to `trainer`'s intake handler as if it came over a stream."""
+    sealed = seal_group(worker_key, run_id=trainer.config.run_id, group=group, seq=int(group.counter))
+    envelope, opened = open_group(sealed, run_id=trainer.config.run_id)
+
+    async def judged() -> list[bytes]:
+        return await trainer.intake.handler(peer_id_from_private_key(worker_key), envelope, opened)
+
+    trainer.node.call(judged(), timeout_s=30)
 
 
 def assert_steps_settle_at(trainer: RLTrainer, steps: int, timeout_s: float = 60.0) -> None:

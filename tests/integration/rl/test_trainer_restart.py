@@ -23,7 +23,6 @@ from node.membership import LiveNode
 from node.swarm import wait_until
 from protocol.node_record import Role
 from protocol.peer_keys import peer_id_from_private_key
-from protocol.rollout_messages import open_group, seal_group
 from protocol.rollouts_pb2 import RolloutGroup
 from tests.helpers.broadcast import assert_state_dicts_equal
 from tests.helpers.rl_diloco import LoneAverager
@@ -35,6 +34,7 @@ from tests.helpers.rl_loop import (
     fake_group,
     honest_group,
     policy_at,
+    submit_to_intake,
     tiny_run,
 )
 from tests.helpers.rollouts import key
@@ -42,10 +42,11 @@ from training.causal_lm import CausalLM
 from training.checkpoint import CheckpointError
 from training.grpo import GRPOConfig
 from training.model import TinyGPT
+from training.policy_updates import PolicyUpdates, UpdatesFactory, every_step_updates
 from training.rl_checkpoint import optimizer_state
 from training.rl_diloco import DiLoCoUpdates, OuterVersionLearner
 from training.rl_run import RLDiLoCoConfig
-from training.rl_trainer import PolicyUpdates, RLTrainer, UpdatesFactory, every_step_updates
+from training.rl_trainer import RLTrainer
 from verification.rl_roles import start_rl_trainer
 
 pytestmark = [
@@ -89,13 +90,7 @@ def _stop(nodes: LoopbackNodes, trainer: RLTrainer) -> None:
 
 
 def _submit(trainer: RLTrainer, group: RolloutGroup) -> None:
-    sealed = seal_group(WORKER, run_id=CONFIG.run_id, group=group, seq=int(group.counter))
-    envelope, opened = open_group(sealed, run_id=CONFIG.run_id)
-
-    async def judged() -> list[bytes]:
-        return await trainer.intake.handler(WORKER_PEER, envelope, opened)
-
-    trainer.node.call(judged(), timeout_s=30)
+    submit_to_intake(trainer, group, WORKER)
 
 
 def _assert_same_moments(left: dict[str, Any], right: dict[str, Any]) -> None:

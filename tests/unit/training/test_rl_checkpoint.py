@@ -18,6 +18,7 @@ from training.causal_lm import CausalLM
 from training.checkpoint import CheckpointError
 from training.grpo import GRPOConfig, ScoredRollout
 from training.model import ModelConfig, TinyGPT
+from training.policy_updates import PolicyUpdates, UpdatesFactory, every_step_updates
 from training.rl_checkpoint import (
     CHECKPOINT_NAME,
     checkpoint_updates,
@@ -27,7 +28,6 @@ from training.rl_checkpoint import (
 )
 from training.rl_diloco import DiLoCoUpdates, OuterVersionLearner
 from training.rl_run import RLDiLoCoConfig
-from training.rl_trainer import PolicyUpdates, UpdatesFactory, every_step_updates
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

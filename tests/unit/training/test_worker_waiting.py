@@ -36,7 +36,7 @@ def test_a_submission_that_nothing_judged_on_its_merits_names_the_obstacle() -> 
 
 def test_the_worker_logs_each_change_of_what_it_waits_for_once(caplog: pytest.LogCaptureFixture) -> None:
     worker = SimpleNamespace(node=SimpleNamespace(short_id="w0"), waiting_for=None)
-    with caplog.at_level(logging.INFO, logger="training.rl_worker"):
+    with caplog.at_level(logging.INFO):
         for reason in ("no validator", "no validator", "no validator", None, None, "banned by x"):
             InferenceWorker._waiting(worker, reason)  # type: ignore[arg-type]
     lines = [r.getMessage() for r in caplog.records]
