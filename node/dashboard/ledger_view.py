@@ -73,15 +73,12 @@ class LedgerView:
         return self._counted
 
     def latest(self) -> LedgerSnapshot | None:
-        """The last snapshot computed, however old (None before the first), never waiting for one: a
-        snapshot that is missing, aged or behind the ledger is recomputed in the background, for the
-        next call (a client that reads only the swarm panel sees the ledger's figures too)."""
+        """The last snapshot computed, however old (None before the first), never waiting and never
+        counting the ledger: a snapshot that is missing or older than `max_age` is recomputed in
+        the background, for the next call (a client that reads only the swarm panel sees the
+        ledger's figures too)."""
         current = self._snapshot
-        if (
-            current is None
-            or current.count < self.count()
-            or self.clock() - current.report.now >= self.max_age()
-        ):
+        if current is None or self.clock() - current.report.now >= self.max_age():
             self._refresh_in_background()
         return current
 

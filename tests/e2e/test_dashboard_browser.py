@@ -111,7 +111,13 @@ def check_page(driver: Any, url: str, ledger: Ledger, run: DashboardRun, worker:
         ]
     )
     swarm = fetch(url + "api/swarm")
-    api_board = {row["peer_id"]: row for row in fetch(url + "api/leaderboard")["rows"]}
+
+    def board() -> dict[str, Any]:
+        return {row["peer_id"]: row for row in fetch(url + "api/leaderboard")["rows"]}
+
+    # the dashboard re-counts its ledger at most every `count_ttl_s`: receipts just added show within it
+    assert wait_until(lambda: worker in board(), timeout_s=10)
+    api_board = board()
     credit = ledger.credit(trusted=run.trusted).contributors[worker_bytes]
     assert api_board[worker]["total"] == credit.total
     name = api_board[worker]["name"]
