@@ -5,12 +5,21 @@ Before, a lone trainer printed nothing but "contributed: nothing yet" until a wo
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from node.swarm import wait_until
 from protocol.node_record import Role
-from tests.helpers.rl_loop import TINY, FakeJudge, LoopbackNodes, fake_group, submit_to_intake, tiny_run
+from tests.helpers.rl_loop import (
+    TINY,
+    FakeJudge,
+    LoopbackNodes,
+    fake_group,
+    loopback_nodes,
+    submit_to_intake,
+    tiny_run,
+)
 from tests.helpers.rollouts import key
 from training.model import TinyGPT
 from training.rl_trainer import RLTrainer
@@ -21,12 +30,9 @@ CONFIG = tiny_run(None, async_level=4)
 
 
 @pytest.fixture
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LoopbackNodes]:
-    nodes = LoopbackNodes(tmp_path_factory.mktemp("rl-waiting"), CONFIG.run_id)
-    try:
+def nodes(tmp_path: Path) -> Iterator[LoopbackNodes]:
+    with loopback_nodes(tmp_path, CONFIG.run_id) as nodes:
         yield nodes
-    finally:
-        nodes.close()
 
 
 def test_a_trainer_without_groups_says_what_it_waits_for_and_when_it_stops(nodes: LoopbackNodes) -> None:
