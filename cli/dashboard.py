@@ -100,7 +100,7 @@ def dashboard(
     verbose: bool,
 ) -> None:
     """Serve the contributor dashboard: swarm, verification, weights, leaderboard and a page per node."""
-    from cli.node_commands import _ephemeral_client, _initial_peers
+    from cli.swarm_queries import ephemeral_client, initial_peers_or_env
     from node.dashboard import DashboardData, DashboardServer, SwarmWatcher
     from node.ledger import Ledger
     from node.receipts import ReceiptExchange, ReceiptsConfig
@@ -120,8 +120,8 @@ def dashboard(
     with Ledger(ledger_path, run_id) as ledger:
         try:
             data = DashboardData(ledger, trusted=trusted_peers, half_life_s=half_life_days * 86400)
-            if _initial_peers(initial_peers):
-                client = _ephemeral_client(initial_peers, run_id, timeout_s)
+            if initial_peers_or_env(initial_peers):
+                client = ephemeral_client(initial_peers, run_id, timeout_s)
                 watcher = SwarmWatcher(data, client.discover, interval_s=refresh_s)
                 watcher.start()
                 if pull_peers:

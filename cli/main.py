@@ -12,8 +12,9 @@ from cli.dashboard import dashboard
 from cli.examples import add_examples
 from cli.ledger import ledger
 from cli.model import model
-from cli.node_commands import doctor, identity, join, peers, seed, simulate
+from cli.node_commands import identity, join, seed, simulate
 from cli.output import log_level_option, log_output_options
+from cli.swarm_queries import doctor, peers
 from cli.weights import weights
 
 

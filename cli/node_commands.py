@@ -1,9 +1,7 @@
-"""Commands that run or inspect a node: identity, join, seed, peers, doctor, simulate."""
+"""Commands that run a node: identity, join, seed, simulate (`cli.swarm_queries` has peers and doctor)."""
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,10 +26,10 @@ from cli.train import (
     resolve_trainer_options,
     trainer_options,
 )
-from protocol.node_record import Reachability, Role
+from protocol.node_record import Role
 
 if TYPE_CHECKING:
-    from node.node import HivenetNode
+    pass
 
 DEFAULT_SEED_PORT = 31337
 DEVICE_HELP = "Where this node runs its models: cpu, cuda, cuda:N or mps"
@@ -99,10 +97,6 @@ def _build_config(config_file: Path | None, **flags: Any) -> Any:
         elif key in flags:
             flags[key] = list(flags[key])
     return load_config(config_file, **flags)
-
-
-_REACHABLE = {Reachability.PUBLIC: "yes", Reachability.PRIVATE: "no (NAT)", Reachability.UNKNOWN: "?"}
-"""What a record's self-reported dial-back outcome reads as in the table."""
 
 
 @click.command()
@@ -279,124 +273,6 @@ def seed(announce_ip: str | None, config_file: Path | None, verbose: bool, **fla
     from node.node import HivenetNode
 
     run_until_interrupted(HivenetNode(config, dht_only=True), "seed")
-
-
-def _initial_peers(given: tuple[str, ...]) -> list[str]:
-    """The --initial-peers given, else those of HIVENET_INITIAL_PEERS."""
-    from node.config import NodeConfig, env_settings
-
-    return list(given) or list(env_settings(NodeConfig).get("initial_peers", []))
-
-
-def _ephemeral_client(initial_peers: tuple[str, ...], run_id: str, timeout_s: float) -> HivenetNode:
-    """A started, unannounced client node with a throwaway identity, bootstrapped from `initial_peers`."""
-    from node.config import load_config
-    from node.node import HivenetNode
-
-    seeds = _initial_peers(initial_peers)
-    if not seeds:
-        raise click.UsageError(
-            "give at least one --initial-peers address (or HIVENET_INITIAL_PEERS; a seed prints its own)"
-        )
-    config = load_config(
-        initial_peers=seeds,
-        run_id=run_id,
-        host="127.0.0.1",
-        bootstrap_timeout_s=timeout_s,
-    )
-    client = HivenetNode(config, announce=False, ephemeral_identity=True, client_mode=True)
-    client.start()
-    return client
-
-
-@click.command()
-@click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable).")
-@click.option(
-    "--run", "run_id", default="default", show_default=True, envvar="HIVENET_RUN_ID", help="Run id."
-)
-@click.option("--role", type=click.Choice([r.value for r in Role]), help="Only nodes with this role.")
-@json_option
-@click.option(
-    "--timeout", "timeout_s", type=float, default=15.0, show_default=True, help="Seconds to reach seeds."
-)
-@friendly_errors
-def peers(
-    initial_peers: tuple[str, ...], run_id: str, role: str | None, as_json: bool, timeout_s: float
-) -> None:
-    """List the live nodes of a run."""
-    from rich.table import Table
-
-    from cli.output import make_console
-
-    client = _ephemeral_client(initial_peers, run_id, timeout_s)
-    try:
-        nodes = client.discover(Role(role) if role else None)
-    finally:
-        client.stop()
-    now = time.time()
-    if as_json:
-        click.echo(
-            json.dumps(
-                [
-                    {
-                        "peer_id": node.peer_id.to_base58(),
-                        "name": node.record.public_name,
-                        "roles": [str(r) for r in node.record.roles],
-                        "version": node.record.software_version,
-                        "addresses": list(node.record.addresses),
-                        "age_s": round(now - node.record.started_at, 1),
-                        "reachability": node.record.reachability.name.lower(),
-                    }
-                    for node in nodes
-                ],
-                indent=2,
-            )
-        )
-        return
-    table = Table(title=f"live nodes of run {run_id!r}: {len(nodes)}")
-    for column in ("peer", "name", "role", "version", "address", "reachable", "age"):
-        table.add_column(column)
-    for node in nodes:
-        table.add_row(
-            node.short_id,
-            node.record.public_name,
-            ",".join(node.record.roles),
-            node.record.software_version,
-            node.record.addresses[0].split("/p2p/")[0] if node.record.addresses else "-",
-            _REACHABLE[node.record.reachability],
-            f"{now - node.record.started_at:,.0f} s",
-        )
-    make_console().print(table)
-
-
-@click.command()
-@click.option("--initial-peers", "initial_peers", multiple=True, help="Seed multiaddr (repeatable).")
-@click.option("--identity", "identity_path", type=click.Path(path_type=Path), help="Key file to check.")
-@click.option("--timeout", "timeout_s", type=float, default=10.0, show_default=True, help="Seconds per seed.")
-@click.option("--host", default="0.0.0.0", show_default=True, help="IP the node will listen on.")
-@click.option("--port", type=int, default=0, help="TCP port the node will listen on (the one you forwarded).")
-@json_option
-@friendly_errors
-def doctor(
-    initial_peers: tuple[str, ...],
-    identity_path: Path | None,
-    timeout_s: float,
-    host: str,
-    port: int,
-    as_json: bool,
-) -> None:
-    """Check what usually goes wrong for a volunteer and print a fix for each failure."""
-    from cli.doctor import run_doctor
-
-    ok = run_doctor(
-        initial_peers=_initial_peers(initial_peers),
-        identity_path=identity_path,
-        timeout_s=timeout_s,
-        host=host,
-        port=port,
-        as_json=as_json,
-    )
-    raise SystemExit(0 if ok else 1)
 
 
 @click.command()
