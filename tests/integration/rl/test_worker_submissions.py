@@ -26,7 +26,7 @@ from training.model import TinyGPT
 from training.rl_run import RLRunConfig
 from training.rl_trainer import RLTrainer
 from training.rl_worker import InferenceWorker
-from training.worker_groups import GeneratedGroup
+from training.worker_groups import GeneratedGroup, GroupReport
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -97,11 +97,18 @@ def test_a_worker_asks_for_tickets_of_the_newest_version_the_validator_holds_too
     try:
         assert wait_until(lambda: fake.versions == [0], 60.0, interval_s=0.2)
         worker.window.add(1, TinyGPT(TINY).eval())  # the worker holds a version the validator does not yet
+
+        def validator_catches_up(report: GroupReport) -> None:
+            # on the worker's thread, after its first submission's reports and before it asks again
+            # (a test thread that appended later raced a worker that could use up its 6 groups first)
+            if len(worker.reports) == 2:
+                fake.versions.append(1)
+
+        worker.on_group = validator_catches_up
         worker.start()
-        assert wait_until(lambda: len(worker.reports) >= 2, 120.0, interval_s=0.2), worker.reports
-        assert [(r.counter, r.version) for r in worker.reports[:2]] == [(0, 0), (1, 0)]
-        fake.versions.append(1)  # now it does: the next tickets are of version 1
-        assert wait_until(lambda: any(r.version == 1 for r in worker.reports), 120.0, interval_s=0.2)
+        assert wait_until(lambda: len(worker.reports) >= 4, 120.0, interval_s=0.2), worker.reports
+        # first the newest version both hold; once the validator holds version 1 too, that one
+        assert [(r.counter, r.version) for r in worker.reports[:4]] == [(0, 0), (1, 0), (2, 1), (3, 1)]
         assert all(r.accepted == 4 for r in worker.reports)
     finally:
         worker.stop()
